@@ -1,0 +1,17 @@
+//! Byte-level BPE tokenizer with the exact semantics of Stanford CS336 assignment 1.
+//!
+//! - [`pretokenize`]: the GPT-2 pre-tokenizer (a hand-written scanner equal to the regex)
+//!   and the splitting of text at special tokens.
+//! - [`train`]: BPE training (`train_bpe`).
+//! - [`encode`]: the [`Tokenizer`]: encode, streaming encode, decode.
+//! - [`files`]: GPT-2 `vocab.json` / `merges.txt` and the byte-to-unicode table.
+//! - [`npy`]: NumPy `.npy` token files.
+
+pub mod encode;
+pub mod error;
+pub mod files;
+pub mod npy;
+pub mod pretokenize;
+pub mod train;
+
+pub use error::{Error, Result};

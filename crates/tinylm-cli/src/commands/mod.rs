@@ -1,0 +1,3 @@
+//! One module per `tinylm` subcommand.
+
+pub mod bpe;

@@ -1,0 +1,1 @@
+//! Transformer LM engine (filled by the model-engine issue).
