@@ -1,0 +1,31 @@
+//! `tinylm bpe ...`: train a tokenizer, encode text to `.npy`, decode ids.
+
+mod decode;
+mod encode;
+mod train;
+
+use clap::{Args, Subcommand};
+
+#[derive(Args)]
+pub struct BpeArgs {
+    #[command(subcommand)]
+    command: BpeCommand,
+}
+
+#[derive(Subcommand)]
+enum BpeCommand {
+    /// Train a byte-level BPE tokenizer on a text file.
+    Train(train::TrainArgs),
+    /// Encode a text file to a `.npy` of token ids.
+    Encode(encode::EncodeArgs),
+    /// Decode a `.npy` of token ids to text on stdout.
+    Decode(decode::DecodeArgs),
+}
+
+pub fn run(args: BpeArgs) -> anyhow::Result<()> {
+    match args.command {
+        BpeCommand::Train(a) => train::run(a),
+        BpeCommand::Encode(a) => encode::run(a),
+        BpeCommand::Decode(a) => decode::run(a),
+    }
+}
