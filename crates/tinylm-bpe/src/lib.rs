@@ -15,3 +15,8 @@ pub mod pretokenize;
 pub mod train;
 
 pub use error::{Error, Result};
+
+/// Token id → bytes. Ids are dense: `vocab[id]` for `id in 0..vocab.len()`.
+pub type Vocab = Vec<Vec<u8>>;
+/// Merges in order of creation: the merge at index `r` has rank `r`.
+pub type Merges = Vec<(Vec<u8>, Vec<u8>)>;

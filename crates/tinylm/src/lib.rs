@@ -1,1 +1,13 @@
-//! Transformer LM engine (filled by the model-engine issue).
+//! tinylm: a decoder-only Transformer LM (Stanford CS336 assignment 1) with
+//! hand-written forward and backward kernels, its training loop and generation.
+
+pub mod accounting;
+pub mod checkpoint;
+pub mod config;
+pub mod data;
+pub mod generate;
+pub mod kernels;
+pub mod model;
+pub mod optim;
+pub mod params;
+pub mod train;
