@@ -1,1 +1,736 @@
+//! The [`Tokenizer`]: byte-level BPE encode and decode with GPT-2 semantics.
+//!
+//! Encoding splits the text at special tokens (leftmost, longest match), splits each
+//! piece into GPT-2 pre-tokens, and inside each pre-token applies the merges by rank,
+//! lowest first, until none applies (tiktoken's byte-pair merge over a parts vector,
+//! keyed by the pair of token ids). Three ways to run it, all with the same ids:
+//!
+//! - [`Tokenizer::encode`]: a whole `&str`.
+//! - [`StreamEncoder`], [`Tokenizer::encode_iter`], [`Tokenizer::encode_reader`]: text
+//!   arriving in chunks, in memory bounded by the chunk size, the longest pre-token and
+//!   the longest special token, never by the input's size.
+//! - [`Tokenizer::encode_parallel`], [`Tokenizer::encode_file`]: a whole text on a rayon
+//!   pool, cut only at boundaries where the ids cannot change, written to `.npy`.
 
+use crate::npy::{Dtype, MappedNpy, NpyWriter};
+use crate::pretokenize::{pretokens, SpecialSplitter};
+use crate::{files, invalid, Error, Merges, Result, Vocab};
+use rayon::prelude::*;
+use rustc_hash::FxHashMap;
+use std::io::{Read, Write};
+use std::path::Path;
+
+/// Rank of a pair that no merge joins.
+const NO_MERGE: u32 = u32::MAX;
+/// Pre-tokens cached per encoder before the cache is emptied ([`Tokenizer::encode`],
+/// parallel workers). Streams use [`STREAM_CACHE_ENTRIES`] to keep their memory small.
+const CACHE_ENTRIES: usize = 1 << 16;
+const STREAM_CACHE_ENTRIES: usize = 1 << 12;
+/// Bytes read from a [`Read`] per step of [`Tokenizer::encode_reader`].
+const READ_BYTES: usize = 1 << 16;
+/// Text per work item of [`Tokenizer::encode_file`].
+const FILE_CHUNK_BYTES: usize = 1 << 20;
+/// Ids per step of [`Tokenizer::decode_file`].
+const DECODE_IDS: usize = 1 << 16;
+
+/// A byte-level BPE tokenizer: vocabulary, merges and special tokens.
+#[derive(Clone, Debug)]
+pub struct Tokenizer {
+    /// Token id → bytes, special tokens included.
+    vocab: Vocab,
+    /// Id of each single byte.
+    byte_ids: [u32; 256],
+    /// `(left id, right id)` packed in a `u64` → `(rank, merged id)`.
+    pairs: FxHashMap<u64, (u32, u32)>,
+    /// Tokens whose bytes the merges turn into exactly that one token: a pre-token found
+    /// here needs no merging (most words are one token).
+    whole: FxHashMap<Vec<u8>, u32>,
+    specials: SpecialSplitter,
+    special_ids: FxHashMap<Vec<u8>, u32>,
+}
+
+/// One part of a pre-token during merging: its token id, and the rank and result of
+/// the merge with the next part (`NO_MERGE` when none).
+#[derive(Clone, Copy)]
+struct Part {
+    id: u32,
+    rank: u32,
+    merged: u32,
+}
+
+/// Per-encoder scratch space: the cache of multi-token pre-tokens and the parts vector.
+struct Scratch {
+    /// Pre-token bytes → range of its ids in `cached`.
+    cache: FxHashMap<Box<[u8]>, (u32, u32)>,
+    cached: Vec<u32>,
+    capacity: usize,
+    parts: Vec<Part>,
+}
+
+impl Scratch {
+    fn new(capacity: usize) -> Self {
+        Scratch {
+            cache: FxHashMap::default(),
+            cached: Vec::new(),
+            capacity,
+            parts: Vec::new(),
+        }
+    }
+}
+
+#[inline]
+fn pair_key(left: u32, right: u32) -> u64 {
+    ((left as u64) << 32) | right as u64
+}
+
+/// A byte string for error messages: text where it is UTF-8, escapes elsewhere.
+fn show(bytes: &[u8]) -> String {
+    format!("{:?}", String::from_utf8_lossy(bytes))
+}
+
+impl Tokenizer {
+    /// Builds a tokenizer. Special tokens absent from `vocab` are appended to it; the
+    /// vocabulary must hold all 256 single bytes, and every merge's two tokens and their
+    /// concatenation. Where several ids have the same bytes, the lowest id is used.
+    pub fn new(mut vocab: Vocab, merges: &Merges, special_tokens: &[String]) -> Result<Self> {
+        let mut ids: FxHashMap<Vec<u8>, u32> = FxHashMap::default();
+        for (id, token) in vocab.iter().enumerate() {
+            ids.entry(token.clone()).or_insert(id as u32);
+        }
+        let mut special_ids = FxHashMap::default();
+        for special in special_tokens {
+            if special.is_empty() {
+                return Err(invalid!("special tokens must not be empty"));
+            }
+            let bytes = special.as_bytes().to_vec();
+            let id = *ids.entry(bytes.clone()).or_insert_with(|| {
+                vocab.push(bytes.clone());
+                (vocab.len() - 1) as u32
+            });
+            special_ids.insert(bytes, id);
+        }
+        if vocab.len() > u32::MAX as usize {
+            return Err(invalid!(
+                "vocabulary of {} tokens is too large",
+                vocab.len()
+            ));
+        }
+        let mut byte_ids = [0u32; 256];
+        for (b, slot) in byte_ids.iter_mut().enumerate() {
+            *slot = *ids.get(&[b as u8][..]).ok_or_else(|| {
+                invalid!("the vocabulary has no token for the single byte 0x{b:02x}")
+            })?;
+        }
+        let mut pairs = FxHashMap::default();
+        for (rank, (left, right)) in merges.iter().enumerate() {
+            let merged = [left.as_slice(), right.as_slice()].concat();
+            let id_of = |token: &[u8]| {
+                ids.get(token).copied().ok_or_else(|| {
+                    invalid!(
+                        "merge {} (rank {rank}: {} {}) uses the token {}, which is not in the vocabulary",
+                        rank + 1,
+                        show(left),
+                        show(right),
+                        show(token)
+                    )
+                })
+            };
+            let key = pair_key(id_of(left)?, id_of(right)?);
+            let value = (rank as u32, id_of(&merged)?);
+            pairs.entry(key).or_insert(value);
+        }
+        let mut tokenizer = Tokenizer {
+            vocab,
+            byte_ids,
+            pairs,
+            whole: FxHashMap::default(),
+            specials: SpecialSplitter::new(special_tokens),
+            special_ids,
+        };
+        let mut parts = Vec::new();
+        let mut merged = Vec::new();
+        for (token, &id) in &ids {
+            merged.clear();
+            tokenizer.merge(token, &mut parts, &mut merged);
+            if merged == [id] {
+                tokenizer.whole.insert(token.clone(), id);
+            }
+        }
+        Ok(tokenizer)
+    }
+
+    /// Reads a GPT-2 `vocab.json` and `merges.txt` (see [`files`]) and builds the tokenizer.
+    pub fn from_files(
+        vocab_json: &Path,
+        merges_txt: &Path,
+        special_tokens: &[String],
+    ) -> Result<Self> {
+        let vocab = files::load_vocab(vocab_json)?;
+        let merges = files::load_merges(merges_txt)?;
+        Tokenizer::new(vocab, &merges, special_tokens).map_err(|e| match e {
+            Error::Invalid(msg) => invalid!(
+                "{} and {}: {msg}",
+                vocab_json.display(),
+                merges_txt.display()
+            ),
+            other => other,
+        })
+    }
+
+    /// Number of tokens, special tokens included (ids are `0..vocab_size()`).
+    pub fn vocab_size(&self) -> usize {
+        self.vocab.len()
+    }
+
+    pub fn vocab(&self) -> &Vocab {
+        &self.vocab
+    }
+
+    /// The ids of `text`.
+    pub fn encode(&self, text: &str) -> Vec<u32> {
+        let mut out = Vec::with_capacity(text.len() / 4);
+        self.encode_into(text, true, &mut Scratch::new(CACHE_ENTRIES), &mut out);
+        out
+    }
+
+    /// The bytes of `ids`, concatenated; an id out of range is an error naming it.
+    pub fn decode_bytes(&self, ids: &[u32]) -> Result<Vec<u8>> {
+        let mut out = Vec::with_capacity(ids.len() * 4);
+        for (i, &id) in ids.iter().enumerate() {
+            let token = self.vocab.get(id as usize).ok_or_else(|| {
+                invalid!(
+                    "token id {id} (position {i}) is out of range: the vocabulary has {} tokens",
+                    self.vocab.len()
+                )
+            })?;
+            out.extend_from_slice(token);
+        }
+        Ok(out)
+    }
+
+    /// The text of `ids`; malformed UTF-8 becomes U+FFFD.
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        let bytes = self.decode_bytes(ids)?;
+        Ok(match String::from_utf8(bytes) {
+            Ok(text) => text,
+            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+        })
+    }
+
+    /// Appends to `out` the ids of the part of `text` that no following text can change,
+    /// and returns its length in bytes; with `last`, that is all of `text`.
+    ///
+    /// Without `last`, two things are held back: from the first position where the rest
+    /// of `text` is a proper prefix of a special token (the match may complete later),
+    /// and the last two pre-tokens of the final text piece (a pre-token's end depends on
+    /// at most the two characters after its start, e.g. `'` `l` → `'ll`). Every earlier
+    /// pre-token and special match is what encoding the whole text finds.
+    fn encode_into(
+        &self,
+        text: &str,
+        last: bool,
+        scratch: &mut Scratch,
+        out: &mut Vec<u32>,
+    ) -> usize {
+        let bytes = text.as_bytes();
+        let hold = if last {
+            text.len()
+        } else {
+            self.special_prefix_start(bytes)
+        };
+        let mut pos = 0;
+        loop {
+            let special = self
+                .specials
+                .find(&bytes[pos..])
+                .map(|(s, e)| (pos + s, pos + e))
+                .filter(|&(s, _)| s < hold);
+            let piece = &text[pos..special.map_or(hold, |(s, _)| s)];
+            let Some((s, e)) = special else {
+                let done = if last {
+                    piece.len()
+                } else {
+                    stable_prefix(piece)
+                };
+                self.encode_piece(&piece[..done], scratch, out);
+                return pos + done;
+            };
+            self.encode_piece(piece, scratch, out);
+            out.push(self.special_ids[&bytes[s..e]]);
+            pos = e;
+        }
+    }
+
+    /// The first position from which the rest of `text` is a proper prefix of a special
+    /// token, or `text.len()`.
+    fn special_prefix_start(&self, text: &[u8]) -> usize {
+        let longest = self
+            .specials
+            .specials()
+            .iter()
+            .map(String::len)
+            .max()
+            .unwrap_or(0);
+        (text.len().saturating_sub(longest)..text.len())
+            .find(|&q| {
+                let rest = &text[q..];
+                self.specials
+                    .specials()
+                    .iter()
+                    .any(|s| s.len() > rest.len() && s.as_bytes().starts_with(rest))
+            })
+            .unwrap_or(text.len())
+    }
+
+    /// Appends the ids of a text without special tokens.
+    #[inline]
+    fn encode_piece(&self, piece: &str, scratch: &mut Scratch, out: &mut Vec<u32>) {
+        for pretoken in pretokens(piece) {
+            self.encode_pretoken(pretoken.as_bytes(), scratch, out);
+        }
+    }
+
+    /// Appends the ids of one pre-token: a whole token, a cached result, or merged now.
+    #[inline]
+    fn encode_pretoken(&self, pretoken: &[u8], scratch: &mut Scratch, out: &mut Vec<u32>) {
+        if let Some(&id) = self.whole.get(pretoken) {
+            out.push(id);
+            return;
+        }
+        if let Some(&(start, end)) = scratch.cache.get(pretoken) {
+            out.extend_from_slice(&scratch.cached[start as usize..end as usize]);
+            return;
+        }
+        let before = out.len();
+        self.merge(pretoken, &mut scratch.parts, out);
+        if scratch.cache.len() >= scratch.capacity {
+            scratch.cache.clear();
+            scratch.cached.clear();
+        }
+        let start = scratch.cached.len() as u32;
+        scratch.cached.extend_from_slice(&out[before..]);
+        let end = scratch.cached.len() as u32;
+        scratch.cache.insert(pretoken.into(), (start, end));
+    }
+
+    /// Byte-pair merge of `piece` (n bytes, n ≥ 1): starts from the n byte tokens and
+    /// repeatedly joins the adjacent pair of lowest rank (the leftmost among equals),
+    /// which is applying the merges in order; appends the resulting ids to `out`.
+    fn merge(&self, piece: &[u8], parts: &mut Vec<Part>, out: &mut Vec<u32>) {
+        parts.clear();
+        parts.extend(piece.iter().map(|&b| Part {
+            id: self.byte_ids[b as usize],
+            rank: NO_MERGE,
+            merged: 0,
+        }));
+        for i in 0..parts.len().saturating_sub(1) {
+            self.set_rank(parts, i);
+        }
+        loop {
+            let mut best = NO_MERGE;
+            let mut at = 0;
+            for (i, part) in parts.iter().enumerate() {
+                if part.rank < best {
+                    best = part.rank;
+                    at = i;
+                }
+            }
+            if best == NO_MERGE {
+                break;
+            }
+            parts[at].id = parts[at].merged;
+            parts.remove(at + 1);
+            if at + 1 < parts.len() {
+                self.set_rank(parts, at);
+            } else {
+                parts[at].rank = NO_MERGE;
+            }
+            if at > 0 {
+                self.set_rank(parts, at - 1);
+            }
+        }
+        out.extend(parts.iter().map(|p| p.id));
+    }
+
+    /// Sets the rank and result of merging `parts[i]` with `parts[i + 1]`.
+    #[inline]
+    fn set_rank(&self, parts: &mut [Part], i: usize) {
+        let (rank, merged) = self
+            .pairs
+            .get(&pair_key(parts[i].id, parts[i + 1].id))
+            .copied()
+            .unwrap_or((NO_MERGE, 0));
+        parts[i].rank = rank;
+        parts[i].merged = merged;
+    }
+
+    /// Writes the text of the token ids in the `.npy` file `input` (an integer array) to
+    /// `out`, malformed UTF-8 as U+FFFD, in bounded memory. Returns the number of ids.
+    pub fn decode_file(&self, input: &Path, out: &mut impl Write) -> Result<usize> {
+        let npy = MappedNpy::open(input)?;
+        let dtype = npy.header.dtype;
+        if dtype == Dtype::F32 || dtype.size() < Dtype::for_vocab(self.vocab_size()).size() {
+            return Err(invalid!(
+                "{}: dtype {} cannot hold the ids of a vocabulary of {} tokens",
+                input.display(),
+                dtype.descr(),
+                self.vocab_size()
+            ));
+        }
+        let mut bytes = Vec::new();
+        let mut start = 0;
+        while start < npy.len() {
+            let end = (start + DECODE_IDS).min(npy.len());
+            for i in start..end {
+                let id = npy.int_at(i);
+                let token = usize::try_from(id).ok().and_then(|id| self.vocab.get(id));
+                let token = token.ok_or_else(|| {
+                    invalid!(
+                        "{}: token id {id} at index {i} is out of range: the vocabulary has {} tokens",
+                        input.display(),
+                        self.vocab_size()
+                    )
+                })?;
+                bytes.extend_from_slice(token);
+            }
+            let keep = if end == npy.len() {
+                bytes.len()
+            } else {
+                complete_prefix(&bytes)
+            };
+            out.write_all(String::from_utf8_lossy(&bytes[..keep]).as_bytes())
+                .map_err(|e| Error::io("<output>", e))?;
+            bytes.drain(..keep);
+            start = end;
+        }
+        Ok(npy.len())
+    }
+
+    /// A streaming encoder: text in chunks, ids out as soon as they are final.
+    pub fn stream(&self) -> StreamEncoder<'_> {
+        StreamEncoder {
+            tokenizer: self,
+            pending: String::new(),
+            scratch: Scratch::new(STREAM_CACHE_ENTRIES),
+        }
+    }
+
+    /// The ids of the concatenation of `chunks`, lazily (the CS336 `encode_iterable`).
+    pub fn encode_iter<'t, I>(&'t self, chunks: I) -> impl Iterator<Item = u32> + 't
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+        I::IntoIter: 't,
+        I::Item: 't,
+    {
+        EncodeIter::new(self, chunks.into_iter().map(Ok::<_, Error>)).flatten()
+    }
+
+    /// The ids of the UTF-8 text read from `reader`, lazily, in bounded memory.
+    /// A read failure or invalid UTF-8 (named by byte offset) ends it with an error.
+    pub fn encode_reader<R: Read>(&self, reader: R) -> EncodeIter<'_, Utf8Chunks<R>> {
+        EncodeIter::new(self, Utf8Chunks::new(reader))
+    }
+
+    /// Encodes `text` on the current rayon pool in chunks of about `chunk_bytes`, cut
+    /// only where the ids cannot change (see [`Tokenizer::chunk_bounds`]). `sink` gets
+    /// the ids of consecutive runs of chunks in text order, with the bytes they cover;
+    /// the concatenation is `encode(text)`. Memory: the ids of a few chunks per thread.
+    pub fn encode_parallel(
+        &self,
+        text: &str,
+        chunk_bytes: usize,
+        mut sink: impl FnMut(&[u32], usize) -> Result<()>,
+    ) -> Result<()> {
+        let bounds = self.chunk_bounds(text, chunk_bytes);
+        let ranges: Vec<(usize, usize)> = bounds.windows(2).map(|w| (w[0], w[1])).collect();
+        let batch = 4 * rayon::current_num_threads();
+        for group in ranges.chunks(batch) {
+            let ids: Vec<Vec<u32>> = group
+                .par_iter()
+                .map_init(
+                    || Scratch::new(CACHE_ENTRIES),
+                    |scratch, &(a, b)| {
+                        let mut out = Vec::with_capacity((b - a) / 4);
+                        self.encode_into(&text[a..b], true, scratch, &mut out);
+                        out
+                    },
+                )
+                .collect();
+            for (chunk, &(a, b)) in ids.iter().zip(group) {
+                sink(chunk, b - a)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Positions `0 = b0 < b1 < ... < bk = text.len()` at which `text` can be cut without
+    /// changing its ids, about `chunk_bytes` apart: the start of a special-token match,
+    /// or, inside text between specials, a space followed by an ASCII letter (such a
+    /// space always starts a pre-token ` word`, whatever precedes it).
+    pub fn chunk_bounds(&self, text: &str, chunk_bytes: usize) -> Vec<usize> {
+        let bytes = text.as_bytes();
+        let chunk_bytes = chunk_bytes.max(1);
+        let mut bounds = vec![0];
+        let mut pos = 0;
+        loop {
+            let special = self
+                .specials
+                .find(&bytes[pos..])
+                .map(|(s, e)| (pos + s, pos + e));
+            let piece_end = special.map_or(bytes.len(), |(s, _)| s);
+            loop {
+                let from = (bounds[bounds.len() - 1] + chunk_bytes).max(pos + 1);
+                if from >= piece_end {
+                    break;
+                }
+                match bytes[from..piece_end]
+                    .windows(2)
+                    .position(|w| w[0] == b' ' && w[1].is_ascii_alphabetic())
+                {
+                    Some(at) => bounds.push(from + at),
+                    None => break,
+                }
+            }
+            let Some((s, e)) = special else { break };
+            if s > 0 && s >= bounds[bounds.len() - 1] + chunk_bytes {
+                bounds.push(s);
+            }
+            pos = e;
+        }
+        if bytes.len() > bounds[bounds.len() - 1] {
+            bounds.push(bytes.len());
+        }
+        bounds
+    }
+
+    /// Encodes the UTF-8 file `input` into the `.npy` file `output` (`uint16` when the
+    /// vocabulary fits, else `uint32`) on `threads` threads (0: all cores), through a
+    /// temporary file and a rename. `progress` gets the input bytes done so far.
+    pub fn encode_file(
+        &self,
+        input: &Path,
+        output: &Path,
+        threads: usize,
+        mut progress: impl FnMut(usize) + Send,
+    ) -> Result<EncodeSummary> {
+        let file = std::fs::File::open(input).map_err(|e| Error::io(input, e))?;
+        let len = file.metadata().map_err(|e| Error::io(input, e))?.len();
+        // SAFETY: read-only map; the file changing underneath gives wrong ids, not UB,
+        // because the text is validated as UTF-8 below before any use.
+        let map = if len == 0 {
+            None
+        } else {
+            Some(unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(input, e))?)
+        };
+        let bytes: &[u8] = map.as_deref().unwrap_or(&[]);
+        let text = std::str::from_utf8(bytes).map_err(|e| {
+            invalid!(
+                "{}: invalid UTF-8 at byte {}",
+                input.display(),
+                e.valid_up_to()
+            )
+        })?;
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .map_err(|e| invalid!("cannot start {threads} threads: {e}"))?;
+        let mut writer = NpyWriter::create(output, Dtype::for_vocab(self.vocab_size()))?;
+        let mut done = 0;
+        pool.install(|| {
+            self.encode_parallel(text, FILE_CHUNK_BYTES, |ids, n| {
+                writer.write_ids(ids)?;
+                done += n;
+                progress(done);
+                Ok(())
+            })
+        })?;
+        let tokens = writer.count();
+        writer.finish()?;
+        Ok(EncodeSummary {
+            bytes: text.len(),
+            tokens,
+        })
+    }
+}
+
+/// Length of the prefix of `piece` (text without special tokens) whose pre-tokens no
+/// appended text can change: everything before its last two pre-tokens.
+fn stable_prefix(piece: &str) -> usize {
+    let (mut before_last, mut last) = (0, 0);
+    let mut pos = 0;
+    for pretoken in pretokens(piece) {
+        (before_last, last) = (last, pos);
+        pos += pretoken.len();
+    }
+    before_last
+}
+
+/// Length of `bytes` without a trailing incomplete UTF-8 character (at most 3 bytes),
+/// which the next bytes may complete.
+fn complete_prefix(bytes: &[u8]) -> usize {
+    for k in 1..=bytes.len().min(3) {
+        let b = bytes[bytes.len() - k];
+        if b & 0xC0 == 0x80 {
+            continue;
+        }
+        let need = match b {
+            0xC0..=0xDF => 2,
+            0xE0..=0xEF => 3,
+            0xF0..=0xF7 => 4,
+            _ => 1,
+        };
+        return if need > k {
+            bytes.len() - k
+        } else {
+            bytes.len()
+        };
+    }
+    bytes.len()
+}
+
+/// What [`Tokenizer::encode_file`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EncodeSummary {
+    pub bytes: usize,
+    pub tokens: usize,
+}
+
+/// Encodes text pushed in chunks; ids come out as soon as no later text can change them.
+/// Holds only the text not yet final (see [`Tokenizer::stream`]).
+pub struct StreamEncoder<'t> {
+    tokenizer: &'t Tokenizer,
+    pending: String,
+    scratch: Scratch,
+}
+
+impl StreamEncoder<'_> {
+    /// Adds `chunk` and appends the ids that became final to `out`.
+    pub fn push(&mut self, chunk: &str, out: &mut Vec<u32>) {
+        self.pending.push_str(chunk);
+        let done = self
+            .tokenizer
+            .encode_into(&self.pending, false, &mut self.scratch, out);
+        self.pending.drain(..done);
+    }
+
+    /// Ends the text: appends the ids of what is left.
+    pub fn finish(&mut self, out: &mut Vec<u32>) {
+        self.tokenizer
+            .encode_into(&self.pending, true, &mut self.scratch, out);
+        self.pending.clear();
+    }
+}
+
+/// Lazy ids of text chunks from `I` (an iterator of `Result` of text).
+pub struct EncodeIter<'t, I> {
+    stream: StreamEncoder<'t>,
+    chunks: Option<I>,
+    ready: Vec<u32>,
+    next: usize,
+}
+
+impl<'t, I> EncodeIter<'t, I> {
+    fn new(tokenizer: &'t Tokenizer, chunks: I) -> Self {
+        EncodeIter {
+            stream: tokenizer.stream(),
+            chunks: Some(chunks),
+            ready: Vec::new(),
+            next: 0,
+        }
+    }
+}
+
+impl<I, S> Iterator for EncodeIter<'_, I>
+where
+    I: Iterator<Item = Result<S>>,
+    S: AsRef<str>,
+{
+    type Item = Result<u32>;
+
+    fn next(&mut self) -> Option<Result<u32>> {
+        while self.next == self.ready.len() {
+            let chunks = self.chunks.as_mut()?;
+            self.ready.clear();
+            self.next = 0;
+            match chunks.next() {
+                Some(Ok(chunk)) => self.stream.push(chunk.as_ref(), &mut self.ready),
+                Some(Err(e)) => {
+                    self.chunks = None;
+                    return Some(Err(e));
+                }
+                None => {
+                    self.chunks = None;
+                    self.stream.finish(&mut self.ready);
+                }
+            }
+        }
+        self.next += 1;
+        Some(Ok(self.ready[self.next - 1]))
+    }
+}
+
+/// UTF-8 text from a [`Read`] in chunks of about 64 KiB, never splitting a character.
+pub struct Utf8Chunks<R> {
+    reader: R,
+    buf: Vec<u8>,
+    /// Bytes of an incomplete character at the end of the last read.
+    carry: usize,
+    offset: u64,
+    done: bool,
+}
+
+impl<R: Read> Utf8Chunks<R> {
+    pub fn new(reader: R) -> Self {
+        Utf8Chunks {
+            reader,
+            buf: vec![0; READ_BYTES],
+            carry: 0,
+            offset: 0,
+            done: false,
+        }
+    }
+}
+
+impl<R: Read> Iterator for Utf8Chunks<R> {
+    type Item = Result<String>;
+
+    fn next(&mut self) -> Option<Result<String>> {
+        if self.done {
+            return None;
+        }
+        let fail = |this: &mut Self, e: Error| {
+            this.done = true;
+            Some(Err(e))
+        };
+        let n = loop {
+            match self.reader.read(&mut self.buf[self.carry..]) {
+                Ok(n) => break n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return fail(self, Error::io("<input>", e)),
+            }
+        };
+        let filled = self.carry + n;
+        let valid = match std::str::from_utf8(&self.buf[..filled]) {
+            Ok(_) => filled,
+            Err(e) if e.error_len().is_none() && n > 0 => e.valid_up_to(),
+            Err(e) => {
+                let at = self.offset + e.valid_up_to() as u64;
+                return fail(self, invalid!("invalid UTF-8 at byte {at} of the input"));
+            }
+        };
+        if n == 0 {
+            self.done = true;
+            if filled == 0 {
+                return None;
+            }
+        }
+        let chunk = std::str::from_utf8(&self.buf[..valid])
+            .expect("validated above")
+            .to_string();
+        self.buf.copy_within(valid..filled, 0);
+        self.carry = filled - valid;
+        self.offset += valid as u64;
+        Some(Ok(chunk))
+    }
+}

@@ -1,1 +1,459 @@
+//! Byte-level BPE training with the exact semantics of CS336 (SPEC §1.1).
+//!
+//! Two phases:
+//! 1. [`count_pretokens`]: the memory-mapped file is cut into chunks at places where
+//!    both the special-token split and the GPT-2 pre-tokenizer are known to start afresh
+//!    ([`is_cut`]), so chunks are pre-tokenized and counted in parallel (rayon) and the
+//!    counts equal those of the whole text. Each thread keeps one map of unique
+//!    pre-tokens; pages of the file are released as soon as a chunk is counted, so
+//!    memory follows the number of unique pre-tokens, not the size of the file.
+//! 2. [`train_from_counts`]: the merge loop over the unique pre-tokens (words of token
+//!    ids, weighted by their counts), with pair counts, a pair → words index and a
+//!    max-heap with lazy deletion; each merge touches only the words holding its pair.
+//!
+//! Both phases are deterministic, so the result does not depend on the thread count.
 
+use std::borrow::Cow;
+use std::fs::File;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use rayon::prelude::*;
+use rustc_hash::FxHashMap;
+
+use crate::pretokenize::{pretokens, Piece, SpecialSplitter};
+use crate::{invalid, Error, Merges, Result, Vocab};
+
+/// Counts of unique pre-tokens (UTF-8 bytes → occurrences).
+pub type PretokenCounts = FxHashMap<Vec<u8>, u64>;
+
+/// Progress reports, for a progress bar.
+#[derive(Clone, Copy, Debug)]
+pub enum Progress {
+    /// `done` of `total` input bytes are pre-tokenized and counted.
+    Pretokenized { done: u64, total: u64 },
+    /// `done` of at most `total` merges are made.
+    Merged { done: usize, total: usize },
+}
+
+/// Options of [`train_bpe_with`].
+#[derive(Clone, Copy, Default)]
+pub struct TrainOptions<'a> {
+    /// Replace invalid UTF-8 by U+FFFD instead of failing.
+    pub lossy_utf8: bool,
+    /// Called from any thread as work gets done.
+    pub progress: Option<&'a (dyn Fn(Progress) + Sync)>,
+}
+
+/// Target size of a chunk of input counted by one task.
+const CHUNK_BYTES: usize = 1 << 20;
+
+/// Trains a byte-level BPE tokenizer on the text file at `path` (see SPEC §1.1).
+///
+/// The vocabulary is the 256 bytes, then `special_tokens` (duplicates dropped, order
+/// kept), then one token per merge, up to `vocab_size` tokens in all.
+pub fn train_bpe(
+    path: &Path,
+    vocab_size: usize,
+    special_tokens: &[String],
+) -> Result<(Vocab, Merges)> {
+    train_bpe_with(path, vocab_size, special_tokens, TrainOptions::default())
+}
+
+/// [`train_bpe`] with options; runs on the current rayon thread pool.
+pub fn train_bpe_with(
+    path: &Path,
+    vocab_size: usize,
+    special_tokens: &[String],
+    options: TrainOptions,
+) -> Result<(Vocab, Merges)> {
+    let specials = dedup_specials(special_tokens)?;
+    check_vocab_size(vocab_size, &specials)?;
+    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let meta = file.metadata().map_err(|e| Error::io(path, e))?;
+    if meta.is_dir() {
+        return Err(invalid!(
+            "{}: is a directory, not a text file",
+            path.display()
+        ));
+    }
+    let counts = if meta.len() == 0 {
+        PretokenCounts::default()
+    } else {
+        // SAFETY: the map is read-only; the file must not be truncated while we train,
+        // as with any memory-mapped input.
+        let mmap = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+        let _ = mmap.advise(memmap2::Advice::Sequential);
+        let release = |start: usize, len: usize| {
+            // SAFETY: the map is a read-only file mapping; dropped pages are read again
+            // from the file if touched, and no key borrows from the map.
+            let _ = unsafe {
+                mmap.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, len)
+            };
+        };
+        count_pretokens_with(&mmap, &specials, CHUNK_BYTES, options, &release)
+            .map_err(|e| invalid!("{}: {e}", path.display()))?
+    };
+    Ok(train_from_counts(
+        counts,
+        vocab_size,
+        &specials,
+        options.progress,
+    ))
+}
+
+/// `special_tokens` without repeats (first occurrence kept); an empty one is an error.
+fn dedup_specials(special_tokens: &[String]) -> Result<Vec<String>> {
+    let mut specials: Vec<String> = Vec::new();
+    for s in special_tokens {
+        if s.is_empty() {
+            return Err(invalid!("a special token must not be empty"));
+        }
+        if !specials.contains(s) {
+            specials.push(s.clone());
+        }
+    }
+    Ok(specials)
+}
+
+fn check_vocab_size(vocab_size: usize, specials: &[String]) -> Result<()> {
+    let min = 256 + specials.len();
+    if vocab_size < min {
+        return Err(invalid!(
+            "vocab size {vocab_size} is below 256 bytes + {} special tokens = {min}",
+            specials.len()
+        ));
+    }
+    Ok(())
+}
+
+/// Whether the whole-text scan has a boundary at `q` (`0 < q < bytes.len()`): text up to
+/// `q` and text from `q` split at specials and pre-tokenize exactly as the whole does.
+///
+/// - No occurrence of a special straddles `q` (then the leftmost-longest special
+///   matches before and after `q` are those of the whole text), and
+/// - a special starts at `q`, or `bytes[q - 1]` is an ASCII letter or digit and
+///   `bytes[q]` an ASCII non-space of another class: the pre-token holding `q - 1` is a
+///   letter or digit run (or a contraction) that must end at `q`, and the pattern has no
+///   look-behind, so matching from `q` does not depend on what comes before.
+pub fn is_cut(bytes: &[u8], q: usize, specials: &[&[u8]]) -> bool {
+    use crate::pretokenize::{class_of, Class};
+    let straddled = specials
+        .iter()
+        .any(|s| (1..s.len().min(q + 1)).any(|k| bytes[q - k..].starts_with(s)));
+    if straddled {
+        return false;
+    }
+    let (l, r) = (bytes[q - 1], bytes[q]);
+    let pretoken_cut = l.is_ascii_alphanumeric()
+        && r.is_ascii()
+        && class_of(r as char) != Class::Space
+        && class_of(r as char) != class_of(l as char);
+    pretoken_cut || specials.iter().any(|s| bytes[q..].starts_with(s))
+}
+
+/// Chunk ranges of about `chunk_bytes` each, cut where [`is_cut`] holds.
+fn chunks(bytes: &[u8], specials: &[&[u8]], chunk_bytes: usize) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    while start < bytes.len() {
+        let mut end = start.saturating_add(chunk_bytes.max(1)).min(bytes.len());
+        while end < bytes.len() && !is_cut(bytes, end, specials) {
+            end += 1;
+        }
+        out.push((start, end));
+        start = end;
+    }
+    out
+}
+
+/// Counts the pre-tokens of `bytes` (UTF-8 text; specials split it and are not counted),
+/// counting chunks of about `chunk_bytes` in parallel. Invalid UTF-8 is an error naming
+/// its byte offset, unless `lossy_utf8`.
+pub fn count_pretokens(
+    bytes: &[u8],
+    special_tokens: &[String],
+    chunk_bytes: usize,
+    lossy_utf8: bool,
+) -> Result<PretokenCounts> {
+    let options = TrainOptions {
+        lossy_utf8,
+        progress: None,
+    };
+    count_pretokens_with(bytes, special_tokens, chunk_bytes, options, &|_, _| {})
+}
+
+/// [`count_pretokens`] reporting progress and handing each counted byte range to `release`.
+fn count_pretokens_with(
+    bytes: &[u8],
+    special_tokens: &[String],
+    chunk_bytes: usize,
+    options: TrainOptions,
+    release: &(dyn Fn(usize, usize) + Sync),
+) -> Result<PretokenCounts> {
+    let splitter = SpecialSplitter::new(special_tokens);
+    let special_bytes: Vec<&[u8]> = special_tokens.iter().map(|s| s.as_bytes()).collect();
+    let ranges = chunks(bytes, &special_bytes, chunk_bytes);
+    let done = AtomicU64::new(0);
+    // The smallest byte offset of invalid UTF-8 found so far; later chunks are skipped.
+    let first_invalid = AtomicUsize::new(usize::MAX);
+    let counts = ranges
+        .par_iter()
+        .fold(PretokenCounts::default, |mut counts, &(start, end)| {
+            if start > first_invalid.load(Ordering::Relaxed) {
+                return counts;
+            }
+            let chunk = &bytes[start..end];
+            let text = match std::str::from_utf8(chunk) {
+                Ok(text) => Cow::Borrowed(text),
+                Err(_) if options.lossy_utf8 => String::from_utf8_lossy(chunk),
+                Err(e) => {
+                    first_invalid.fetch_min(start + e.valid_up_to(), Ordering::Relaxed);
+                    return counts;
+                }
+            };
+            for piece in splitter.split(&text) {
+                if let Piece::Text(t) = piece {
+                    for token in pretokens(t) {
+                        match counts.get_mut(token.as_bytes()) {
+                            Some(n) => *n += 1,
+                            None => {
+                                counts.insert(token.as_bytes().to_vec(), 1);
+                            }
+                        }
+                    }
+                }
+            }
+            release(start, end - start);
+            let total = bytes.len() as u64;
+            let done = done.fetch_add((end - start) as u64, Ordering::Relaxed);
+            if let Some(report) = options.progress {
+                report(Progress::Pretokenized {
+                    done: done + (end - start) as u64,
+                    total,
+                });
+            }
+            counts
+        })
+        .reduce(PretokenCounts::default, |a, b| {
+            let (mut big, small) = if a.len() >= b.len() { (a, b) } else { (b, a) };
+            for (token, n) in small {
+                *big.entry(token).or_default() += n;
+            }
+            big
+        });
+    match first_invalid.into_inner() {
+        usize::MAX => Ok(counts),
+        at => Err(invalid!(
+            "invalid UTF-8 at byte offset {at} (lossy mode replaces it with U+FFFD)"
+        )),
+    }
+}
+
+/// A pair of token ids `(left, right)` packed as `left << 32 | right`.
+type Pair = u64;
+
+fn pair(left: u32, right: u32) -> Pair {
+    (left as u64) << 32 | right as u64
+}
+
+fn unpair(p: Pair) -> (u32, u32) {
+    ((p >> 32) as u32, p as u32)
+}
+
+/// The count of a pair and the words that may hold it (a word may be listed twice or
+/// have lost the pair since; the merge then finds nothing to replace in it).
+#[derive(Default)]
+struct PairInfo {
+    count: i64,
+    words: Vec<u32>,
+}
+
+/// A max-heap of `(count, pair)` ordered by count, then by the pair's byte strings
+/// `(vocab[left], vocab[right])`, greater first. Entries may be stale (lazy deletion):
+/// the merge loop checks each popped entry against the current count.
+struct Heap {
+    entries: Vec<(i64, Pair)>,
+}
+
+impl Heap {
+    fn above(vocab: &Vocab, a: (i64, Pair), b: (i64, Pair)) -> bool {
+        if a.0 != b.0 {
+            return a.0 > b.0;
+        }
+        let ((al, ar), (bl, br)) = (unpair(a.1), unpair(b.1));
+        (&vocab[al as usize], &vocab[ar as usize]) > (&vocab[bl as usize], &vocab[br as usize])
+    }
+
+    fn push(&mut self, vocab: &Vocab, entry: (i64, Pair)) {
+        let e = &mut self.entries;
+        e.push(entry);
+        let mut i = e.len() - 1;
+        while i > 0 {
+            let parent = (i - 1) / 2;
+            if !Self::above(vocab, e[i], e[parent]) {
+                break;
+            }
+            e.swap(i, parent);
+            i = parent;
+        }
+    }
+
+    fn pop(&mut self, vocab: &Vocab) -> Option<(i64, Pair)> {
+        let e = &mut self.entries;
+        if e.is_empty() {
+            return None;
+        }
+        let top = e.swap_remove(0);
+        let n = e.len();
+        let mut i = 0;
+        loop {
+            let (l, r) = (2 * i + 1, 2 * i + 2);
+            let mut best = i;
+            if l < n && Self::above(vocab, e[l], e[best]) {
+                best = l;
+            }
+            if r < n && Self::above(vocab, e[r], e[best]) {
+                best = r;
+            }
+            if best == i {
+                break;
+            }
+            e.swap(i, best);
+            i = best;
+        }
+        Some(top)
+    }
+}
+
+/// The merge loop on pre-token counts: `specials` must be de-duplicated and
+/// `vocab_size >= 256 + specials.len()`.
+///
+/// Ties between pairs of equal count go to the greater `(left, right)` byte-string pair;
+/// each word replaces a merged pair left to right without overlaps.
+pub fn train_from_counts(
+    counts: PretokenCounts,
+    vocab_size: usize,
+    specials: &[String],
+    progress: Option<&(dyn Fn(Progress) + Sync)>,
+) -> (Vocab, Merges) {
+    let mut vocab: Vocab = (0..=255u8).map(|b| vec![b]).collect();
+    vocab.extend(specials.iter().map(|s| s.as_bytes().to_vec()));
+    let total_merges = vocab_size.saturating_sub(vocab.len());
+    let mut merges = Merges::with_capacity(total_merges);
+
+    // Words of two or more bytes as token ids; single bytes never hold a pair.
+    let (mut words, weights): (Vec<Vec<u32>>, Vec<i64>) = counts
+        .into_iter()
+        .filter(|(token, _)| token.len() >= 2)
+        .map(|(token, n)| (token.iter().map(|&b| b as u32).collect(), n as i64))
+        .unzip();
+
+    let mut pairs: FxHashMap<Pair, PairInfo> = FxHashMap::default();
+    for (w, word) in words.iter().enumerate() {
+        for ids in word.windows(2) {
+            let info = pairs.entry(pair(ids[0], ids[1])).or_default();
+            info.count += weights[w];
+            if info.words.last() != Some(&(w as u32)) {
+                info.words.push(w as u32);
+            }
+        }
+    }
+    let mut heap = Heap {
+        entries: Vec::with_capacity(pairs.len()),
+    };
+    for (&p, info) in &pairs {
+        heap.push(&vocab, (info.count, p));
+    }
+
+    // Words spell a token by its bytes: when two merges build the same bytes, words use
+    // the id of the first (as in CS336's reference, where words are tuples of bytes).
+    let mut merged_ids: FxHashMap<Vec<u8>, u32> = FxHashMap::default();
+    // Pairs holding the new token, whose counts only grew during this merge.
+    let mut grown: Vec<Pair> = Vec::new();
+    while merges.len() < total_merges {
+        let Some((count, top)) = heap.pop(&vocab) else {
+            break;
+        };
+        let current = pairs.get(&top).map_or(0, |info| info.count);
+        if current != count {
+            // Counts only fall after a pair's entry was pushed: push it again as it is now.
+            if current > 0 {
+                heap.push(&vocab, (current, top));
+            }
+            continue;
+        }
+        let (a, b) = unpair(top);
+        let (left, right) = (vocab[a as usize].clone(), vocab[b as usize].clone());
+        let merged = [left.as_slice(), right.as_slice()].concat();
+        let z = *merged_ids
+            .entry(merged.clone())
+            .or_insert(vocab.len() as u32);
+        vocab.push(merged);
+        merges.push((left, right));
+
+        let holders = pairs.remove(&top).expect("popped pair is counted").words;
+        for w in holders {
+            let weight = weights[w as usize];
+            let mut change = |p: Pair, delta: i64| {
+                if p == top {
+                    return;
+                }
+                if delta > 0 {
+                    let info = pairs.entry(p).or_default();
+                    info.count += delta;
+                    if info.words.last() != Some(&w) {
+                        info.words.push(w);
+                    }
+                    grown.push(p);
+                } else if let Some(info) = pairs.get_mut(&p) {
+                    info.count += delta;
+                    debug_assert!(info.count >= 0);
+                    if info.count == 0 {
+                        pairs.remove(&p);
+                    }
+                }
+            };
+            // In place, left to right: `out` trails `i`; the left neighbour is the
+            // already rewritten token, so pairs of two replacements come out right.
+            let word = &mut words[w as usize];
+            let n = word.len();
+            let (mut out, mut i) = (0, 0);
+            while i < n {
+                if i + 1 < n && word[i] == a && word[i + 1] == b {
+                    if out > 0 {
+                        let l = word[out - 1];
+                        change(pair(l, a), -weight);
+                        change(pair(l, z), weight);
+                    }
+                    if i + 2 < n {
+                        let r = word[i + 2];
+                        change(pair(b, r), -weight);
+                        change(pair(z, r), weight);
+                    }
+                    word[out] = z;
+                    i += 2;
+                } else {
+                    word[out] = word[i];
+                    i += 1;
+                }
+                out += 1;
+            }
+            word.truncate(out);
+        }
+        grown.sort_unstable();
+        grown.dedup();
+        for p in grown.drain(..) {
+            if let Some(info) = pairs.get(&p) {
+                heap.push(&vocab, (info.count, p));
+            }
+        }
+        if let Some(report) = progress {
+            report(Progress::Merged {
+                done: merges.len(),
+                total: total_merges,
+            });
+        }
+    }
+    (vocab, merges)
+}

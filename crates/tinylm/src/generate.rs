@@ -1,0 +1,180 @@
+//! Text generation (SPEC §4): temperature, top-k and top-p (nucleus) sampling from
+//! the last position's logits, and the generation loop over the model's KV cache.
+
+use crate::{Error, Result};
+use tinylm_bpe::encode::Tokenizer;
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+/// Turns next-token logits `(V,)` into a token id.
+///
+/// `temperature == 0` is greedy (argmax, ties to the lowest id). Otherwise the
+/// distribution is `softmax(logits / temperature)` (max subtracted), truncated to the
+/// `top_k` most probable tokens when set, then to the nucleus: the SMALLEST set of
+/// most probable tokens whose probabilities sum to `≥ top_p`; the kept
+/// probabilities are renormalized and one token is drawn with a seeded RNG.
+/// Equal probabilities are ordered by lower id first, so the result is a function
+/// of the logits and the seed alone.
+#[derive(Clone, Debug)]
+pub struct Sampler {
+    pub temperature: f32,
+    pub top_p: f32,
+    pub top_k: Option<usize>,
+    rng: ChaCha8Rng,
+    /// Scratch `(id, probability)` pairs, reused across calls.
+    probs: Vec<(u32, f32)>,
+}
+
+impl Sampler {
+    /// Checks `temperature ≥ 0`, `0 < top_p ≤ 1` and `top_k ≥ 1`.
+    pub fn new(temperature: f32, top_p: f32, top_k: Option<usize>, seed: u64) -> Result<Self> {
+        if !(temperature.is_finite() && temperature >= 0.0) {
+            return Err(Error::Config(format!(
+                "temperature must be a finite number ≥ 0, got {temperature}"
+            )));
+        }
+        if !(top_p > 0.0 && top_p <= 1.0) {
+            return Err(Error::Config(format!(
+                "top_p must be in (0, 1], got {top_p}"
+            )));
+        }
+        if top_k == Some(0) {
+            return Err(Error::Config("top_k must be at least 1".into()));
+        }
+        Ok(Sampler {
+            temperature,
+            top_p,
+            top_k,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            probs: Vec::new(),
+        })
+    }
+
+    /// Greedy decoding: always the most probable token.
+    pub fn greedy() -> Self {
+        Self::new(0.0, 1.0, None, 0).expect("greedy settings are valid")
+    }
+
+    /// The truncated, renormalized distribution a non-greedy sample is drawn from:
+    /// `(id, probability)` pairs, most probable first.
+    pub fn distribution(&mut self, logits: &[f32]) -> &[(u32, f32)] {
+        let inv_t = 1.0 / self.temperature.max(f32::MIN_POSITIVE);
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        self.probs.clear();
+        self.probs.extend(
+            (0u32..)
+                .zip(logits)
+                .map(|(id, &l)| (id, ((l - max) * inv_t).exp())),
+        );
+        let k = self.top_k.unwrap_or(usize::MAX).min(self.probs.len());
+        if k < self.probs.len() || self.top_p < 1.0 {
+            self.probs
+                .sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            self.probs.truncate(k);
+        }
+        if self.top_p < 1.0 {
+            // top-p is relative to what top-k kept (renormalized), as in Hugging Face.
+            // A tiny relative tolerance keeps rounding in the running sum from
+            // admitting one token more than the smallest nucleus.
+            let kept: f64 = self.probs.iter().map(|&(_, p)| p as f64).sum();
+            let target = self.top_p as f64 * kept * (1.0 - 1e-6);
+            let mut sum = 0.0;
+            let nucleus = self
+                .probs
+                .iter()
+                .position(|&(_, p)| {
+                    sum += p as f64;
+                    sum >= target
+                })
+                .map_or(self.probs.len(), |i| i + 1);
+            self.probs.truncate(nucleus);
+        }
+        let kept: f64 = self.probs.iter().map(|&(_, p)| p as f64).sum();
+        let scale = (1.0 / kept) as f32;
+        self.probs.iter_mut().for_each(|(_, p)| *p *= scale);
+        &self.probs
+    }
+
+    /// Picks the next token from logits `(V,)`.
+    pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        if self.temperature == 0.0 {
+            return argmax(logits);
+        }
+        let u: f32 = self.rng.random();
+        self.distribution(logits);
+        let mut sum = 0.0;
+        for &(id, p) in &self.probs {
+            sum += p;
+            if u < sum {
+                return id;
+            }
+        }
+        // Rounding left the sum just below u: the last kept token.
+        self.probs.last().map_or(0, |&(id, _)| id)
+    }
+}
+
+/// Index of the largest logit, the lowest index among equals.
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &l) in logits.iter().enumerate() {
+        if l > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Turns generated ids into text as they come: each [`TextStream::push`] returns the
+/// newly completed UTF-8 text, holding back the bytes of a character that a later
+/// token may complete; malformed bytes become U+FFFD, as in `Tokenizer::decode`.
+pub struct TextStream<'t> {
+    tokenizer: &'t Tokenizer,
+    pending: Vec<u8>,
+}
+
+impl<'t> TextStream<'t> {
+    pub fn new(tokenizer: &'t Tokenizer) -> Self {
+        TextStream {
+            tokenizer,
+            pending: Vec::new(),
+        }
+    }
+
+    /// Adds one token; returns the text it completes (often empty mid-character).
+    pub fn push(&mut self, id: u32) -> Result<String> {
+        self.pending
+            .extend_from_slice(&self.tokenizer.decode_bytes(&[id])?);
+        let mut text = String::new();
+        loop {
+            match std::str::from_utf8(&self.pending) {
+                Ok(s) => {
+                    text.push_str(s);
+                    self.pending.clear();
+                    return Ok(text);
+                }
+                Err(e) => {
+                    let valid = e.valid_up_to();
+                    text.push_str(std::str::from_utf8(&self.pending[..valid]).expect("valid"));
+                    match e.error_len() {
+                        // An incomplete character at the end: wait for more bytes.
+                        None => {
+                            self.pending.drain(..valid);
+                            return Ok(text);
+                        }
+                        Some(bad) => {
+                            text.push(char::REPLACEMENT_CHARACTER);
+                            self.pending.drain(..valid + bad);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The text of the held-back bytes at the end of generation (U+FFFD for an
+    /// unfinished character).
+    pub fn finish(self) -> String {
+        String::from_utf8_lossy(&self.pending).into_owned()
+    }
+}

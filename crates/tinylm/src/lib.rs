@@ -5,9 +5,13 @@ pub mod accounting;
 pub mod checkpoint;
 pub mod config;
 pub mod data;
+pub mod error;
 pub mod generate;
 pub mod kernels;
 pub mod model;
 pub mod optim;
 pub mod params;
 pub mod train;
+
+pub use config::ModelConfig;
+pub use error::{Error, Result};

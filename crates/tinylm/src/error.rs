@@ -1,0 +1,31 @@
+use std::path::PathBuf;
+
+/// Every failure of the model crate. Messages name the file, position or value at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// An invalid model or training configuration.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// Bad input: shapes, token ids, file contents.
+    #[error("{0}")]
+    Invalid(String),
+    #[error(transparent)]
+    Tokenizer(#[from] tinylm_bpe::Error),
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}
