@@ -19,6 +19,7 @@ use rayon::prelude::*;
 use rustc_hash::FxHashMap;
 use std::io::{Read, Write};
 use std::path::Path;
+use std::sync::Mutex;
 
 /// Rank of a pair that no merge joins.
 const NO_MERGE: u32 = u32::MAX;
@@ -29,7 +30,7 @@ const STREAM_CACHE_ENTRIES: usize = 1 << 12;
 /// Bytes read from a [`Read`] per step of [`Tokenizer::encode_reader`].
 const READ_BYTES: usize = 1 << 16;
 /// Text per work item of [`Tokenizer::encode_file`].
-const FILE_CHUNK_BYTES: usize = 1 << 20;
+const FILE_CHUNK_BYTES: usize = 1 << 19;
 /// Ids per step of [`Tokenizer::decode_file`].
 const DECODE_IDS: usize = 1 << 16;
 
@@ -44,7 +45,7 @@ pub struct Tokenizer {
     pairs: FxHashMap<u64, (u32, u32)>,
     /// Tokens whose bytes the merges turn into exactly that one token: a pre-token found
     /// here needs no merging (most words are one token).
-    whole: FxHashMap<Vec<u8>, u32>,
+    whole: BytesMap<u32>,
     specials: SpecialSplitter,
     special_ids: FxHashMap<Vec<u8>, u32>,
 }
@@ -61,7 +62,7 @@ struct Part {
 /// Per-encoder scratch space: the cache of multi-token pre-tokens and the parts vector.
 struct Scratch {
     /// Pre-token bytes → range of its ids in `cached`.
-    cache: FxHashMap<Box<[u8]>, (u32, u32)>,
+    cache: BytesMap<(u32, u32)>,
     cached: Vec<u32>,
     capacity: usize,
     parts: Vec<Part>,
@@ -70,11 +71,66 @@ struct Scratch {
 impl Scratch {
     fn new(capacity: usize) -> Self {
         Scratch {
-            cache: FxHashMap::default(),
+            cache: BytesMap::default(),
             cached: Vec::new(),
             capacity,
             parts: Vec::new(),
         }
+    }
+}
+
+/// A hash map keyed by byte strings. Keys of at most 15 bytes (most pre-tokens) are
+/// packed with their length into a `u128`, so a lookup hashes and compares one integer
+/// instead of calling `memcmp`.
+#[derive(Clone, Debug)]
+struct BytesMap<V> {
+    short: FxHashMap<u128, V>,
+    long: FxHashMap<Box<[u8]>, V>,
+}
+
+impl<V> Default for BytesMap<V> {
+    fn default() -> Self {
+        BytesMap {
+            short: FxHashMap::default(),
+            long: FxHashMap::default(),
+        }
+    }
+}
+
+impl<V> BytesMap<V> {
+    #[inline]
+    fn packed(key: &[u8]) -> Option<u128> {
+        if key.len() > 15 {
+            return None;
+        }
+        let mut buf = [0u8; 16];
+        buf[..key.len()].copy_from_slice(key);
+        buf[15] = key.len() as u8;
+        Some(u128::from_le_bytes(buf))
+    }
+
+    #[inline]
+    fn get(&self, key: &[u8]) -> Option<&V> {
+        match Self::packed(key) {
+            Some(k) => self.short.get(&k),
+            None => self.long.get(key),
+        }
+    }
+
+    fn insert(&mut self, key: &[u8], value: V) {
+        match Self::packed(key) {
+            Some(k) => self.short.insert(k, value),
+            None => self.long.insert(key.into(), value),
+        };
+    }
+
+    fn len(&self) -> usize {
+        self.short.len() + self.long.len()
+    }
+
+    fn clear(&mut self) {
+        self.short.clear();
+        self.long.clear();
     }
 }
 
@@ -143,7 +199,7 @@ impl Tokenizer {
             vocab,
             byte_ids,
             pairs,
-            whole: FxHashMap::default(),
+            whole: BytesMap::default(),
             specials: SpecialSplitter::new(special_tokens),
             special_ids,
         };
@@ -153,7 +209,7 @@ impl Tokenizer {
             merged.clear();
             tokenizer.merge(token, &mut parts, &mut merged);
             if merged == [id] {
-                tokenizer.whole.insert(token.clone(), id);
+                tokenizer.whole.insert(token, id);
             }
         }
         Ok(tokenizer)
@@ -220,11 +276,14 @@ impl Tokenizer {
     /// Appends to `out` the ids of the part of `text` that no following text can change,
     /// and returns its length in bytes; with `last`, that is all of `text`.
     ///
-    /// Without `last`, two things are held back: from the first position where the rest
-    /// of `text` is a proper prefix of a special token (the match may complete later),
-    /// and the last two pre-tokens of the final text piece (a pre-token's end depends on
-    /// at most the two characters after its start, e.g. `'` `l` → `'ll`). Every earlier
-    /// pre-token and special match is what encoding the whole text finds.
+    /// Without `last`, two things are held back. From the first position (after the
+    /// special matches already final) where the rest of `text` is a proper prefix of a
+    /// special token: that match may complete later. And the last two pre-tokens of the
+    /// final text piece: a pre-token's extent depends on at most the character after
+    /// its end (a run's end, the `(?!\S)` after a whitespace run) or two characters after
+    /// its start (`'` `l` `l`), so every earlier pre-token is already what the whole text
+    /// gives. Those are taken from the scan of the whole piece: a re-scan of the prefix
+    /// alone could join a whitespace run that the full text splits.
     fn encode_into(
         &self,
         text: &str,
@@ -233,13 +292,13 @@ impl Tokenizer {
         out: &mut Vec<u32>,
     ) -> usize {
         let bytes = text.as_bytes();
-        let hold = if last {
-            text.len()
-        } else {
-            self.special_prefix_start(bytes)
-        };
         let mut pos = 0;
         loop {
+            let hold = if last {
+                text.len()
+            } else {
+                self.special_prefix_start(bytes, pos)
+            };
             let special = self
                 .specials
                 .find(&bytes[pos..])
@@ -252,18 +311,18 @@ impl Tokenizer {
                 } else {
                     stable_prefix(piece)
                 };
-                self.encode_piece(&piece[..done], scratch, out);
+                self.encode_piece(piece, done, scratch, out);
                 return pos + done;
             };
-            self.encode_piece(piece, scratch, out);
+            self.encode_piece(piece, piece.len(), scratch, out);
             out.push(self.special_ids[&bytes[s..e]]);
             pos = e;
         }
     }
 
-    /// The first position from which the rest of `text` is a proper prefix of a special
-    /// token, or `text.len()`.
-    fn special_prefix_start(&self, text: &[u8]) -> usize {
+    /// The first position at or after `from` from which the rest of `text` is a proper
+    /// prefix of a special token, or `text.len()`.
+    fn special_prefix_start(&self, text: &[u8], from: usize) -> usize {
         let longest = self
             .specials
             .specials()
@@ -271,7 +330,7 @@ impl Tokenizer {
             .map(String::len)
             .max()
             .unwrap_or(0);
-        (text.len().saturating_sub(longest)..text.len())
+        (text.len().saturating_sub(longest).max(from)..text.len())
             .find(|&q| {
                 let rest = &text[q..];
                 self.specials
@@ -282,11 +341,17 @@ impl Tokenizer {
             .unwrap_or(text.len())
     }
 
-    /// Appends the ids of a text without special tokens.
+    /// Appends the ids of the pre-tokens of `piece` (text without special tokens) that
+    /// start before byte `end`.
     #[inline]
-    fn encode_piece(&self, piece: &str, scratch: &mut Scratch, out: &mut Vec<u32>) {
+    fn encode_piece(&self, piece: &str, end: usize, scratch: &mut Scratch, out: &mut Vec<u32>) {
+        let mut start = 0;
         for pretoken in pretokens(piece) {
+            if start >= end {
+                break;
+            }
             self.encode_pretoken(pretoken.as_bytes(), scratch, out);
+            start += pretoken.len();
         }
     }
 
@@ -310,7 +375,7 @@ impl Tokenizer {
         let start = scratch.cached.len() as u32;
         scratch.cached.extend_from_slice(&out[before..]);
         let end = scratch.cached.len() as u32;
-        scratch.cache.insert(pretoken.into(), (start, end));
+        scratch.cache.insert(pretoken, (start, end));
     }
 
     /// Byte-pair merge of `piece` (n bytes, n ≥ 1): starts from the n byte tokens and
@@ -435,33 +500,47 @@ impl Tokenizer {
     /// Encodes `text` on the current rayon pool in chunks of about `chunk_bytes`, cut
     /// only where the ids cannot change (see [`Tokenizer::chunk_bounds`]). `sink` gets
     /// the ids of consecutive runs of chunks in text order, with the bytes they cover;
-    /// the concatenation is `encode(text)`. Memory: the ids of a few chunks per thread.
+    /// the concatenation is `encode(text)`; `sink` runs while the next chunks are encoded.
+    /// Memory: the ids of two groups of 16 chunks per thread.
     pub fn encode_parallel(
         &self,
         text: &str,
         chunk_bytes: usize,
-        mut sink: impl FnMut(&[u32], usize) -> Result<()>,
+        mut sink: impl FnMut(&[u32], usize) -> Result<()> + Send,
     ) -> Result<()> {
         let bounds = self.chunk_bounds(text, chunk_bytes);
         let ranges: Vec<(usize, usize)> = bounds.windows(2).map(|w| (w[0], w[1])).collect();
-        let batch = 4 * rayon::current_num_threads();
-        for group in ranges.chunks(batch) {
-            let ids: Vec<Vec<u32>> = group
+        let threads = rayon::current_num_threads();
+        // One scratch (and cache) per worker thread, kept warm across batches.
+        let scratches: Vec<Mutex<Scratch>> = (0..threads)
+            .map(|_| Mutex::new(Scratch::new(CACHE_ENTRIES)))
+            .collect();
+        let encode_group = |group: &[(usize, usize)]| -> Vec<Vec<u32>> {
+            group
                 .par_iter()
-                .map_init(
-                    || Scratch::new(CACHE_ENTRIES),
-                    |scratch, &(a, b)| {
-                        let mut out = Vec::with_capacity((b - a) / 4);
-                        self.encode_into(&text[a..b], true, scratch, &mut out);
-                        out
-                    },
-                )
-                .collect();
+                .map(|&(a, b)| {
+                    let worker = rayon::current_thread_index().unwrap_or(0) % threads;
+                    let mut scratch = scratches[worker].lock().unwrap_or_else(|e| e.into_inner());
+                    let mut out = Vec::with_capacity((b - a) / 3);
+                    self.encode_into(&text[a..b], true, &mut scratch, &mut out);
+                    out
+                })
+                .collect()
+        };
+        let mut flush = |ids: &[Vec<u32>], group: &[(usize, usize)]| -> Result<()> {
             for (chunk, &(a, b)) in ids.iter().zip(group) {
                 sink(chunk, b - a)?;
             }
+            Ok(())
+        };
+        // The ids of one group of chunks go to `sink` while the next group is encoded.
+        let (mut done, mut done_group) = (Vec::new(), &ranges[..0]);
+        for group in ranges.chunks(16 * threads) {
+            let (flushed, ids) = rayon::join(|| flush(&done, done_group), || encode_group(group));
+            flushed?;
+            (done, done_group) = (ids, group);
         }
-        Ok(())
+        flush(&done, done_group)
     }
 
     /// Positions `0 = b0 < b1 < ... < bk = text.len()` at which `text` can be cut without
@@ -554,8 +633,8 @@ impl Tokenizer {
     }
 }
 
-/// Length of the prefix of `piece` (text without special tokens) whose pre-tokens no
-/// appended text can change: everything before its last two pre-tokens.
+/// Start of the second-to-last pre-token of `piece` (0 when it has fewer than two): the
+/// pre-tokens before it are final, whatever text is appended.
 fn stable_prefix(piece: &str) -> usize {
     let (mut before_last, mut last) = (0, 0);
     let mut pos = 0;
@@ -612,6 +691,11 @@ impl StreamEncoder<'_> {
             .tokenizer
             .encode_into(&self.pending, false, &mut self.scratch, out);
         self.pending.drain(..done);
+    }
+
+    /// Bytes of text held back, not yet final.
+    pub fn pending_len(&self) -> usize {
+        self.pending.len()
     }
 
     /// Ends the text: appends the ids of what is left.

@@ -199,7 +199,7 @@ fn count_pretokens_with(
     let first_invalid = AtomicUsize::new(usize::MAX);
     let counts = ranges
         .par_iter()
-        .fold(PretokenCounts::default, |mut counts, &(start, end)| {
+        .fold(Counter::default, |mut counts, &(start, end)| {
             if start > first_invalid.load(Ordering::Relaxed) {
                 return counts;
             }
@@ -215,12 +215,7 @@ fn count_pretokens_with(
             for piece in splitter.split(&text) {
                 if let Piece::Text(t) = piece {
                     for token in pretokens(t) {
-                        match counts.get_mut(token.as_bytes()) {
-                            Some(n) => *n += 1,
-                            None => {
-                                counts.insert(token.as_bytes().to_vec(), 1);
-                            }
-                        }
+                        counts.add(token.as_bytes(), 1);
                     }
                 }
             }
@@ -235,18 +230,61 @@ fn count_pretokens_with(
             }
             counts
         })
-        .reduce(PretokenCounts::default, |a, b| {
-            let (mut big, small) = if a.len() >= b.len() { (a, b) } else { (b, a) };
-            for (token, n) in small {
-                *big.entry(token).or_default() += n;
-            }
-            big
-        });
+        .reduce(Counter::default, Counter::merge);
     match first_invalid.into_inner() {
-        usize::MAX => Ok(counts),
-        at => Err(invalid!(
-            "invalid UTF-8 at byte offset {at} (lossy mode replaces it with U+FFFD)"
-        )),
+        usize::MAX => Ok(counts.into_counts()),
+        at => Err(invalid!("invalid UTF-8 at byte offset {at}")),
+    }
+}
+
+/// Pre-token counts while counting: tokens of up to 15 bytes are packed into a `u128`
+/// (bytes, then the length in the top byte), which hashes and compares in a few
+/// instructions; longer ones are keyed by their bytes.
+#[derive(Default)]
+struct Counter {
+    short: FxHashMap<u128, u64>,
+    long: PretokenCounts,
+}
+
+impl Counter {
+    #[inline]
+    fn add(&mut self, token: &[u8], n: u64) {
+        if token.len() < 16 {
+            let mut packed = [0u8; 16];
+            packed[..token.len()].copy_from_slice(token);
+            packed[15] = token.len() as u8;
+            *self.short.entry(u128::from_le_bytes(packed)).or_default() += n;
+        } else if let Some(count) = self.long.get_mut(token) {
+            *count += n;
+        } else {
+            self.long.insert(token.to_vec(), n);
+        }
+    }
+
+    /// The sum of two counters, adding the smaller into the larger.
+    fn merge(self, other: Counter) -> Counter {
+        let (mut big, small) = if self.short.len() >= other.short.len() {
+            (self, other)
+        } else {
+            (other, self)
+        };
+        for (packed, n) in small.short {
+            *big.short.entry(packed).or_default() += n;
+        }
+        for (token, n) in small.long {
+            *big.long.entry(token).or_default() += n;
+        }
+        big
+    }
+
+    fn into_counts(self) -> PretokenCounts {
+        let mut counts = self.long;
+        counts.reserve(self.short.len());
+        for (packed, n) in self.short {
+            let bytes = packed.to_le_bytes();
+            counts.insert(bytes[..bytes[15] as usize].to_vec(), n);
+        }
+        counts
     }
 }
 
@@ -259,6 +297,14 @@ fn pair(left: u32, right: u32) -> Pair {
 
 fn unpair(p: Pair) -> (u32, u32) {
     ((p >> 32) as u32, p as u32)
+}
+
+/// A unique pre-token during merging: its tokens are `symbols[start..start + len]`.
+#[derive(Clone, Copy)]
+struct Word {
+    start: usize,
+    len: usize,
+    weight: i64,
 }
 
 /// The count of a pair and the words that may hold it (a word may be listed twice or
@@ -342,18 +388,24 @@ pub fn train_from_counts(
     let total_merges = vocab_size.saturating_sub(vocab.len());
     let mut merges = Merges::with_capacity(total_merges);
 
-    // Words of two or more bytes as token ids; single bytes never hold a pair.
-    let (mut words, weights): (Vec<Vec<u32>>, Vec<i64>) = counts
-        .into_iter()
-        .filter(|(token, _)| token.len() >= 2)
-        .map(|(token, n)| (token.iter().map(|&b| b as u32).collect(), n as i64))
-        .unzip();
+    // Words of two or more bytes as token ids, back to back in `symbols`; single bytes
+    // never hold a pair.
+    let mut symbols: Vec<u32> = Vec::new();
+    let mut words: Vec<Word> = Vec::new();
+    for (token, n) in counts.into_iter().filter(|(token, _)| token.len() >= 2) {
+        words.push(Word {
+            start: symbols.len(),
+            len: token.len(),
+            weight: n as i64,
+        });
+        symbols.extend(token.iter().map(|&b| b as u32));
+    }
 
     let mut pairs: FxHashMap<Pair, PairInfo> = FxHashMap::default();
     for (w, word) in words.iter().enumerate() {
-        for ids in word.windows(2) {
+        for ids in symbols[word.start..word.start + word.len].windows(2) {
             let info = pairs.entry(pair(ids[0], ids[1])).or_default();
-            info.count += weights[w];
+            info.count += word.weight;
             if info.words.last() != Some(&(w as u32)) {
                 info.words.push(w as u32);
             }
@@ -394,7 +446,7 @@ pub fn train_from_counts(
 
         let holders = pairs.remove(&top).expect("popped pair is counted").words;
         for w in holders {
-            let weight = weights[w as usize];
+            let Word { start, len, weight } = words[w as usize];
             let mut change = |p: Pair, delta: i64| {
                 if p == top {
                     return;
@@ -416,8 +468,8 @@ pub fn train_from_counts(
             };
             // In place, left to right: `out` trails `i`; the left neighbour is the
             // already rewritten token, so pairs of two replacements come out right.
-            let word = &mut words[w as usize];
-            let n = word.len();
+            let word = &mut symbols[start..start + len];
+            let n = len;
             let (mut out, mut i) = (0, 0);
             while i < n {
                 if i + 1 < n && word[i] == a && word[i + 1] == b {
@@ -439,7 +491,7 @@ pub fn train_from_counts(
                 }
                 out += 1;
             }
-            word.truncate(out);
+            words[w as usize].len = out;
         }
         grown.sort_unstable();
         grown.dedup();

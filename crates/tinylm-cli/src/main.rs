@@ -19,12 +19,33 @@ struct Cli {
 enum Command {
     /// Byte-level BPE tokenizer: train, encode, decode.
     Bpe(commands::bpe::BpeArgs),
+    /// Parameter count, training memory and forward-pass FLOPs of a model.
+    Info(commands::info::InfoArgs),
+    /// Logits, loss and gradients for given weights and token ids (check against PyTorch).
+    Forward(commands::forward::ForwardArgs),
+    /// Training-step throughput of the CPU engine and where the time goes.
+    Bench(commands::bench::BenchArgs),
+    /// Train a model: AdamW, cosine schedule, checkpoints, JSONL log and loss plot.
+    Train(commands::train::TrainArgs),
+    /// Validation loss and perplexity of a checkpoint on a token file.
+    Eval(commands::eval::EvalArgs),
+    /// Continue a prompt with a trained model, streaming the text.
+    Generate(commands::generate::GenerateArgs),
+    /// From a text file to a model that writes stories: tokenizer, training, samples.
+    Quickstart(commands::quickstart::QuickstartArgs),
 }
 
 fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Bpe(args) => commands::bpe::run(args),
+        Command::Info(args) => commands::info::run(args),
+        Command::Forward(args) => commands::forward::run(args),
+        Command::Bench(args) => commands::bench::run(args),
+        Command::Train(args) => commands::train::run(args),
+        Command::Eval(args) => commands::eval::run(args),
+        Command::Generate(args) => commands::generate::run(args),
+        Command::Quickstart(args) => commands::quickstart::run(args),
     };
     if let Err(err) = result {
         eprintln!("error: {err:#}");

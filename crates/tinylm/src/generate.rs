@@ -1,10 +1,14 @@
 //! Text generation (SPEC §4): temperature, top-k and top-p (nucleus) sampling from
-//! the last position's logits, and the generation loop over the model's KV cache.
+//! the last position's logits, the generation loop over the model's KV cache, and
+//! incremental UTF-8 decoding for streaming the text.
 
+use crate::kernels::Backend;
+use crate::model::Model;
 use crate::{Error, Result};
-use tinylm_bpe::encode::Tokenizer;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use std::ops::ControlFlow;
+use tinylm_bpe::encode::Tokenizer;
 
 /// Turns next-token logits `(V,)` into a token id.
 ///
@@ -123,6 +127,77 @@ pub fn argmax(logits: &[f32]) -> u32 {
         }
     }
     best as u32
+}
+
+/// Continues `prompt` with at most `max_new_tokens` tokens drawn by `sampler`; stops
+/// early at `eos` (which is not returned) or when `on_token`, called with each new
+/// token as soon as it is drawn, returns `Break`. Returns the new tokens.
+///
+/// The model sees at most `context_length` tokens: a longer prompt keeps its last
+/// ones. Positions go through the model one at a time with a KV cache, so each new
+/// token costs one [`Model::decode_step`]. When the window is full, the cache is
+/// rebuilt from the last `context_length − 1` tokens before the next step: every
+/// token is predicted from exactly the last `context_length` tokens, as a full
+/// forward pass over that window would (RoPE positions restart at 0 in the new
+/// window, as they do in training), at the price of `context_length` decode steps
+/// per token once the window slides. An empty prompt starts from `eos`.
+pub fn generate<B: Backend<f32>>(
+    model: &mut Model<f32, B>,
+    prompt: &[u32],
+    max_new_tokens: usize,
+    sampler: &mut Sampler,
+    eos: Option<u32>,
+    mut on_token: impl FnMut(u32) -> ControlFlow<()>,
+) -> Result<Vec<u32>> {
+    let (ctx, vocab) = (model.config().context_length, model.config().vocab_size);
+    if let Some((i, id)) = prompt
+        .iter()
+        .enumerate()
+        .find(|&(_, &id)| id as usize >= vocab)
+    {
+        return Err(Error::Invalid(format!(
+            "prompt token id {id} at position {i} is >= vocab_size {vocab}"
+        )));
+    }
+    let start: Vec<u32> = match (prompt.is_empty(), eos) {
+        (false, _) => prompt[prompt.len().saturating_sub(ctx)..].to_vec(),
+        (true, Some(eos)) => vec![eos],
+        (true, None) => {
+            return Err(Error::Invalid(
+                "empty prompt and no end-of-text token to start from".into(),
+            ))
+        }
+    };
+    let mut out = Vec::new();
+    if max_new_tokens == 0 {
+        return Ok(out);
+    }
+    // `window` ends with the token to feed next; the cache holds all but that one.
+    let mut window = start;
+    let mut cache = model.new_cache();
+    for &id in &window[..window.len() - 1] {
+        model.decode_step(&mut cache, id)?;
+    }
+    loop {
+        if cache.len() == ctx {
+            window.drain(..window.len() - ctx);
+            cache.clear();
+            for &id in &window[..ctx - 1] {
+                model.decode_step(&mut cache, id)?;
+            }
+        }
+        let last = *window.last().expect("window is never empty");
+        let token = sampler.sample(model.decode_step(&mut cache, last)?);
+        if Some(token) == eos {
+            break;
+        }
+        out.push(token);
+        window.push(token);
+        if on_token(token).is_break() || out.len() == max_new_tokens {
+            break;
+        }
+    }
+    Ok(out)
 }
 
 /// Turns generated ids into text as they come: each [`TextStream::push`] returns the

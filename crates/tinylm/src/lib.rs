@@ -11,7 +11,9 @@ pub mod kernels;
 pub mod model;
 pub mod optim;
 pub mod params;
+pub mod plot;
 pub mod train;
 
 pub use config::ModelConfig;
 pub use error::{Error, Result};
+pub use model::{KvCache, Model};

@@ -1,0 +1,522 @@
+//! The training loop (SPEC §3): AdamW with the cosine schedule and clipping on
+//! random batches of a memory-mapped token file, periodic validation, a JSONL log,
+//! loss plots, checkpoints and bit-exact resume.
+//!
+//! Output directory `out_dir`:
+//! - `log.jsonl`: one JSON object per logged step with the keys `step, tokens,
+//!   wallclock_s, train_loss, val_loss, lr, grad_norm, tokens_per_s` (`val_loss` is
+//!   `null` unless the step was evaluated);
+//! - `loss.svg`: train and validation loss against steps and against wall-clock,
+//!   redrawn at each evaluation and at the end;
+//! - `checkpoint.safetensors`: the latest checkpoint (see [`crate::checkpoint`]).
+//!
+//! Step `k` (from 0) uses learning rate `lr_cosine_schedule(k, …)` and AdamW step
+//! `k + 1`. A run resumed from the checkpoint of step `k` restores the weights,
+//! moments, step and the batch generator's state, so on the same machine and
+//! thread count it reproduces the uninterrupted run's losses bit for bit.
+
+use crate::checkpoint::{self, check_same_config};
+use crate::data::{Batch, SplitMix64, TokenDataset};
+use crate::model::Model;
+use crate::optim::{clip_scale, global_norm, lr_cosine_schedule, AdamW, AdamWParams};
+use crate::plot::write_loss_plot;
+use crate::{Error, ModelConfig, Result};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+/// Every hyper-parameter of a training run. TOML/JSON files use these keys, with
+/// the model under `model` (the [`ModelConfig`] keys); missing keys take the defaults.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrainConfig {
+    /// Model shape and ablations (default: the CS336 TinyStories model).
+    pub model: ModelConfig,
+    /// Training tokens, a 1-D `.npy` of ids.
+    pub train_data: PathBuf,
+    /// Validation tokens (no validation when absent).
+    pub val_data: Option<PathBuf>,
+    /// Tokenizer directory, recorded in checkpoints for generation.
+    pub tokenizer: Option<PathBuf>,
+    /// Where the log, plot and checkpoint go.
+    pub out_dir: PathBuf,
+    /// Sequences per step `B`; the sequence length `T` is `model.context_length`.
+    pub batch_size: usize,
+    /// Optimizer steps.
+    pub steps: u64,
+    /// Token budget: when set, `steps = ceil(max_tokens / (B·T))` instead.
+    pub max_tokens: Option<u64>,
+    pub lr_max: f64,
+    pub lr_min: f64,
+    pub warmup_steps: u64,
+    /// End of the cosine cycle `T_c` (default: the number of steps).
+    pub cosine_steps: Option<u64>,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
+    /// Global gradient-norm limit (0: no clipping).
+    pub grad_clip: f64,
+    /// Seeds the initial weights and the batch order.
+    pub seed: u64,
+    /// Worker threads (0: one per core).
+    pub threads: usize,
+    /// Validate every this many steps (0: only at the end).
+    pub eval_interval: u64,
+    /// Cap on validation batches (0: the whole validation set).
+    pub eval_batches: usize,
+    /// Write the checkpoint every this many steps (0: only at the end).
+    pub checkpoint_interval: u64,
+    /// Log every this many steps.
+    pub log_interval: u64,
+    /// Stop (with evaluation and checkpoint) after this many seconds.
+    pub time_budget_s: Option<f64>,
+    /// Continue from this checkpoint.
+    pub resume: Option<PathBuf>,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            model: ModelConfig::tinystories(),
+            train_data: PathBuf::new(),
+            val_data: None,
+            tokenizer: None,
+            out_dir: PathBuf::from("runs/train"),
+            batch_size: 32,
+            steps: 5000,
+            max_tokens: None,
+            lr_max: 1e-3,
+            lr_min: 1e-4,
+            warmup_steps: 100,
+            cosine_steps: None,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.1,
+            grad_clip: 1.0,
+            seed: 0,
+            threads: 0,
+            eval_interval: 500,
+            eval_batches: 0,
+            checkpoint_interval: 1000,
+            log_interval: 10,
+            time_budget_s: None,
+            resume: None,
+        }
+    }
+}
+
+impl TrainConfig {
+    /// Number of optimizer steps: from `max_tokens` when set, else `steps`.
+    pub fn total_steps(&self) -> u64 {
+        let tokens_per_step = (self.batch_size * self.model.context_length) as u64;
+        match self.max_tokens {
+            Some(n) => n.div_ceil(tokens_per_step.max(1)),
+            None => self.steps,
+        }
+    }
+
+    pub fn adamw(&self) -> AdamWParams {
+        AdamWParams {
+            beta1: self.beta1,
+            beta2: self.beta2,
+            eps: self.eps,
+            weight_decay: self.weight_decay,
+        }
+    }
+
+    /// Checks every value is usable.
+    pub fn validate(&self) -> Result<()> {
+        self.model.validate()?;
+        let bad = |msg: String| Err(Error::Config(msg));
+        if self.train_data.as_os_str().is_empty() {
+            return bad("train_data is required".into());
+        }
+        if self.batch_size == 0 {
+            return bad("batch_size must be positive".into());
+        }
+        if self.total_steps() == 0 {
+            return bad("the number of steps must be positive".into());
+        }
+        if self.log_interval == 0 {
+            return bad("log_interval must be positive".into());
+        }
+        for (name, v) in [("lr_max", self.lr_max), ("lr_min", self.lr_min)] {
+            if !(v.is_finite() && v >= 0.0) {
+                return bad(format!("{name} must be a non-negative number, got {v}"));
+            }
+        }
+        for (name, v) in [("beta1", self.beta1), ("beta2", self.beta2)] {
+            if !(0.0..1.0).contains(&v) {
+                return bad(format!("{name} must lie in [0, 1), got {v}"));
+            }
+        }
+        if !(self.eps > 0.0 && self.weight_decay >= 0.0 && self.grad_clip >= 0.0) {
+            return bad(format!(
+                "eps must be positive and weight_decay, grad_clip non-negative (got {}, {}, {})",
+                self.eps, self.weight_decay, self.grad_clip
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// One line of `log.jsonl`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LogRecord {
+    /// Steps completed.
+    pub step: u64,
+    /// Training tokens processed.
+    pub tokens: u64,
+    /// Seconds since the run started (across resumes), evaluation included.
+    pub wallclock_s: f64,
+    /// Loss of this step's batch.
+    pub train_loss: f64,
+    pub val_loss: Option<f64>,
+    /// Learning rate of this step.
+    pub lr: f64,
+    /// Gradient norm before clipping.
+    pub grad_norm: f64,
+    /// Training throughput since the previous logged step (evaluation excluded).
+    pub tokens_per_s: f64,
+}
+
+/// What the progress callback sees after each step.
+pub struct Progress<'a> {
+    pub record: &'a LogRecord,
+    pub total_steps: u64,
+}
+
+/// The outcome of [`train`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct TrainSummary {
+    /// Steps completed (including those before a resume).
+    pub steps: u64,
+    pub tokens: u64,
+    pub wallclock_s: f64,
+    pub train_loss: f64,
+    pub val_loss: Option<f64>,
+    /// True when the stop flag or the time budget ended the run early.
+    pub stopped_early: bool,
+    pub checkpoint: PathBuf,
+}
+
+/// Validation loss over sequential windows (see [`crate::data`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct EvalResult {
+    /// Mean cross-entropy per token.
+    pub loss: f64,
+    /// Windows of `T` predictions evaluated.
+    pub windows: usize,
+}
+
+impl EvalResult {
+    pub fn perplexity(&self) -> f64 {
+        self.loss.exp()
+    }
+}
+
+/// Mean loss over the first `max_batches` batches (0: all) of `B` consecutive
+/// validation windows of the model's context length.
+pub fn evaluate(
+    model: &mut Model,
+    data: &TokenDataset,
+    batch_size: usize,
+    max_batches: usize,
+) -> Result<EvalResult> {
+    let t = model.config().context_length;
+    data.check_context(t)?;
+    let mut batch = Batch::new(batch_size, t);
+    let (mut sum, mut windows) = (0.0f64, 0usize);
+    let mut batches = 0;
+    while max_batches == 0 || batches < max_batches {
+        let rows = data.fill_windows(&mut batch, windows);
+        if rows == 0 {
+            break;
+        }
+        let n = rows * t;
+        let loss = model.forward_loss(&batch.inputs[..n], &batch.targets[..n], rows, t)?;
+        sum += loss as f64 * rows as f64;
+        windows += rows;
+        batches += 1;
+    }
+    Ok(EvalResult {
+        loss: sum / windows as f64,
+        windows,
+    })
+}
+
+/// Where a run stands; stored in checkpoints.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct RunState {
+    step: u64,
+    tokens: u64,
+    wallclock_s: f64,
+    rng: u64,
+}
+
+/// Runs training as `cfg` says. `stop` is checked after every step: when set, the
+/// run evaluates, checkpoints and returns (Ctrl-C). `on_step` sees every step.
+pub fn train(
+    cfg: &TrainConfig,
+    stop: &AtomicBool,
+    on_step: &mut (dyn FnMut(&Progress) + Send),
+) -> Result<TrainSummary> {
+    cfg.validate()?;
+    if cfg.threads == 0 {
+        return run(cfg, stop, on_step);
+    }
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(cfg.threads)
+        .build()
+        .map_err(|e| Error::Config(format!("cannot start {} threads: {e}", cfg.threads)))?
+        .install(|| run(cfg, stop, on_step))
+}
+
+fn run(
+    cfg: &TrainConfig,
+    stop: &AtomicBool,
+    on_step: &mut (dyn FnMut(&Progress) + Send),
+) -> Result<TrainSummary> {
+    let started = Instant::now();
+    let (b, t) = (cfg.batch_size, cfg.model.context_length);
+    let train_data = TokenDataset::open(&cfg.train_data, cfg.model.vocab_size)?;
+    train_data.check_context(t)?;
+    let val_data = match &cfg.val_data {
+        Some(p) => {
+            let d = TokenDataset::open(p, cfg.model.vocab_size)?;
+            d.check_context(t)?;
+            Some(d)
+        }
+        None => None,
+    };
+    std::fs::create_dir_all(&cfg.out_dir).map_err(|e| Error::io(&cfg.out_dir, e))?;
+    let ckpt_path = cfg.out_dir.join("checkpoint.safetensors");
+    let log_path = cfg.out_dir.join("log.jsonl");
+    let plot_path = cfg.out_dir.join("loss.svg");
+
+    let (mut model, mut opt, mut state) = match &cfg.resume {
+        Some(path) => resume(cfg, path)?,
+        None => (
+            Model::new(cfg.model.clone(), cfg.seed)?,
+            AdamW::new(
+                crate::params::ParamLayout::new(&cfg.model).total,
+                cfg.adamw(),
+            ),
+            RunState {
+                rng: cfg.seed,
+                ..RunState::default()
+            },
+        ),
+    };
+    opt.hp = cfg.adamw();
+    let mut history = read_history(&log_path, state.step)?;
+    let mut log = write_history(&log_path, &history)?;
+
+    let total = cfg.total_steps();
+    let cycle = cfg.cosine_steps.unwrap_or(total);
+    let mut rng = SplitMix64::new(state.rng);
+    let mut batch = Batch::new(b, t);
+    let wall_offset = state.wallclock_s;
+    let (mut window_tokens, mut window_s) = (0u64, 0f64);
+    let mut last = None;
+    let mut saved_step = state.step;
+    let mut stopped_early = false;
+    while state.step < total {
+        let step = state.step;
+        let lr = lr_cosine_schedule(step, cfg.lr_max, cfg.lr_min, cfg.warmup_steps, cycle);
+        let step_start = Instant::now();
+        train_data.fill_random(&mut batch, &mut rng);
+        let loss = model.forward_loss(&batch.inputs, &batch.targets, b, t)?;
+        if !loss.is_finite() {
+            return Err(diverged(step, "loss", loss as f64, &ckpt_path, saved_step));
+        }
+        model.backward()?;
+        let (params, grads) = model.params_and_grads_mut();
+        let grad_norm = global_norm(&[grads]);
+        if !grad_norm.is_finite() {
+            return Err(diverged(
+                step,
+                "gradient norm",
+                grad_norm,
+                &ckpt_path,
+                saved_step,
+            ));
+        }
+        opt.update(params, grads, lr, clip_scale(grad_norm, cfg.grad_clip));
+        window_s += step_start.elapsed().as_secs_f64();
+        window_tokens += (b * t) as u64;
+        state.step += 1;
+        state.tokens += (b * t) as u64;
+        state.rng = rng.state;
+
+        let done = state.step;
+        let over_time = cfg
+            .time_budget_s
+            .is_some_and(|s| started.elapsed().as_secs_f64() >= s);
+        let stopping = done == total || stop.load(Ordering::Relaxed) || over_time;
+        stopped_early = stopping && done < total;
+        let eval_now = stopping || (cfg.eval_interval > 0 && done % cfg.eval_interval == 0);
+        let val_loss = match (&val_data, eval_now) {
+            (Some(v), true) => Some(evaluate(&mut model, v, b, cfg.eval_batches)?.loss),
+            _ => None,
+        };
+        state.wallclock_s = wall_offset + started.elapsed().as_secs_f64();
+        let record = LogRecord {
+            step: done,
+            tokens: state.tokens,
+            wallclock_s: state.wallclock_s,
+            train_loss: loss as f64,
+            val_loss,
+            lr,
+            grad_norm,
+            tokens_per_s: window_tokens as f64 / window_s.max(1e-9),
+        };
+        if eval_now || done % cfg.log_interval == 0 {
+            writeln!(
+                log,
+                "{}",
+                serde_json::to_string(&record).expect("serializes")
+            )
+            .and_then(|_| log.flush())
+            .map_err(|e| Error::io(&log_path, e))?;
+            history.push(record.clone());
+            (window_tokens, window_s) = (0, 0.0);
+        }
+        on_step(&Progress {
+            record: &record,
+            total_steps: total,
+        });
+        if eval_now {
+            write_loss_plot(&plot_path, &history)?;
+        }
+        if stopping || (cfg.checkpoint_interval > 0 && done % cfg.checkpoint_interval == 0) {
+            save(cfg, &ckpt_path, &model, &opt, &state)?;
+            saved_step = done;
+        }
+        last = Some(record);
+        if stopping {
+            break;
+        }
+    }
+    let last = last.ok_or_else(|| {
+        Error::Config(format!(
+            "nothing to do: the run is already at step {} of {total}",
+            state.step
+        ))
+    })?;
+    Ok(TrainSummary {
+        steps: state.step,
+        tokens: state.tokens,
+        wallclock_s: state.wallclock_s,
+        train_loss: last.train_loss,
+        val_loss: last.val_loss,
+        stopped_early,
+        checkpoint: ckpt_path,
+    })
+}
+
+/// The error for a non-finite loss or gradient.
+fn diverged(step: u64, what: &str, value: f64, ckpt: &Path, saved_step: u64) -> Error {
+    let kept = if saved_step > 0 {
+        format!(
+            "the last good checkpoint, {} (step {saved_step}), is kept",
+            ckpt.display()
+        )
+    } else {
+        "no checkpoint was written yet".to_string()
+    };
+    Error::Invalid(format!(
+        "training diverged: {what} is {value} at step {} ({kept}); try a lower lr_max or a grad_clip",
+        step + 1
+    ))
+}
+
+/// Loads `path` for resuming: the same model config, weights, AdamW state and run state.
+fn resume(cfg: &TrainConfig, path: &Path) -> Result<(Model, AdamW, RunState)> {
+    let ckpt = checkpoint::load(path)?;
+    check_same_config(path, &ckpt.config, &cfg.model)?;
+    let opt = ckpt.optimizer.clone().ok_or_else(|| {
+        Error::Invalid(format!(
+            "{}: no optimizer state (optim.m.*, optim.v.*) to resume from",
+            path.display()
+        ))
+    })?;
+    let state = RunState {
+        step: ckpt.meta("step", path)?,
+        tokens: ckpt.meta("tokens", path)?,
+        wallclock_s: ckpt.meta("wallclock_s", path)?,
+        rng: ckpt.meta("rng_state", path)?,
+    };
+    let model = Model::from_params(ckpt.config, ckpt.params)?;
+    Ok((model, opt, state))
+}
+
+/// Writes the checkpoint with the run's metadata.
+fn save(cfg: &TrainConfig, path: &Path, model: &Model, opt: &AdamW, s: &RunState) -> Result<()> {
+    let meta: BTreeMap<String, String> = [
+        ("step", json(&s.step)),
+        ("tokens", json(&s.tokens)),
+        ("wallclock_s", json(&s.wallclock_s)),
+        ("rng_state", json(&s.rng)),
+        ("train_config", json(cfg)),
+        ("train_data", json(&cfg.train_data)),
+        ("val_data", json(&cfg.val_data)),
+        ("tokenizer", json(&cfg.tokenizer)),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    checkpoint::save(path, model.config(), model.params(), Some(opt), &meta)
+}
+
+/// A value as JSON text.
+fn json(value: impl Serialize) -> String {
+    serde_json::to_string(&value).expect("serializes")
+}
+
+/// The records of an existing `log.jsonl` up to `step` (none for a fresh run).
+fn read_history(path: &Path, step: u64) -> Result<Vec<LogRecord>> {
+    if step == 0 || !path.exists() {
+        return Ok(Vec::new());
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let mut out = Vec::new();
+    for (i, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let r: LogRecord = serde_json::from_str(line).map_err(|e| {
+            Error::Invalid(format!(
+                "{}:{}: not a log record: {e}",
+                path.display(),
+                i + 1
+            ))
+        })?;
+        if r.step <= step {
+            out.push(r);
+        }
+    }
+    Ok(out)
+}
+
+/// Rewrites `path` with `records` (temporary file and rename) and opens it for appending.
+fn write_history(path: &Path, records: &[LogRecord]) -> Result<std::fs::File> {
+    let tmp = path.with_extension("jsonl.tmp");
+    let mut text = String::new();
+    for r in records {
+        text += &serde_json::to_string(r).expect("serializes");
+        text.push('\n');
+    }
+    std::fs::write(&tmp, text).map_err(|e| Error::io(&tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(path)
+        .map_err(|e| Error::io(path, e))
+}

@@ -1,10 +1,137 @@
-//! `tinylm bpe encode`.
+//! `tinylm bpe encode`: encode a UTF-8 text file to a `.npy` of token ids.
 
+use std::fs::File;
+use std::io::Read;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
 use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use tinylm_bpe::encode::Tokenizer;
+use tinylm_bpe::files;
+use tinylm_bpe::npy::{Dtype, NpyWriter};
+
+/// Where the tokenizer comes from: a directory, or the two GPT-2 style files.
+#[derive(Args)]
+pub struct TokenizerArgs {
+    /// Directory with `vocab.json` and `merges.txt` (as `tinylm bpe train` writes them).
+    #[arg(long, conflicts_with_all = ["vocab", "merges"])]
+    tokenizer: Option<PathBuf>,
+    /// GPT-2 style `vocab.json` (with --merges).
+    #[arg(long, requires = "merges")]
+    vocab: Option<PathBuf>,
+    /// GPT-2 style `merges.txt` (with --vocab).
+    #[arg(long, requires = "vocab")]
+    merges: Option<PathBuf>,
+    /// A special token (repeatable); default: `<|endoftext|>` when the vocabulary has it.
+    #[arg(long = "special-token")]
+    special_tokens: Vec<String>,
+}
+
+const ENDOFTEXT: &str = "<|endoftext|>";
+
+impl TokenizerArgs {
+    pub fn load(&self) -> anyhow::Result<Tokenizer> {
+        let (vocab, merges) = match (&self.tokenizer, &self.vocab, &self.merges) {
+            (Some(dir), _, _) => (dir.join("vocab.json"), dir.join("merges.txt")),
+            (None, Some(v), Some(m)) => (v.clone(), m.clone()),
+            _ => bail!("give the tokenizer as --tokenizer DIR or as --vocab FILE --merges FILE"),
+        };
+        let vocab_table = files::load_vocab(&vocab)?;
+        let merges_table = files::load_merges(&merges)?;
+        let mut specials = self.special_tokens.clone();
+        if specials.is_empty() && vocab_table.iter().any(|t| t == ENDOFTEXT.as_bytes()) {
+            specials.push(ENDOFTEXT.to_string());
+        }
+        Tokenizer::new(vocab_table, &merges_table, &specials)
+            .with_context(|| format!("{} and {}", vocab.display(), merges.display()))
+    }
+}
 
 #[derive(Args)]
-pub struct EncodeArgs {}
+pub struct EncodeArgs {
+    #[command(flatten)]
+    tokenizer: TokenizerArgs,
+    /// UTF-8 text file to encode.
+    #[arg(long)]
+    input: PathBuf,
+    /// Output `.npy` (uint16 when the vocabulary has at most 65,536 tokens, else uint32).
+    #[arg(long)]
+    out: PathBuf,
+    /// Worker threads (default: all cores).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+    /// Read the input as a stream in bounded memory, on one thread, instead of mapping it.
+    #[arg(long, conflicts_with = "threads")]
+    stream: bool,
+}
 
-pub fn run(_args: EncodeArgs) -> anyhow::Result<()> {
-    anyhow::bail!("tinylm bpe encode is not implemented yet")
+pub fn run(args: EncodeArgs) -> anyhow::Result<()> {
+    let tokenizer = args.tokenizer.load()?;
+    let total = std::fs::metadata(&args.input)
+        .with_context(|| format!("cannot read {}", args.input.display()))?
+        .len();
+    let bar = ProgressBar::new(total).with_style(
+        ProgressStyle::with_template(
+            "encoding {bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        )
+        .expect("valid progress template"),
+    );
+    let start = Instant::now();
+    let (bytes, tokens) = if args.stream {
+        encode_stream(&tokenizer, &args, &bar)?
+    } else {
+        let summary = tokenizer.encode_file(&args.input, &args.out, args.threads, |done| {
+            bar.set_position(done as u64)
+        })?;
+        (summary.bytes, summary.tokens)
+    };
+    bar.finish_and_clear();
+    let seconds = start.elapsed().as_secs_f64();
+    eprintln!(
+        "{}: {bytes} bytes -> {tokens} tokens ({:.3} bytes/token) in {seconds:.2} s ({:.1} MB/s), {} written",
+        args.input.display(),
+        bytes as f64 / tokens.max(1) as f64,
+        bytes as f64 / 1e6 / seconds.max(1e-9),
+        args.out.display()
+    );
+    Ok(())
+}
+
+/// Counts the bytes read into the progress bar.
+struct Counted<'a> {
+    file: File,
+    bar: &'a ProgressBar,
+}
+
+impl Read for Counted<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.file.read(buf)?;
+        self.bar.inc(n as u64);
+        Ok(n)
+    }
+}
+
+/// The streaming path: ids written as they come, memory independent of the input size.
+fn encode_stream(
+    tokenizer: &Tokenizer,
+    args: &EncodeArgs,
+    bar: &ProgressBar,
+) -> anyhow::Result<(usize, usize)> {
+    let file =
+        File::open(&args.input).with_context(|| format!("cannot read {}", args.input.display()))?;
+    let mut writer = NpyWriter::create(&args.out, Dtype::for_vocab(tokenizer.vocab_size()))?;
+    let mut ids = Vec::with_capacity(1 << 16);
+    for id in tokenizer.encode_reader(Counted { file, bar }) {
+        ids.push(id.with_context(|| format!("{}", args.input.display()))?);
+        if ids.len() == ids.capacity() {
+            writer.write_ids(&ids)?;
+            ids.clear();
+        }
+    }
+    writer.write_ids(&ids)?;
+    let tokens = writer.count();
+    writer.finish()?;
+    Ok((bar.position() as usize, tokens))
 }

@@ -1,10 +1,141 @@
-//! `tinylm bpe train`.
+//! `tinylm bpe train`: train a byte-level BPE tokenizer, write `vocab.json` and `merges.txt`.
 
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
 use clap::Args;
+use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use tinylm_bpe::files::save_tokenizer;
+use tinylm_bpe::train::{train_bpe_with, Progress, TrainOptions};
 
 #[derive(Args)]
-pub struct TrainArgs {}
+pub struct TrainArgs {
+    /// UTF-8 text file to train on.
+    #[arg(long)]
+    input: PathBuf,
+    /// Vocabulary size: 256 bytes + special tokens + merges.
+    #[arg(long)]
+    vocab_size: usize,
+    /// A special token (repeatable), e.g. `<|endoftext|>`: split on, never merged.
+    #[arg(long = "special-token")]
+    special_tokens: Vec<String>,
+    /// Output directory for `vocab.json` and `merges.txt` (created if missing).
+    #[arg(long)]
+    out: PathBuf,
+    /// Replace invalid UTF-8 in the input by U+FFFD instead of failing.
+    #[arg(long)]
+    lossy: bool,
+    /// Worker threads for pre-tokenization (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+}
 
-pub fn run(_args: TrainArgs) -> anyhow::Result<()> {
-    anyhow::bail!("tinylm bpe train is not implemented yet")
+pub fn run(args: TrainArgs) -> anyhow::Result<()> {
+    let start = Instant::now();
+    check_writable(&args.out)?;
+    let total = std::fs::metadata(&args.input)
+        .with_context(|| format!("cannot read {}", args.input.display()))?
+        .len();
+
+    let bars = MultiProgress::new();
+    let bytes_bar = bars.add(ProgressBar::new(total).with_style(style(
+        "pre-tokenizing {bar:40} {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} eta {eta}",
+    )));
+    let merges_bar: OnceLock<ProgressBar> = OnceLock::new();
+    let report = |p: Progress| match p {
+        Progress::Pretokenized { done, .. } => bytes_bar.set_position(done),
+        Progress::Merged { done, total } => merges_bar
+            .get_or_init(|| {
+                bytes_bar.finish();
+                bars.add(ProgressBar::new(total as u64).with_style(style(
+                    "merging        {bar:40} {pos}/{len} merges {per_sec} eta {eta}",
+                )))
+            })
+            .set_position(done as u64),
+    };
+    let options = TrainOptions {
+        lossy_utf8: args.lossy,
+        progress: Some(&report),
+    };
+    let train = || train_bpe_with(&args.input, args.vocab_size, &args.special_tokens, options);
+    let trained = match args.threads {
+        Some(0) => bail!("--threads must be at least 1"),
+        Some(n) => rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build()
+            .context("cannot start the thread pool")?
+            .install(train),
+        None => train(),
+    };
+    let (vocab, merges) = trained.map_err(|e| {
+        let hint = if e.to_string().contains("invalid UTF-8") {
+            " (pass --lossy to replace it with U+FFFD)"
+        } else {
+            ""
+        };
+        anyhow::anyhow!("{e}{hint}")
+    })?;
+    bytes_bar.finish();
+    if let Some(bar) = merges_bar.get() {
+        bar.finish();
+    }
+    save_tokenizer(&args.out, &vocab, &merges)?;
+
+    let longest = vocab
+        .iter()
+        .max_by_key(|t| t.len())
+        .expect("256 byte tokens at least");
+    eprintln!(
+        "wrote {} and {}",
+        args.out.join("vocab.json").display(),
+        args.out.join("merges.txt").display()
+    );
+    eprintln!(
+        "{} merges, vocab {} | wall {:.2} s | peak memory {} | longest token ({} bytes): {}",
+        merges.len(),
+        vocab.len(),
+        start.elapsed().as_secs_f64(),
+        peak_memory(),
+        longest.len(),
+        escaped(longest)
+    );
+    Ok(())
+}
+
+fn style(template: &str) -> ProgressStyle {
+    ProgressStyle::with_template(template).expect("valid progress template")
+}
+
+/// Creates `dir` and checks that a file can be written there, before hours of training.
+fn check_writable(dir: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("cannot create output directory {}", dir.display()))?;
+    let probe = dir.join(format!(".tinylm-write-check{}", std::process::id()));
+    std::fs::write(&probe, b"")
+        .with_context(|| format!("cannot write to output directory {}", dir.display()))?;
+    let _ = std::fs::remove_file(probe);
+    Ok(())
+}
+
+/// Peak resident memory (`VmHWM` of `/proc/self/status`), or "unknown" off Linux.
+fn peak_memory() -> String {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().strip_suffix("kB")?.trim().parse::<u64>().ok())
+        .map_or_else(
+            || "unknown".into(),
+            |kb| format!("{:.1} MiB", kb as f64 / 1024.0),
+        )
+}
+
+/// A token as a quoted, escaped string (invalid UTF-8 as `\xNN`).
+fn escaped(token: &[u8]) -> String {
+    match std::str::from_utf8(token) {
+        Ok(s) => format!("{s:?}"),
+        Err(_) => format!("b\"{}\"", token.escape_ascii()),
+    }
 }

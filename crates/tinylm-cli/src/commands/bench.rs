@@ -1,0 +1,272 @@
+//! `tinylm bench`: training-step throughput of the CPU engine (forward, backward,
+//! AdamW update), its achieved GFLOP/s, where the step's time goes, and the peak of
+//! the matrix-product library on the step's own shapes.
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use std::path::PathBuf;
+use std::time::Instant;
+use tinylm::config::{Ffn, ModelConfig};
+use tinylm::kernels::cpu::linear::matmul;
+use tinylm::kernels::{profile::Kind, Cpu, MatMul, Profiled};
+use tinylm::optim::{AdamW, AdamWParams};
+use tinylm::{Model, Result as LmResult};
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// Model configuration JSON (replaces the shape flags).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    #[arg(long, default_value_t = 4096)]
+    vocab_size: usize,
+    #[arg(long, default_value_t = 128)]
+    context_length: usize,
+    #[arg(long, default_value_t = 256)]
+    d_model: usize,
+    #[arg(long, default_value_t = 4)]
+    num_layers: usize,
+    #[arg(long, default_value_t = 8)]
+    num_heads: usize,
+    #[arg(long, default_value_t = 704)]
+    d_ff: usize,
+    /// Sequences per step.
+    #[arg(long, default_value_t = 16)]
+    batch_size: usize,
+    /// Tokens per sequence (default: the context length).
+    #[arg(long)]
+    seq_len: Option<usize>,
+    /// Worker threads.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// Timed training steps (after two warm-up steps).
+    #[arg(long, default_value_t = 20)]
+    steps: usize,
+    /// Skip the matrix-product peak measurement.
+    #[arg(long)]
+    no_peak: bool,
+}
+
+pub fn run(args: BenchArgs) -> Result<()> {
+    let config = match &args.config {
+        Some(path) => ModelConfig::from_json_file(path)?,
+        None => {
+            let c = ModelConfig {
+                vocab_size: args.vocab_size,
+                context_length: args.context_length,
+                d_model: args.d_model,
+                num_layers: args.num_layers,
+                num_heads: args.num_heads,
+                d_ff: args.d_ff,
+                ..ModelConfig::tinystories()
+            };
+            c.validate().context("model shape")?;
+            c
+        }
+    };
+    let (b, t) = (args.batch_size, args.seq_len.unwrap_or(config.context_length));
+    if b == 0 || t == 0 || t > config.context_length {
+        bail!(
+            "--batch-size must be positive and --seq-len in 1..={}",
+            config.context_length
+        );
+    }
+    if args.threads == 0 || args.steps == 0 {
+        bail!("--threads and --steps must be at least 1");
+    }
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(args.threads)
+        .build()
+        .context("cannot start the thread pool")?
+        .install(|| bench(&config, b, t, &args))
+}
+
+/// Model FLOPs of one training step: 6 per parameter of every matrix product
+/// (forward 2, backward 4) per token, plus attention's `QKᵀ` and `PV` (full `T×T`
+/// products, as the kernels compute them; 3× forward).
+fn step_flops(c: &ModelConfig, b: usize, t: usize) -> f64 {
+    let (d, f) = (c.d_model as f64, c.d_ff as f64);
+    let ffn_mats = if c.ffn == Ffn::Swiglu { 3.0 } else { 2.0 };
+    let matmul_params = c.num_layers as f64 * (4.0 * d * d + ffn_mats * d * f)
+        + c.vocab_size as f64 * d;
+    let tokens = (b * t) as f64;
+    let attention = c.num_layers as f64 * 3.0 * 4.0 * b as f64 * (t * t) as f64 * d;
+    6.0 * matmul_params * tokens + attention
+}
+
+fn bench(c: &ModelConfig, b: usize, t: usize, args: &BenchArgs) -> Result<()> {
+    let n = b * t;
+    // Uniform random tokens: the step's cost does not depend on them.
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut tokens = |len: usize| -> Vec<u32> {
+        (0..len)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                (state % c.vocab_size as u64) as u32
+            })
+            .collect()
+    };
+    let (ids, targets) = (tokens(n), tokens(n));
+    let flops = step_flops(c, b, t);
+    println!(
+        "model: vocab {} · ctx {} · d_model {} · {} layers · {} heads · d_ff {} · {:?}/{:?}/{:?}",
+        c.vocab_size,
+        c.context_length,
+        c.d_model,
+        c.num_layers,
+        c.num_heads,
+        c.d_ff,
+        c.norm,
+        c.positional,
+        c.ffn
+    );
+    println!(
+        "step: batch {b} x {t} tokens, {} threads, {:.1} GFLOP per step (6·N·tokens + attention)",
+        rayon::current_num_threads(),
+        flops * 1e-9
+    );
+
+    let mut model = Model::new(c.clone(), 0)?;
+    let mut opt = AdamW::new(
+        model.params().len(),
+        AdamWParams {
+            weight_decay: 0.1,
+            ..AdamWParams::default()
+        },
+    );
+    let mut step = |model: &mut Model| -> LmResult<f32> {
+        let loss = model.forward_loss(&ids, &targets, b, t)?;
+        model.backward()?;
+        let (params, grads) = model.params_and_grads_mut();
+        opt.update(params, grads, 1e-3, 1.0);
+        Ok(loss)
+    };
+    for _ in 0..2 {
+        step(&mut model)?;
+    }
+    let mut times = Vec::with_capacity(args.steps);
+    let mut loss = 0.0;
+    for _ in 0..args.steps {
+        let start = Instant::now();
+        loss = step(&mut model)?;
+        times.push(start.elapsed().as_secs_f64());
+    }
+    times.sort_by(f64::total_cmp);
+    let (best, median) = (times[0], times[times.len() / 2]);
+    println!(
+        "\ntraining step (forward + backward + AdamW), {} steps, loss {loss:.3}:",
+        args.steps
+    );
+    println!(
+        "  best   {:>8.1} ms  {:>8.0} tokens/s  {:>6.1} GFLOP/s",
+        best * 1e3,
+        n as f64 / best,
+        flops / best * 1e-9
+    );
+    println!(
+        "  median {:>8.1} ms  {:>8.0} tokens/s  {:>6.1} GFLOP/s",
+        median * 1e3,
+        n as f64 / median,
+        flops / median * 1e-9
+    );
+
+    breakdown(c, model.params().to_vec(), &ids, &targets, b, t)?;
+    if !args.no_peak {
+        peak(c, n);
+    }
+    Ok(())
+}
+
+/// Re-runs a few steps with every kernel call timed and prints the split per kind.
+fn breakdown(
+    c: &ModelConfig,
+    params: Vec<f32>,
+    ids: &[u32],
+    targets: &[u32],
+    b: usize,
+    t: usize,
+) -> Result<()> {
+    let mut model = Model::with_backend(c.clone(), params, Profiled::new(Cpu))?;
+    let mut opt = AdamW::new(model.params().len(), AdamWParams::default());
+    let steps = 5;
+    let mut total = 0.0;
+    let mut opt_time = 0.0;
+    for i in 0..=steps {
+        if i == 1 {
+            model.backend().reset();
+            (total, opt_time) = (0.0, 0.0);
+        }
+        let start = Instant::now();
+        model.forward_loss(ids, targets, b, t)?;
+        model.backward()?;
+        let opt_start = Instant::now();
+        let (params, grads) = model.params_and_grads_mut();
+        opt.update(params, grads, 1e-3, 1.0);
+        opt_time += opt_start.elapsed().as_secs_f64();
+        total += start.elapsed().as_secs_f64();
+    }
+    let per_step = |s: f64| s / steps as f64 * 1e3;
+    println!("\nwhere a step's time goes (mean of {steps} timed steps):");
+    let seconds = model.backend().seconds();
+    let mut rows: Vec<(String, f64)> = seconds
+        .iter()
+        .map(|&(k, s)| (k.name().to_string(), s))
+        .collect();
+    rows.push(("AdamW update".into(), opt_time));
+    let accounted: f64 = rows.iter().map(|r| r.1).sum();
+    rows.push(("other (orchestration)".into(), (total - accounted).max(0.0)));
+    for (name, s) in &rows {
+        let extra = if name.starts_with("matmul") {
+            let matmul_s = seconds.iter().find(|r| r.0 == Kind::Matmul).map_or(0.0, |r| r.1);
+            format!(
+                "  {:>6.1} GFLOP/s",
+                model.backend().matmul_flops() as f64 / matmul_s * 1e-9
+            )
+        } else {
+            String::new()
+        };
+        println!(
+            "  {name:<34} {:>7.2} ms  {:>5.1}%{extra}",
+            per_step(*s),
+            100.0 * s / total
+        );
+    }
+    println!("  {:<34} {:>7.2} ms", "total", per_step(total));
+    Ok(())
+}
+
+/// GFLOP/s of the matrix-product library alone on the step's distinct shapes.
+fn peak(c: &ModelConfig, n: usize) {
+    let (d, f, v) = (c.d_model, c.d_ff, c.vocab_size);
+    let shapes = [
+        ("qkv      x·Wᵀ", MatMul::linear(n, d, 3 * d)),
+        ("w1/w3    x·Wᵀ", MatMul::linear(n, d, f)),
+        ("w2       x·Wᵀ", MatMul::linear(n, f, d)),
+        ("lm_head  x·Wᵀ", MatMul::linear(n, d, v)),
+        ("w1/w3    dy·W", MatMul::linear_dx(n, d, f)),
+        ("lm_head  dy·W", MatMul::linear_dx(n, d, v)),
+        ("w1/w3    dyᵀ·x", MatMul::linear_dw(n, d, f)),
+        ("lm_head  dyᵀ·x", MatMul::linear_dw(n, d, v)),
+    ];
+    println!("\nmatrix-product peak (gemm crate, best of 6):");
+    let mut best_overall = 0f64;
+    for (name, s) in shapes {
+        let a = vec![0.5f32; s.m * s.k];
+        let bm = vec![0.25f32; s.k * s.n];
+        let mut out = vec![0f32; s.m * s.n];
+        let mut best = f64::MAX;
+        for _ in 0..6 {
+            let start = Instant::now();
+            matmul(&mut out, &a, &bm, s);
+            best = best.min(start.elapsed().as_secs_f64());
+        }
+        let gflops = s.flops() as f64 / best * 1e-9;
+        best_overall = best_overall.max(gflops);
+        println!(
+            "  {name:<16} ({:>5} x {:>5} x {:>5})  {:>6.1} GFLOP/s",
+            s.m, s.k, s.n, gflops
+        );
+    }
+    println!("  peak {best_overall:.1} GFLOP/s");
+}

@@ -1,0 +1,50 @@
+//! `tinylm eval`: validation loss and perplexity of a checkpoint on a token file.
+
+use anyhow::{Context, Result};
+use clap::Args;
+use std::path::PathBuf;
+use tinylm::checkpoint;
+use tinylm::data::TokenDataset;
+use tinylm::model::Model;
+use tinylm::train::evaluate;
+
+#[derive(Args, Debug)]
+pub struct EvalArgs {
+    /// A checkpoint written by `tinylm train` (or any safetensors file with the
+    /// SPEC weight names and a `config` metadata entry).
+    #[arg(long)]
+    checkpoint: PathBuf,
+    /// Tokens to evaluate on: a 1-D `.npy`.
+    #[arg(long)]
+    data: PathBuf,
+    /// Windows of context_length tokens per forward pass.
+    #[arg(long, default_value_t = 32)]
+    batch_size: usize,
+    /// Evaluate at most this many batches, 0 for the whole file.
+    #[arg(long, default_value_t = 0)]
+    max_batches: usize,
+    /// Worker threads, 0 for one per core.
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+}
+
+pub fn run(args: EvalArgs) -> Result<()> {
+    anyhow::ensure!(args.batch_size > 0, "--batch-size must be positive");
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(args.threads)
+        .build_global()
+        .context("starting the thread pool")?;
+    let ckpt = checkpoint::load(&args.checkpoint)?;
+    let data = TokenDataset::open(&args.data, ckpt.config.vocab_size)?;
+    let t = ckpt.config.context_length;
+    let mut model = Model::from_params(ckpt.config, ckpt.params)?;
+    let r = evaluate(&mut model, &data, args.batch_size, args.max_batches)?;
+    println!(
+        "val_loss {:.4}  perplexity {:.3}  ({} windows of {t} tokens from {})",
+        r.loss,
+        r.perplexity(),
+        r.windows,
+        args.data.display()
+    );
+    Ok(())
+}

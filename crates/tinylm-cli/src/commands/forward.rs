@@ -1,0 +1,140 @@
+//! `tinylm forward`: logits, loss and parameter gradients for given weights and
+//! token ids, in files NumPy and PyTorch read — to check tinylm against another
+//! implementation of the same model.
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use tinylm::model::Model;
+use tinylm::params::{load_safetensors, save_safetensors, ParamLayout};
+use tinylm::ModelConfig;
+use tinylm_bpe::npy::{self, Dtype, MappedNpy};
+
+#[derive(Args, Debug)]
+pub struct ForwardArgs {
+    /// Model configuration JSON (CS336 keys).
+    #[arg(long)]
+    config: PathBuf,
+    /// Weights as safetensors, one tensor per parameter name.
+    #[arg(long)]
+    weights: PathBuf,
+    /// Token ids `.npy` (int64, int32, uint16 or uint32) of shape (B, T), or (T,).
+    #[arg(long)]
+    input: PathBuf,
+    /// Next-token targets `.npy`, the input's shape: print the mean cross-entropy.
+    #[arg(long)]
+    targets: Option<PathBuf>,
+    /// Where to write the logits: float32 `.npy` of the input's shape + (V,).
+    #[arg(long)]
+    logits_out: PathBuf,
+    /// Where to write the loss's gradient of every parameter, by name (safetensors).
+    #[arg(long, requires = "targets")]
+    grads_out: Option<PathBuf>,
+    /// Worker threads (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+pub fn run(args: ForwardArgs) -> Result<()> {
+    if let Some(n) = args.threads {
+        if n == 0 {
+            bail!("--threads must be at least 1");
+        }
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build_global()
+            .context("starting the thread pool")?;
+    }
+    let config = ModelConfig::from_json_file(&args.config)?;
+    let (ids, shape) = read_ids(&args.input, &config)?;
+    let (b, t) = match shape[..] {
+        [t] => (1, t),
+        [b, t] => (b, t),
+        _ => unreachable!("read_ids checks the rank"),
+    };
+    let targets = match &args.targets {
+        Some(path) => {
+            let (targets, target_shape) = read_ids(path, &config)?;
+            if target_shape != shape {
+                bail!(
+                    "{}: targets have shape {target_shape:?}, the input {} has {shape:?}",
+                    path.display(),
+                    args.input.display()
+                );
+            }
+            Some(targets)
+        }
+        None => None,
+    };
+
+    let layout = ParamLayout::new(&config);
+    let (tensors, _) = load_safetensors(&args.weights)?;
+    let params = layout.load_buffer(&tensors, &args.weights)?;
+    drop(tensors);
+    let mut logits_shape = shape.clone();
+    logits_shape.push(config.vocab_size);
+    let mut model = Model::from_params(config, params)?;
+
+    let logits = model.forward(&ids, b, t)?;
+    npy::write(&args.logits_out, &logits_shape, logits)?;
+
+    if let Some(targets) = targets {
+        let loss = model.forward_loss(&ids, &targets, b, t)?;
+        println!("loss {loss}");
+        println!("perplexity {}", loss.exp());
+        if let Some(path) = &args.grads_out {
+            model.backward()?;
+            let meta = BTreeMap::from([
+                ("format".to_string(), "pt".to_string()),
+                ("loss".to_string(), loss.to_string()),
+            ]);
+            save_safetensors(path, &model.layout().tensors(model.grads()), &meta)?;
+        }
+    }
+    Ok(())
+}
+
+/// Token ids of a `(B, T)` or `(T,)` integer `.npy`, checked against the model:
+/// every id in `[0, vocab_size)` (an error names its position), `T` at most the
+/// context length.
+fn read_ids(path: &Path, c: &ModelConfig) -> Result<(Vec<u32>, Vec<usize>)> {
+    let array = MappedNpy::open(path)?;
+    let shape = array.header.shape.clone();
+    if array.header.dtype == Dtype::F32 {
+        bail!(
+            "{}: token ids must be integers (int64, int32, uint16 or uint32), not float32",
+            path.display()
+        );
+    }
+    let t = match shape[..] {
+        [t] | [_, t] if t > 0 && !array.is_empty() => t,
+        _ => bail!(
+            "{}: token ids must have shape (B, T) or (T,) with B, T ≥ 1, not {shape:?}",
+            path.display()
+        ),
+    };
+    if t > c.context_length {
+        bail!(
+            "{}: sequences of {t} tokens exceed the context length {}",
+            path.display(),
+            c.context_length
+        );
+    }
+    let ids = (0..array.len())
+        .map(|i| {
+            let id = array.int_at(i);
+            if id < 0 || id >= c.vocab_size as i64 {
+                bail!(
+                    "{}: token id {id} at position ({}, {}) is outside the vocabulary [0, {})",
+                    path.display(),
+                    i / t,
+                    i % t,
+                    c.vocab_size
+                );
+            }
+            Ok(id as u32)
+        })
+        .collect::<Result<Vec<u32>>>()?;
+    Ok((ids, shape))
+}

@@ -1,0 +1,164 @@
+//! `tinylm generate`: continue a prompt with a trained model, streaming the text to
+//! stdout as it is produced.
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use std::io::Write;
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+use tinylm::generate::{generate, Sampler, TextStream};
+use tinylm::{checkpoint, Model};
+use tinylm_bpe::encode::Tokenizer;
+use tinylm_bpe::files::load_tokenizer;
+
+/// The special token that ends a document; generation stops there.
+pub const END_OF_TEXT: &str = "<|endoftext|>";
+
+#[derive(Args)]
+pub struct GenerateArgs {
+    /// Model checkpoint (`checkpoint.safetensors` of `tinylm train` or `quickstart`).
+    #[arg(long)]
+    checkpoint: PathBuf,
+    /// Tokenizer directory (`vocab.json`, `merges.txt`) [default: the one the
+    /// checkpoint records].
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+    /// Text to continue; empty: start a new document.
+    #[arg(long, default_value = "")]
+    prompt: String,
+    /// Most tokens to generate (fewer when the model ends the text).
+    #[arg(long, default_value_t = 256)]
+    max_tokens: usize,
+    /// Softmax temperature; 0 is greedy (always the most probable token).
+    #[arg(long, default_value_t = 0.8)]
+    temperature: f32,
+    /// Nucleus sampling: keep the smallest set of most probable tokens whose
+    /// probabilities sum to at least this (1 keeps all).
+    #[arg(long, default_value_t = 0.95)]
+    top_p: f32,
+    /// Keep only the K most probable tokens (before top-p).
+    #[arg(long)]
+    top_k: Option<usize>,
+    /// Seed of the sampler.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Worker threads [default: all cores].
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+pub fn run(args: GenerateArgs) -> Result<()> {
+    if let Some(n) = args.threads {
+        if n == 0 {
+            bail!("--threads must be at least 1");
+        }
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build_global()
+            .context("starting the thread pool")?;
+    }
+    let mut sampler = Sampler::new(args.temperature, args.top_p, args.top_k, args.seed)?;
+    let ckpt = checkpoint::load(&args.checkpoint)?;
+    let tokenizer_dir = match args.tokenizer {
+        Some(dir) => dir,
+        None => ckpt
+            .meta::<Option<PathBuf>>("tokenizer", &args.checkpoint)
+            .ok()
+            .flatten()
+            .with_context(|| {
+                format!(
+                    "{} records no tokenizer: pass --tokenizer DIR",
+                    args.checkpoint.display()
+                )
+            })?,
+    };
+    let (tokenizer, eos) = load_with_end_of_text(&tokenizer_dir)?;
+    if tokenizer.vocab_size() > ckpt.config.vocab_size {
+        bail!(
+            "{}: the tokenizer has {} tokens but the model of {} only {}",
+            tokenizer_dir.display(),
+            tokenizer.vocab_size(),
+            args.checkpoint.display(),
+            ckpt.config.vocab_size
+        );
+    }
+    let mut model = Model::from_params(ckpt.config, ckpt.params)?;
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let written = write_continuation(
+        &mut model,
+        &tokenizer,
+        eos,
+        &args.prompt,
+        args.max_tokens,
+        &mut sampler,
+        &mut out,
+    );
+    match written {
+        Err(e) if is_broken_pipe(&e) => Ok(()),
+        other => other.map(drop),
+    }
+}
+
+/// The tokenizer in `dir` with `<|endoftext|>` as its special token, and that token's id.
+pub fn load_with_end_of_text(dir: &Path) -> Result<(Tokenizer, u32)> {
+    let (vocab, merges) = load_tokenizer(dir)
+        .with_context(|| format!("loading the tokenizer in {}", dir.display()))?;
+    let tokenizer = Tokenizer::new(vocab, &merges, &[END_OF_TEXT.to_string()])?;
+    let eos = tokenizer.encode(END_OF_TEXT);
+    debug_assert_eq!(eos.len(), 1, "a special token is one id");
+    Ok((tokenizer, eos[0]))
+}
+
+/// Writes `prompt` and then its continuation to `out` token by token (flushed as
+/// each character completes), up to `max_tokens` or `<|endoftext|>`; an empty
+/// prompt starts a new document. Returns the whole text.
+pub fn write_continuation(
+    model: &mut Model,
+    tokenizer: &Tokenizer,
+    eos: u32,
+    prompt: &str,
+    max_tokens: usize,
+    sampler: &mut Sampler,
+    out: &mut dyn Write,
+) -> Result<String> {
+    let mut text = String::new();
+    let mut emit = |piece: &str| -> Result<()> {
+        text.push_str(piece);
+        out.write_all(piece.as_bytes())?;
+        Ok(out.flush()?)
+    };
+    emit(prompt)?;
+    let mut stream = TextStream::new(tokenizer);
+    let mut failure = None;
+    let ids = tokenizer.encode(prompt);
+    generate(
+        model,
+        &ids,
+        max_tokens,
+        sampler,
+        Some(eos),
+        |id| match stream
+            .push(id)
+            .map_err(anyhow::Error::from)
+            .and_then(|piece| emit(&piece))
+        {
+            Ok(()) => ControlFlow::Continue(()),
+            Err(e) => {
+                failure = Some(e);
+                ControlFlow::Break(())
+            }
+        },
+    )?;
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    emit(&(stream.finish() + "\n"))?;
+    Ok(text)
+}
+
+/// Whether `err` is a write into a closed pipe (`tinylm generate … | head`).
+pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.downcast_ref::<std::io::Error>()
+        .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+}

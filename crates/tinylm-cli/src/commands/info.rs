@@ -1,0 +1,399 @@
+//! `tinylm info`: parameter count, training memory and forward FLOPs of a model.
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use std::path::PathBuf;
+use tinylm::accounting::{forward_flops, forward_matmuls, Memory, ParamCounts};
+use tinylm::config::{Ffn, Norm, Positional};
+use tinylm::ModelConfig;
+
+/// A model configuration from a JSON file, a preset, or shape flags (flags also
+/// override the file's or preset's values).
+#[derive(Args, Debug)]
+pub struct ModelArgs {
+    /// Model configuration JSON (CS336 keys).
+    #[arg(long, conflicts_with = "preset")]
+    pub config: Option<PathBuf>,
+    /// Named model: tinystories, gpt2-small, gpt2-medium, gpt2-large, gpt2-xl.
+    #[arg(long)]
+    pub preset: Option<String>,
+    #[arg(long)]
+    pub vocab_size: Option<usize>,
+    #[arg(long)]
+    pub context_length: Option<usize>,
+    #[arg(long)]
+    pub d_model: Option<usize>,
+    #[arg(long)]
+    pub num_layers: Option<usize>,
+    #[arg(long)]
+    pub num_heads: Option<usize>,
+    #[arg(long)]
+    pub d_ff: Option<usize>,
+    #[arg(long)]
+    pub rope_theta: Option<f64>,
+    /// RMSNorm placement: pre, post or none.
+    #[arg(long, value_parser = parse_switch::<Norm>)]
+    pub norm: Option<Norm>,
+    /// Positional encoding: rope or none.
+    #[arg(long, value_parser = parse_switch::<Positional>)]
+    pub positional: Option<Positional>,
+    /// Feed-forward network: swiglu or silu.
+    #[arg(long, value_parser = parse_switch::<Ffn>)]
+    pub ffn: Option<Ffn>,
+    /// Share the embedding matrix with the LM head.
+    #[arg(long)]
+    pub tie_embeddings: bool,
+}
+
+/// Parses an ablation switch by its JSON spelling (`pre`, `rope`, `swiglu`, ...).
+fn parse_switch<T: serde::de::DeserializeOwned>(s: &str) -> Result<T, String> {
+    serde_json::from_value(serde_json::Value::String(s.to_string())).map_err(|e| e.to_string())
+}
+
+impl ModelArgs {
+    /// The configuration these flags describe, validated.
+    pub fn resolve(&self) -> Result<ModelConfig> {
+        let shape = [
+            ("--vocab-size", self.vocab_size),
+            ("--context-length", self.context_length),
+            ("--d-model", self.d_model),
+            ("--num-layers", self.num_layers),
+            ("--num-heads", self.num_heads),
+            ("--d-ff", self.d_ff),
+        ];
+        let mut c = if let Some(path) = &self.config {
+            ModelConfig::from_json_file(path)?
+        } else if let Some(name) = &self.preset {
+            ModelConfig::preset(name)?
+        } else {
+            let missing: Vec<&str> = shape
+                .iter()
+                .filter(|(_, v)| v.is_none())
+                .map(|(flag, _)| *flag)
+                .collect();
+            if !missing.is_empty() {
+                bail!(
+                    "give --config, --preset or all shape flags (missing {})",
+                    missing.join(", ")
+                );
+            }
+            ModelConfig::tinystories()
+        };
+        let set = |field: &mut usize, v: Option<usize>| *field = v.unwrap_or(*field);
+        set(&mut c.vocab_size, self.vocab_size);
+        set(&mut c.context_length, self.context_length);
+        set(&mut c.d_model, self.d_model);
+        set(&mut c.num_layers, self.num_layers);
+        set(&mut c.num_heads, self.num_heads);
+        set(&mut c.d_ff, self.d_ff);
+        c.rope_theta = self.rope_theta.unwrap_or(c.rope_theta);
+        c.norm = self.norm.unwrap_or(c.norm);
+        c.positional = self.positional.unwrap_or(c.positional);
+        c.ffn = self.ffn.unwrap_or(c.ffn);
+        c.tie_embeddings |= self.tie_embeddings;
+        c.validate()?;
+        Ok(c)
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct InfoArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Sequences per batch for the memory and FLOP tables.
+    #[arg(long, default_value_t = 1)]
+    batch_size: usize,
+    /// Tokens per sequence (default: the context length).
+    #[arg(long)]
+    seq_len: Option<usize>,
+}
+
+pub fn run(args: InfoArgs) -> Result<()> {
+    let c = args.model.resolve().context("model configuration")?;
+    let (b, t) = (args.batch_size, args.seq_len.unwrap_or(c.context_length));
+    if b == 0 || t == 0 {
+        bail!("--batch-size and --seq-len must be positive");
+    }
+    if t > c.context_length {
+        bail!(
+            "--seq-len {t} exceeds the context length {}",
+            c.context_length
+        );
+    }
+    print!("{}", report(&c, b, t));
+    Ok(())
+}
+
+/// The three tables as text.
+fn report(c: &ModelConfig, b: usize, t: usize) -> String {
+    let mut out = format!(
+        "model: vocab_size {} · context_length {} · d_model {} · num_layers {} · num_heads {} (d_k {}) · d_ff {}\n       norm {} · positional {} · ffn {} · {} · rope_theta {}\n\n",
+        group(c.vocab_size as u64),
+        group(c.context_length as u64),
+        group(c.d_model as u64),
+        c.num_layers,
+        c.num_heads,
+        c.head_dim(),
+        group(c.d_ff as u64),
+        spelling(&c.norm),
+        spelling(&c.positional),
+        spelling(&c.ffn),
+        if c.tie_embeddings { "tied embeddings" } else { "untied" },
+        c.rope_theta,
+    );
+
+    let p = ParamCounts::new(c);
+    let total = p.total();
+    let share = |n: u64, of: u64| format!("{:.1}%", 100.0 * n as f64 / of as f64);
+    let layers = p.num_layers;
+    let ffn_names = if c.ffn == Ffn::Swiglu {
+        "w1, w2, w3"
+    } else {
+        "w1, w2"
+    };
+    let mut rows = vec![row(["component", "per layer", "total", "", "share"])];
+    let mut component = |name: String, per_layer: Option<u64>, n: u64| {
+        if n > 0 {
+            rows.push(vec![
+                name,
+                per_layer.map_or(String::new(), group),
+                group(n),
+                format!("({})", count(n)),
+                share(n, total),
+            ]);
+        }
+    };
+    component("token_embeddings".into(), None, p.embedding);
+    let per_layer = |name: &str, n: u64| (format!("{name} × {layers}"), Some(n), n * layers);
+    let (name, per, n) = per_layer("attention (q, k, v, output_proj)", p.attention_per_layer);
+    component(name, per, n);
+    let (name, per, n) = per_layer(&format!("ffn ({ffn_names})"), p.ffn_per_layer);
+    component(name, per, n);
+    let (name, per, n) = per_layer("norms (ln1, ln2)", p.norms_per_layer);
+    component(name, per, n);
+    component("ln_final".into(), None, p.ln_final);
+    component("lm_head".into(), None, p.lm_head);
+    rows.push(row([
+        "total",
+        "",
+        &group(total),
+        &format!("({})", count(total)),
+        "",
+    ]));
+    let non_emb = p.non_embedding();
+    rows.push(row([
+        "non-embedding",
+        "",
+        &group(non_emb),
+        &format!("({})", count(non_emb)),
+        &share(non_emb, total),
+    ]));
+    out += "Parameters\n";
+    out += &table(&rows);
+
+    let m = Memory::new(c, b, t);
+    out += &format!("\nMemory for a training step (f32, AdamW), batch {b} × {t} tokens\n");
+    let mut rows = vec![row(["", "shape", "per layer", "total", "share"])];
+    let grand = m.total();
+    for (name, bytes) in [
+        ("parameters", m.parameters),
+        ("gradients", m.gradients),
+        ("AdamW moments (m, v)", m.adamw),
+    ] {
+        rows.push(row([name, "", "", &bytes_h(bytes), &share(bytes, grand)]));
+    }
+    let groups = [
+        (
+            "activations kept for backward:",
+            &m.activations,
+            m.activation_bytes(),
+        ),
+        (
+            "backward scratch (one block):",
+            &m.backward_scratch,
+            m.scratch_bytes(),
+        ),
+    ];
+    for (title, buffers, bytes) in groups {
+        rows.push(row([title, "", "", &bytes_h(bytes), &share(bytes, grand)]));
+        for a in buffers {
+            let per = if a.copies > 1 {
+                bytes_h(4 * a.elements)
+            } else {
+                String::new()
+            };
+            rows.push(row([
+                &format!("  {}", a.name),
+                &a.shape,
+                &per,
+                &bytes_h(a.bytes()),
+                &share(a.bytes(), grand),
+            ]));
+        }
+    }
+    rows.push(row(["total", "", "", &bytes_h(grand), ""]));
+    out += &table(&rows);
+
+    let matmuls = forward_matmuls(c, b, t);
+    let fwd = forward_flops(c, b, t);
+    out += &format!("\nMatmuls of one forward pass, batch {b} × {t} tokens (2mnp FLOPs each)\n");
+    let mut rows = vec![row([
+        "matmul",
+        "(m×n)(n×p)",
+        "count",
+        "FLOPs",
+        "× layers",
+        "total",
+        "share",
+    ])];
+    for mm in &matmuls {
+        rows.push(row([
+            mm.name,
+            &format!("({}×{})({}×{})", mm.m, mm.n, mm.n, mm.p),
+            &format!("×{}", mm.count),
+            &flops_h(mm.flops()),
+            &format!("×{}", mm.copies),
+            &flops_h(mm.total_flops()),
+            &share(mm.total_flops(), fwd),
+        ]));
+    }
+    let tokens = (b * t) as u64;
+    rows.push(row(["forward", "", "", "", "", &flops_h(fwd), ""]));
+    rows.push(row([
+        "training step (≈ 3× forward)",
+        "",
+        "",
+        "",
+        "",
+        &flops_h(3 * fwd),
+        "",
+    ]));
+    out += &table(&rows);
+    out += &format!(
+        "per token: {} forward, {} training ({} training FLOPs per parameter per token)\n",
+        flops_h(fwd / tokens),
+        flops_h(3 * fwd / tokens),
+        format_args!("{:.1}", 3.0 * fwd as f64 / tokens as f64 / total as f64),
+    );
+    out
+}
+
+/// An ablation switch's JSON spelling (`pre`, `rope`, `swiglu`, ...).
+fn spelling<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_value(v)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+fn row<const N: usize>(cells: [&str; N]) -> Vec<String> {
+    cells.iter().map(|s| s.to_string()).collect()
+}
+
+/// Columns padded to their widest cell: the first left-aligned, the rest right.
+fn table(rows: &[Vec<String>]) -> String {
+    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let width = |i: usize| {
+        rows.iter()
+            .filter_map(|r| r.get(i))
+            .map(|s| s.chars().count())
+            .max()
+            .unwrap_or(0)
+    };
+    let widths: Vec<usize> = (0..cols).map(width).collect();
+    let mut out = String::new();
+    for r in rows {
+        let mut line = String::new();
+        for (i, cell) in r.iter().enumerate() {
+            let pad = " ".repeat(widths[i] - cell.chars().count());
+            if i == 0 {
+                line += &format!("  {cell}{pad}");
+            } else {
+                line += &format!("  {pad}{cell}");
+            }
+        }
+        out += line.trim_end();
+        out.push('\n');
+    }
+    out
+}
+
+/// `1234567` → `1,234,567`.
+fn group(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, ch) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(ch);
+    }
+    out
+}
+
+/// `x` scaled to the largest unit it reaches (`units[k]` = `base^k`), 3 significant digits.
+fn scaled(x: f64, base: f64, units: &[&str]) -> String {
+    let mut k = 0;
+    let mut v = x;
+    while v >= base && k + 1 < units.len() {
+        v /= base;
+        k += 1;
+    }
+    let digits = if k == 0 {
+        0
+    } else if v >= 100.0 {
+        0
+    } else if v >= 10.0 {
+        1
+    } else {
+        2
+    };
+    format!("{v:.digits$} {}", units[k]).trim_end().to_string()
+}
+
+fn count(n: u64) -> String {
+    scaled(n as f64, 1000.0, &["", "K", "M", "B", "T"])
+}
+
+fn bytes_h(n: u64) -> String {
+    scaled(n as f64, 1024.0, &["B", "KiB", "MiB", "GiB", "TiB", "PiB"])
+}
+
+fn flops_h(n: u64) -> String {
+    scaled(
+        n as f64,
+        1000.0,
+        &["FLOP", "KFLOP", "MFLOP", "GFLOP", "TFLOP", "PFLOP", "EFLOP"],
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn units_and_grouping() {
+        assert_eq!(group(2_127_057_600), "2,127,057,600");
+        assert_eq!(group(999), "999");
+        assert_eq!(count(2_127_057_600), "2.13 B");
+        assert_eq!(count(512), "512");
+        assert_eq!(flops_h(4_513_336_524_800), "4.51 TFLOP");
+        assert_eq!(bytes_h(3 << 30), "3.00 GiB");
+        assert_eq!(bytes_h(1000), "1000 B");
+    }
+
+    #[test]
+    fn gpt2_xl_report_has_the_reference_numbers() {
+        let text = report(&ModelConfig::gpt2_xl(), 1, 1024);
+        for part in [
+            "2,127,057,600",
+            "(2.13 B)",
+            "4.51 TFLOP",
+            "13.5 TFLOP",
+            "lm_head",
+            "Q Kᵀ",
+        ] {
+            assert!(text.contains(part), "{part} missing from\n{text}");
+        }
+    }
+}

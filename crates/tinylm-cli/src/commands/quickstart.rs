@@ -1,0 +1,488 @@
+//! `tinylm quickstart`: from a text file to a model that writes stories, in one
+//! command and a few minutes of CPU: train a BPE tokenizer, encode, hold out the
+//! last documents for validation, train a small model for a time budget, evaluate,
+//! plot and print samples. Everything lands in one run directory.
+
+use super::generate::{load_with_end_of_text, write_continuation, END_OF_TEXT};
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use tinylm::data::TokenDataset;
+use tinylm::generate::Sampler;
+use tinylm::train::{evaluate, train, TrainConfig};
+use tinylm::{checkpoint, Model, ModelConfig};
+use tinylm_bpe::encode::Tokenizer;
+use tinylm_bpe::npy::{Dtype, NpyWriter};
+use tinylm_bpe::train::{count_pretokens, train_from_counts};
+
+/// The corpus used when `--corpus` is not given, relative to the project root.
+const DEFAULT_CORPUS: &str = "../shared/data/tinystories_combined.txt";
+/// Prompts of the samples printed at the end (the last one starts a new document).
+const PROMPTS: [&str; 3] = ["Once upon a time", "One day, a little", ""];
+
+#[derive(Args)]
+pub struct QuickstartArgs {
+    /// UTF-8 text, documents separated by `<|endoftext|>` [default:
+    /// ../shared/data/tinystories_combined.txt when it exists].
+    #[arg(long)]
+    corpus: Option<PathBuf>,
+    /// Training time budget in minutes (tokenizer, encoding and samples come on top).
+    #[arg(long, default_value_t = 3.0)]
+    minutes: f64,
+    /// Run directory [default: runs/<UTC timestamp>].
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Tokenizer vocabulary size (bytes, `<|endoftext|>` and merges).
+    #[arg(long, default_value_t = 2048)]
+    vocab_size: usize,
+    /// Share of the documents (the last ones) held out for validation.
+    #[arg(long, default_value_t = 0.05)]
+    val_fraction: f64,
+    /// Seed of the initial weights, the batch order and the samples.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Worker threads [default: all cores].
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+    /// Also write the step-0 weights to `init.safetensors` (to start another
+    /// implementation from the same point, as bench/train_compare.sh does).
+    #[arg(long)]
+    save_init: bool,
+}
+
+/// The model trained: ~2.6M parameters (1.8M outside the embeddings at vocab
+/// 2048), which learns visibly in minutes on two cores.
+fn model_config(vocab_size: usize) -> ModelConfig {
+    ModelConfig {
+        vocab_size,
+        context_length: 128,
+        d_model: 192,
+        num_layers: 4,
+        num_heads: 6,
+        d_ff: 512,
+        ..ModelConfig::tinystories()
+    }
+}
+
+/// Sequences per step.
+const BATCH_SIZE: usize = 16;
+/// Validation batches at the periodic evaluations (the final one reads everything).
+const EVAL_BATCHES: usize = 4;
+
+pub fn run(args: QuickstartArgs) -> Result<()> {
+    if !(args.minutes.is_finite() && args.minutes > 0.0) {
+        bail!("--minutes must be positive, got {}", args.minutes);
+    }
+    if !(args.val_fraction > 0.0 && args.val_fraction < 1.0) {
+        bail!(
+            "--val-fraction must lie in (0, 1), got {}",
+            args.val_fraction
+        );
+    }
+    if args.vocab_size <= 257 {
+        bail!(
+            "--vocab-size must exceed 257 (256 bytes and {END_OF_TEXT}), got {}",
+            args.vocab_size
+        );
+    }
+    let corpus = match args.corpus {
+        Some(path) => path,
+        None => default_corpus()?,
+    };
+    let out = args
+        .out
+        .unwrap_or_else(|| PathBuf::from("runs").join(timestamp(now_s())));
+    if out.read_dir().is_ok_and(|mut d| d.next().is_some()) {
+        bail!(
+            "{} already exists and is not empty: choose another --out",
+            out.display()
+        );
+    }
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(args.threads)
+        .build()
+        .context("starting the thread pool")?;
+    let settings = Settings {
+        corpus,
+        out,
+        minutes: args.minutes,
+        vocab_size: args.vocab_size,
+        val_fraction: args.val_fraction,
+        seed: args.seed,
+        save_init: args.save_init,
+    };
+    pool.install(|| quickstart(&settings))
+}
+
+struct Settings {
+    corpus: PathBuf,
+    out: PathBuf,
+    minutes: f64,
+    vocab_size: usize,
+    val_fraction: f64,
+    seed: u64,
+    save_init: bool,
+}
+
+fn quickstart(s: &Settings) -> Result<()> {
+    let started = Instant::now();
+    let out = &s.out;
+    println!(
+        "tinylm quickstart: {} -> {} ({} threads)",
+        s.corpus.display(),
+        out.display(),
+        rayon::current_num_threads()
+    );
+
+    stage(1, "reading the corpus and holding out the last documents");
+    let bytes =
+        std::fs::read(&s.corpus).with_context(|| format!("reading {}", s.corpus.display()))?;
+    let text = std::str::from_utf8(&bytes).map_err(|e| {
+        anyhow::anyhow!(
+            "{}: invalid UTF-8 at byte {}",
+            s.corpus.display(),
+            e.valid_up_to()
+        )
+    })?;
+    let split = split_documents(text, s.val_fraction)
+        .with_context(|| format!("splitting {}", s.corpus.display()))?;
+    let (train_text, val_text) = text.split_at(split.boundary);
+    println!(
+        "  {} documents, {:.1} MB: {} for training, the last {} ({:.1} MB) for validation",
+        split.documents,
+        mb(text.len()),
+        split.documents - split.held_out,
+        split.held_out,
+        mb(val_text.len())
+    );
+
+    stage(
+        2,
+        &format!("training a BPE tokenizer of {} tokens", s.vocab_size),
+    );
+    let t0 = Instant::now();
+    let specials = [END_OF_TEXT.to_string()];
+    let counts = count_pretokens(train_text.as_bytes(), &specials, 1 << 20, false)?;
+    let (vocab, merges) = train_from_counts(counts, s.vocab_size, &specials, None);
+    let tokenizer_dir = out.join("tokenizer");
+    tinylm_bpe::files::save_tokenizer(&tokenizer_dir, &vocab, &merges)?;
+    let (tokenizer, _) = load_with_end_of_text(&tokenizer_dir)?;
+    println!(
+        "  {} merges in {:.1} s -> {}",
+        merges.len(),
+        t0.elapsed().as_secs_f64(),
+        tokenizer_dir.display()
+    );
+
+    stage(3, "encoding");
+    let train_npy = out.join("train.npy");
+    let val_npy = out.join("val.npy");
+    let bar = bytes_bar(text.len());
+    let train_tokens = encode_to_npy(&tokenizer, train_text, &train_npy, &bar)?;
+    let val_tokens = encode_to_npy(&tokenizer, val_text, &val_npy, &bar)?;
+    bar.finish_and_clear();
+    println!(
+        "  {train_tokens} training tokens, {val_tokens} validation tokens ({:.2} bytes/token)",
+        text.len() as f64 / (train_tokens + val_tokens).max(1) as f64
+    );
+
+    let config = model_config(tokenizer.vocab_size());
+    let t = config.context_length;
+    for (path, n) in [(&train_npy, train_tokens), (&val_npy, val_tokens)] {
+        if n <= t {
+            bail!(
+                "{}: {n} tokens is too short for the context length {t}; use a larger corpus",
+                path.display()
+            );
+        }
+    }
+    let budget_s = s.minutes * 60.0;
+    let step_s = time_one_step(&config, s.seed)?;
+    let steps = ((0.9 * budget_s / step_s) as u64).max(1);
+    let params = tinylm::params::ParamLayout::new(&config).total;
+    stage(
+        4,
+        &format!(
+            "training a {:.1}M-parameter model for {:.1} min (~{steps} steps of {} x {t} tokens, {:.2} s each)",
+            params as f64 / 1e6,
+            s.minutes,
+            BATCH_SIZE,
+            step_s
+        ),
+    );
+    if s.save_init {
+        let init = Model::new(config.clone(), s.seed)?;
+        let path = out.join("init.safetensors");
+        checkpoint::save(&path, &config, init.params(), None, &Default::default())?;
+        println!("  initial weights -> {}", path.display());
+    }
+    let cfg = TrainConfig {
+        model: config,
+        train_data: train_npy.clone(),
+        val_data: Some(val_npy.clone()),
+        tokenizer: Some(absolute(&tokenizer_dir)),
+        out_dir: out.clone(),
+        batch_size: BATCH_SIZE,
+        steps,
+        lr_max: 3e-3,
+        lr_min: 3e-4,
+        warmup_steps: (steps / 20).max(1),
+        eval_interval: (steps / 10).max(1),
+        eval_batches: EVAL_BATCHES,
+        checkpoint_interval: 0,
+        log_interval: 1,
+        time_budget_s: Some(budget_s),
+        seed: s.seed,
+        ..TrainConfig::default()
+    };
+    let summary = run_training(&cfg)?;
+    println!(
+        "  {} steps, {} tokens in {:.0} s; last batch loss {:.3}",
+        summary.steps, summary.tokens, summary.wallclock_s, summary.train_loss
+    );
+
+    stage(5, "evaluating on all validation tokens");
+    let ckpt = checkpoint::load(&summary.checkpoint)?;
+    let mut model = Model::from_params(ckpt.config.clone(), ckpt.params)?;
+    let val = TokenDataset::open(&val_npy, ckpt.config.vocab_size)?;
+    let eval = evaluate(&mut model, &val, BATCH_SIZE, 0)?;
+    println!(
+        "  validation loss {:.4}, perplexity {:.2} ({} windows of {t} tokens)",
+        eval.loss,
+        eval.perplexity(),
+        eval.windows
+    );
+    println!(
+        "  log {}, plot {}, checkpoint {}",
+        out.join("log.jsonl").display(),
+        out.join("loss.svg").display(),
+        summary.checkpoint.display()
+    );
+
+    stage(6, "samples (temperature 0.8, top-p 0.95)");
+    let (tokenizer, eos) = load_with_end_of_text(&tokenizer_dir)?;
+    let mut samples = String::new();
+    let stdout = std::io::stdout();
+    for (i, prompt) in PROMPTS.iter().enumerate() {
+        let mut sampler = Sampler::new(0.8, 0.95, None, s.seed + i as u64)?;
+        println!("--- sample {} ---", i + 1);
+        let text = write_continuation(
+            &mut model,
+            &tokenizer,
+            eos,
+            prompt,
+            200,
+            &mut sampler,
+            &mut stdout.lock(),
+        )?;
+        samples += &format!("--- sample {} ---\n{text}", i + 1);
+    }
+    let samples_path = out.join("samples.txt");
+    write_atomic(&samples_path, samples.as_bytes())?;
+    println!(
+        "\ndone in {:.0} s. Everything is in {}. Generate more with:\n  tinylm generate --checkpoint {} --prompt \"Once upon a time\"",
+        started.elapsed().as_secs_f64(),
+        out.display(),
+        summary.checkpoint.display()
+    );
+    Ok(())
+}
+
+fn stage(n: usize, what: &str) {
+    println!("[{n}/6] {what}");
+}
+
+fn mb(bytes: usize) -> f64 {
+    bytes as f64 / 1e6
+}
+
+/// Where the training/validation split falls.
+#[derive(Debug, PartialEq)]
+struct Split {
+    /// Byte offset where validation text starts.
+    boundary: usize,
+    documents: usize,
+    held_out: usize,
+}
+
+/// Splits at the start of the last `⌈fraction · documents⌉` documents (`<|endoftext|>`
+/// separates documents; at least one is held out and one kept).
+fn split_documents(text: &str, fraction: f64) -> Result<Split> {
+    let starts: Vec<usize> = std::iter::once(0)
+        .chain(text.match_indices(END_OF_TEXT).map(|(i, m)| i + m.len()))
+        .filter(|&i| !text[i..].trim().is_empty())
+        .collect();
+    let documents = starts.len();
+    if documents < 2 {
+        bail!(
+            "found {documents} document(s); the text needs at least two, separated by {END_OF_TEXT}, to hold the last ones out for validation"
+        );
+    }
+    let held_out = ((documents as f64 * fraction).ceil() as usize).clamp(1, documents - 1);
+    Ok(Split {
+        boundary: starts[documents - held_out],
+        documents,
+        held_out,
+    })
+}
+
+/// Encodes `text` into the `.npy` at `path`; returns the number of tokens.
+fn encode_to_npy(
+    tokenizer: &Tokenizer,
+    text: &str,
+    path: &Path,
+    bar: &ProgressBar,
+) -> Result<usize> {
+    let mut writer = NpyWriter::create(path, Dtype::for_vocab(tokenizer.vocab_size()))?;
+    tokenizer.encode_parallel(text, 1 << 20, |ids, bytes| {
+        bar.inc(bytes as u64);
+        writer.write_ids(ids)
+    })?;
+    let n = writer.count();
+    writer.finish()?;
+    Ok(n)
+}
+
+fn bytes_bar(total: usize) -> ProgressBar {
+    ProgressBar::new(total as u64).with_style(
+        ProgressStyle::with_template("  {bar:40} {bytes}/{total_bytes} {bytes_per_sec}")
+            .expect("valid template"),
+    )
+}
+
+/// Seconds of one training step (forward, backward, update) of `config`, measured on
+/// random tokens after a warm-up step.
+fn time_one_step(config: &ModelConfig, seed: u64) -> Result<f64> {
+    let mut model = Model::new(config.clone(), seed)?;
+    let n = BATCH_SIZE * config.context_length;
+    let ids: Vec<u32> = (0..n)
+        .map(|i| ((i * 7919) % config.vocab_size) as u32)
+        .collect();
+    let mut opt = tinylm::optim::AdamW::new(model.params().len(), Default::default());
+    let mut step = |model: &mut Model| -> Result<()> {
+        model.forward_loss(&ids, &ids, BATCH_SIZE, config.context_length)?;
+        model.backward()?;
+        let (params, grads) = model.params_and_grads_mut();
+        opt.update(params, grads, 1e-3, 1.0);
+        Ok(())
+    };
+    step(&mut model)?;
+    let t0 = Instant::now();
+    step(&mut model)?;
+    step(&mut model)?;
+    Ok(t0.elapsed().as_secs_f64() / 2.0)
+}
+
+/// Trains with a progress bar.
+fn run_training(cfg: &TrainConfig) -> Result<tinylm::train::TrainSummary> {
+    let bar = ProgressBar::new(cfg.total_steps()).with_style(
+        ProgressStyle::with_template(
+            "  {bar:30} step {pos}/{len} {msg} [{elapsed_precise} < {eta_precise}]",
+        )
+        .expect("valid template"),
+    );
+    let stop = AtomicBool::new(false);
+    let mut last_val = None;
+    let summary = train(cfg, &stop, &mut |p| {
+        let r = p.record;
+        last_val = r.val_loss.or(last_val);
+        let val = last_val.map_or(String::new(), |v| format!(" val {v:.3}"));
+        bar.set_position(r.step);
+        bar.set_message(format!(
+            "loss {:.3}{val} lr {:.1e} {:.0} tok/s",
+            r.train_loss, r.lr, r.tokens_per_s
+        ));
+    })?;
+    bar.finish();
+    Ok(summary)
+}
+
+/// `../shared/data/tinystories_combined.txt` from the current directory or from the
+/// project root this executable was built in (`<root>/target/<profile>/tinylm`).
+fn default_corpus() -> Result<PathBuf> {
+    let mut candidates = vec![PathBuf::from(DEFAULT_CORPUS)];
+    if let Ok(exe) = std::env::current_exe() {
+        if let Some(root) = exe.ancestors().nth(3) {
+            candidates.push(root.join(DEFAULT_CORPUS));
+        }
+    }
+    candidates.into_iter().find(|p| p.is_file()).with_context(|| {
+        format!(
+            "no corpus: {DEFAULT_CORPUS} does not exist here; pass --corpus FILE (UTF-8 text, documents separated by {END_OF_TEXT})"
+        )
+    })
+}
+
+fn absolute(path: &Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
+/// Writes through a temporary file and a rename.
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
+}
+
+fn now_s() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+/// Seconds since 1970-01-01 UTC as `YYYYMMDD-HHMMSS`.
+fn timestamp(secs: i64) -> String {
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}{month:02}{day:02}-{:02}{:02}{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn holds_out_the_last_documents() {
+        let text = "a\n<|endoftext|>\nb\n<|endoftext|>\nc\n<|endoftext|>\nd\n<|endoftext|>\n";
+        let s = split_documents(text, 0.5).unwrap();
+        assert_eq!((s.documents, s.held_out), (4, 2));
+        assert_eq!(
+            &text[s.boundary..],
+            "\nc\n<|endoftext|>\nd\n<|endoftext|>\n"
+        );
+        // At least one document each side.
+        assert_eq!(split_documents(text, 0.01).unwrap().held_out, 1);
+        assert_eq!(split_documents(text, 0.99).unwrap().held_out, 3);
+        // A last document without a trailing separator counts too.
+        assert_eq!(
+            split_documents("a<|endoftext|>b", 0.5).unwrap().boundary,
+            14
+        );
+        assert!(split_documents("one document only\n", 0.05).is_err());
+    }
+
+    #[test]
+    fn timestamps_are_utc_dates() {
+        assert_eq!(timestamp(0), "19700101-000000");
+        assert_eq!(timestamp(951_782_400), "20000229-000000");
+        assert_eq!(timestamp(1_700_000_000), "20231114-221320");
+    }
+}

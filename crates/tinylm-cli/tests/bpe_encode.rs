@@ -1,0 +1,259 @@
+//! `tinylm bpe encode` / `tinylm bpe decode` end to end, and their errors (exit code 2).
+
+use std::path::Path;
+use std::process::{Command, Output};
+use tinylm_bpe::encode::Tokenizer;
+use tinylm_bpe::npy::{self, Dtype, MappedNpy};
+
+fn tinylm(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tinylm"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// A small tokenizer directory: 256 bytes, `<|endoftext|>`, and a few merges.
+fn write_tokenizer(dir: &Path) {
+    let pairs = [
+        ("t", "h"),
+        ("th", "e"),
+        (" ", "th"),
+        (" th", "e"),
+        ("a", "n"),
+        (" ", "an"),
+        ("o", "r"),
+    ];
+    let merges: Vec<_> = pairs
+        .iter()
+        .map(|(l, r)| (l.as_bytes().to_vec(), r.as_bytes().to_vec()))
+        .collect();
+    let mut vocab: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
+    vocab.push(b"<|endoftext|>".to_vec());
+    vocab.extend(
+        merges
+            .iter()
+            .map(|(l, r)| [l.as_slice(), r.as_slice()].concat()),
+    );
+    tinylm_bpe::files::save_tokenizer(dir, &vocab, &merges).unwrap();
+}
+
+const TEXT: &str = "the cat and the dog<|endoftext|>\nthe    orca ran, ünïcödé 👋!\n<|endoftext|>";
+
+fn ids(path: &Path) -> (Dtype, Vec<u32>) {
+    let npy = MappedNpy::open(path).unwrap();
+    (
+        npy.header.dtype,
+        (0..npy.len()).map(|i| npy.int_at(i) as u32).collect(),
+    )
+}
+
+#[test]
+fn encode_then_decode_round_trips() {
+    let dir = tempfile::tempdir().unwrap();
+    let tok_dir = dir.path().join("tok");
+    write_tokenizer(&tok_dir);
+    let input = dir.path().join("in.txt");
+    std::fs::write(&input, TEXT.repeat(50)).unwrap();
+    let (tok_dir_s, input_s) = (tok_dir.to_str().unwrap(), input.to_str().unwrap());
+    let out = dir.path().join("out.npy");
+    let run = tinylm(&[
+        "bpe",
+        "encode",
+        "--tokenizer",
+        tok_dir_s,
+        "--input",
+        input_s,
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(run.status.success(), "{}", stderr(&run));
+    assert!(
+        stderr(&run).contains("bytes/token") && stderr(&run).contains("MB/s"),
+        "{}",
+        stderr(&run)
+    );
+
+    // `<|endoftext|>` is a special token by default when the vocabulary has it.
+    let tok = Tokenizer::from_files(
+        &tok_dir.join("vocab.json"),
+        &tok_dir.join("merges.txt"),
+        &["<|endoftext|>".into()],
+    )
+    .unwrap();
+    let (dtype, got) = ids(&out);
+    assert_eq!(dtype, Dtype::U16);
+    assert_eq!(got, tok.encode(&TEXT.repeat(50)));
+    assert!(got.contains(&256));
+
+    let streamed = dir.path().join("streamed.npy");
+    let vocab = tok_dir.join("vocab.json");
+    let merges = tok_dir.join("merges.txt");
+    let run = tinylm(&[
+        "bpe",
+        "encode",
+        "--vocab",
+        vocab.to_str().unwrap(),
+        "--merges",
+        merges.to_str().unwrap(),
+        "--input",
+        input_s,
+        "--out",
+        streamed.to_str().unwrap(),
+        "--stream",
+    ]);
+    assert!(run.status.success(), "{}", stderr(&run));
+    assert_eq!(
+        std::fs::read(&streamed).unwrap(),
+        std::fs::read(&out).unwrap()
+    );
+
+    let run = tinylm(&[
+        "bpe",
+        "decode",
+        "--tokenizer",
+        tok_dir_s,
+        "--input",
+        out.to_str().unwrap(),
+    ]);
+    assert!(run.status.success(), "{}", stderr(&run));
+    assert_eq!(String::from_utf8(run.stdout).unwrap(), TEXT.repeat(50));
+}
+
+#[test]
+fn bad_inputs_exit_2_with_a_clear_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let tok_dir = dir.path().join("tok");
+    write_tokenizer(&tok_dir);
+    let t = tok_dir.to_str().unwrap();
+    let out = dir.path().join("out.npy");
+    let o = out.to_str().unwrap();
+    let fails = |args: &[&str], needle: &str| {
+        let run = tinylm(args);
+        assert_eq!(run.status.code(), Some(2), "{args:?}: {}", stderr(&run));
+        assert!(
+            stderr(&run).contains(needle),
+            "{args:?}: expected {needle:?} in {}",
+            stderr(&run)
+        );
+    };
+    fails(
+        &[
+            "bpe",
+            "encode",
+            "--tokenizer",
+            t,
+            "--input",
+            "/no/such.txt",
+            "--out",
+            o,
+        ],
+        "/no/such.txt",
+    );
+    let bad = dir.path().join("bad.txt");
+    std::fs::write(&bad, b"fine text \xff\xfe").unwrap();
+    fails(
+        &[
+            "bpe",
+            "encode",
+            "--tokenizer",
+            t,
+            "--input",
+            bad.to_str().unwrap(),
+            "--out",
+            o,
+        ],
+        "byte 10",
+    );
+    fails(
+        &[
+            "bpe",
+            "encode",
+            "--tokenizer",
+            t,
+            "--input",
+            bad.to_str().unwrap(),
+            "--out",
+            o,
+            "--stream",
+        ],
+        "byte 10",
+    );
+    fails(
+        &[
+            "bpe",
+            "encode",
+            "--input",
+            bad.to_str().unwrap(),
+            "--out",
+            o,
+        ],
+        "--tokenizer",
+    );
+
+    let ids = dir.path().join("ids.npy");
+    npy::write(&ids, &[3], &[1u16, 9999, 2]).unwrap();
+    fails(
+        &[
+            "bpe",
+            "decode",
+            "--tokenizer",
+            t,
+            "--input",
+            ids.to_str().unwrap(),
+        ],
+        "token id 9999",
+    );
+    npy::write(&ids, &[2], &[0.5f32, 1.0]).unwrap();
+    fails(
+        &[
+            "bpe",
+            "decode",
+            "--tokenizer",
+            t,
+            "--input",
+            ids.to_str().unwrap(),
+        ],
+        "<f4",
+    );
+    std::fs::write(&ids, b"not npy").unwrap();
+    fails(
+        &[
+            "bpe",
+            "decode",
+            "--tokenizer",
+            t,
+            "--input",
+            ids.to_str().unwrap(),
+        ],
+        "ids.npy",
+    );
+
+    std::fs::write(tok_dir.join("merges.txt"), "#version: 0.2\nt h\nt h e\n").unwrap();
+    fails(
+        &[
+            "bpe",
+            "decode",
+            "--tokenizer",
+            t,
+            "--input",
+            ids.to_str().unwrap(),
+        ],
+        "merges.txt:3",
+    );
+    std::fs::write(tok_dir.join("merges.txt"), "#version: 0.2\nt h\nq zz\n").unwrap();
+    fails(
+        &[
+            "bpe",
+            "decode",
+            "--tokenizer",
+            t,
+            "--input",
+            ids.to_str().unwrap(),
+        ],
+        "merge 2",
+    );
+}

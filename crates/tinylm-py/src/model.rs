@@ -1,0 +1,217 @@
+//! `tinylm.TransformerLM`: the Rust [`Model`] with a state dict of NumPy arrays.
+
+use crate::arrays::{output, token_ids, Floats};
+use crate::errors::{detached, invalid, model_error};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyType};
+use std::ops::ControlFlow;
+use std::path::PathBuf;
+use tinylm::generate::{generate, Sampler};
+use tinylm::params::ParamLayout;
+use tinylm::{Model, ModelConfig};
+
+/// A Python dict (or anything `json.dumps` takes) as a serde value of type `T`.
+pub fn from_py_json<T: serde::de::DeserializeOwned>(value: &Bound<'_, PyAny>, what: &str) -> PyResult<T> {
+    let json = PyModule::import(value.py(), "json")?;
+    let text: String = json
+        .getattr("dumps")?
+        .call1((value,))
+        .map_err(|e| invalid(format!("{what}: not JSON-like: {e}")))?
+        .extract()?;
+    serde_json::from_str(&text).map_err(|e| invalid(format!("{what}: {e}")))
+}
+
+/// A config as a Python dict.
+pub fn to_py_json<'py, T: serde::Serialize>(py: Python<'py>, value: &T) -> PyResult<Bound<'py, PyAny>> {
+    let text = serde_json::to_string(value).expect("serializes");
+    PyModule::import(py, "json")?.getattr("loads")?.call1((text,))
+}
+
+/// The flat parameter buffer of `config`'s layout from a state dict: every tensor of
+/// the layout must be there with its exact shape, and nothing else.
+pub fn params_from_state_dict(config: &ModelConfig, state: &Bound<'_, PyDict>) -> PyResult<Vec<f32>> {
+    let layout = ParamLayout::new(config);
+    let mut params = vec![0f32; layout.total];
+    let mut problems = Vec::new();
+    for spec in &layout.specs {
+        match state.get_item(&spec.name)? {
+            None => problems.push(format!("missing '{}' of shape {:?}", spec.name, spec.shape)),
+            Some(value) => {
+                let value = Floats::new(&value, &spec.name)?;
+                if value.shape != spec.shape {
+                    problems.push(format!(
+                        "'{}' has shape {:?}, expected {:?}",
+                        spec.name, value.shape, spec.shape
+                    ));
+                } else {
+                    params[spec.range()].copy_from_slice(value.data());
+                }
+            }
+        }
+    }
+    for key in state.keys() {
+        let key: String = key.extract()?;
+        if layout.get(&key).is_none() {
+            problems.push(format!("unexpected '{key}'"));
+        }
+    }
+    if !problems.is_empty() {
+        return Err(invalid(format!(
+            "the state dict does not match the model configuration: {}",
+            problems.join("; ")
+        )));
+    }
+    Ok(params)
+}
+
+/// `{name: array}` of a buffer in `layout` (parameters or gradients).
+fn to_state_dict<'py>(py: Python<'py>, layout: &ParamLayout, buf: &[f32]) -> PyResult<Bound<'py, PyDict>> {
+    let dict = PyDict::new(py);
+    for (name, shape, values) in layout.tensors(buf) {
+        dict.set_item(name, output(py, &shape, values.to_vec()))?;
+    }
+    Ok(dict)
+}
+
+/// A decoder-only Transformer LM (the engine's configuration keys: `vocab_size`,
+/// `context_length`, `d_model`, `num_layers`, `num_heads`, `d_ff`, `rope_theta`,
+/// and the ablations `norm`, `positional`, `ffn`, `tie_embeddings`).
+#[pyclass(module = "tinylm")]
+pub struct TransformerLM {
+    model: Model,
+}
+
+impl TransformerLM {
+    /// Token ids `(..., T)` as `(shape, ids, B, T)`.
+    fn batch(&self, ids: &Bound<'_, PyAny>, name: &str) -> PyResult<(Vec<usize>, Vec<u32>, usize, usize)> {
+        let (shape, ids) = token_ids(ids, name, self.model.config().vocab_size)?;
+        let t = *shape
+            .last()
+            .ok_or_else(|| invalid(format!("{name}: expected at least 1 dimension (…, seq)")))?;
+        let b = ids.len() / t.max(1);
+        Ok((shape, ids, b, t))
+    }
+}
+
+#[pymethods]
+impl TransformerLM {
+    /// A freshly initialized model (SPEC init, from `seed`).
+    #[new]
+    #[pyo3(signature = (config, seed = 0))]
+    fn new(py: Python<'_>, config: &Bound<'_, PyAny>, seed: u64) -> PyResult<Self> {
+        let config: ModelConfig = from_py_json(config, "config")?;
+        let model = detached(py, || Model::new(config, seed).map_err(model_error))?;
+        Ok(TransformerLM { model })
+    }
+
+    /// A model from a checkpoint file, or a run directory holding
+    /// `checkpoint.safetensors`.
+    #[classmethod]
+    fn from_pretrained(_cls: &Bound<'_, PyType>, py: Python<'_>, path: PathBuf) -> PyResult<Self> {
+        let path = if path.is_dir() {
+            path.join("checkpoint.safetensors")
+        } else {
+            path
+        };
+        let model = detached(py, || {
+            let ckpt = tinylm::checkpoint::load(&path).map_err(model_error)?;
+            Model::from_params(ckpt.config, ckpt.params).map_err(model_error)
+        })?;
+        Ok(TransformerLM { model })
+    }
+
+    /// The configuration as a dict.
+    #[getter]
+    fn config<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        to_py_json(py, self.model.config())
+    }
+
+    /// Replaces every parameter: `state` must hold exactly the model's tensors.
+    fn load_state_dict(&mut self, state: &Bound<'_, PyDict>) -> PyResult<()> {
+        let params = params_from_state_dict(self.model.config(), state)?;
+        self.model.params_mut().copy_from_slice(&params);
+        Ok(())
+    }
+
+    /// Copies of the parameters by CS336 name, float32.
+    fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        to_state_dict(py, self.model.layout(), self.model.params())
+    }
+
+    /// Logits `(..., T, vocab_size)` for token ids `(..., T)`, `T ≤ context_length`.
+    fn forward<'py>(&mut self, py: Python<'py>, ids: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        let (mut shape, ids, b, t) = self.batch(ids, "ids")?;
+        let model = &mut self.model;
+        let logits = detached(py, || Ok(model.forward(&ids, b, t).map_err(model_error)?.to_vec()))?;
+        shape.push(self.model.config().vocab_size);
+        Ok(output(py, &shape, logits).into_any())
+    }
+
+    /// The mean cross-entropy of predicting `targets` from `ids` (both `(..., T)`) and
+    /// its gradient for every parameter, by name.
+    fn loss_and_grads<'py>(
+        &mut self,
+        py: Python<'py>,
+        ids: &Bound<'py, PyAny>,
+        targets: &Bound<'py, PyAny>,
+    ) -> PyResult<(f64, Bound<'py, PyDict>)> {
+        let (shape, ids, b, t) = self.batch(ids, "ids")?;
+        let (target_shape, targets, _, _) = self.batch(targets, "targets")?;
+        if target_shape != shape {
+            return Err(invalid(format!(
+                "targets of shape {target_shape:?} do not match ids of shape {shape:?}"
+            )));
+        }
+        let model = &mut self.model;
+        let loss = detached(py, || {
+            let loss = model.forward_loss(&ids, &targets, b, t).map_err(model_error)?;
+            model.backward().map_err(model_error)?;
+            Ok(loss as f64)
+        })?;
+        Ok((loss, to_state_dict(py, self.model.layout(), self.model.grads())?))
+    }
+
+    /// Continues `prompt_ids` with at most `max_new_tokens` tokens sampled with
+    /// `temperature` (0: greedy) and nucleus `top_p`, stopping at `eos_id`; returns
+    /// the new tokens only.
+    #[pyo3(signature = (prompt_ids, max_new_tokens, temperature = 1.0, top_p = 1.0, seed = None, eos_id = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn generate(
+        &mut self,
+        py: Python<'_>,
+        prompt_ids: Vec<u32>,
+        max_new_tokens: usize,
+        temperature: f32,
+        top_p: f32,
+        seed: Option<u64>,
+        eos_id: Option<u32>,
+    ) -> PyResult<Vec<u32>> {
+        let seed = seed.unwrap_or_else(crate::data::random_seed);
+        let mut sampler = Sampler::new(temperature, top_p, None, seed).map_err(model_error)?;
+        let model = &mut self.model;
+        detached(py, || {
+            generate(model, &prompt_ids, max_new_tokens, &mut sampler, eos_id, |_| {
+                ControlFlow::Continue(())
+            })
+            .map_err(model_error)
+        })
+    }
+
+    fn __call__<'py>(&mut self, py: Python<'py>, ids: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        self.forward(py, ids)
+    }
+
+    fn __repr__(&self) -> String {
+        let c = self.model.config();
+        format!(
+            "TransformerLM(vocab_size={}, context_length={}, d_model={}, num_layers={}, num_heads={}, d_ff={}, params={})",
+            c.vocab_size,
+            c.context_length,
+            c.d_model,
+            c.num_layers,
+            c.num_heads,
+            c.d_ff,
+            self.model.params().len()
+        )
+    }
+}

@@ -1,0 +1,56 @@
+//! `tinylm.train`: the training loop of `tinylm::train`, with its log, plots and
+//! checkpoints in the run directory; progress lines on stderr; Ctrl-C stops the run
+//! cleanly (evaluation and checkpoint first) and then raises `KeyboardInterrupt`.
+
+use crate::errors::{detached, invalid, model_error};
+use crate::model::from_py_json;
+use pyo3::prelude::*;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use tinylm::train::{Progress, TrainConfig};
+
+/// Reads a training config from a `.toml` or `.json` file.
+fn config_file(path: &PathBuf) -> PyResult<TrainConfig> {
+    let text = std::fs::read_to_string(path).map_err(|e| model_error(tinylm::Error::io(path, e)))?;
+    let parsed = if path.extension().is_some_and(|e| e == "toml") {
+        toml::from_str(&text).map_err(|e| e.to_string())
+    } else {
+        serde_json::from_str(&text).map_err(|e| e.to_string())
+    };
+    parsed.map_err(|e| invalid(format!("{}: {e}", path.display())))
+}
+
+/// Trains a model as `config` says (a dict with the training keys and the model
+/// under `model`, or a `.toml`/`.json` file of them) and returns the run directory.
+#[pyfunction]
+pub fn train(py: Python<'_>, config: &Bound<'_, PyAny>) -> PyResult<PathBuf> {
+    let cfg: TrainConfig = match config.extract::<PathBuf>() {
+        Ok(path) if !config.is_instance_of::<pyo3::types::PyDict>() => config_file(&path)?,
+        _ => from_py_json(config, "config")?,
+    };
+    let stop = AtomicBool::new(false);
+    let interrupt: std::sync::Mutex<Option<PyErr>> = std::sync::Mutex::new(None);
+    let log_every = cfg.log_interval.max(1);
+    let mut on_step = |p: &Progress| {
+        let r = p.record;
+        if r.step % log_every == 0 || r.step == p.total_steps {
+            let val = r.val_loss.map_or(String::new(), |v| format!(" val {v:.4}"));
+            eprintln!(
+                "step {}/{}: train {:.4}{val} lr {:.2e} {:.0} tok/s",
+                r.step, p.total_steps, r.train_loss, r.lr, r.tokens_per_s
+            );
+        }
+        if let Err(e) = Python::attach(|py| py.check_signals()) {
+            *interrupt.lock().expect("not poisoned") = Some(e);
+            stop.store(true, Ordering::Relaxed);
+        }
+    };
+    let summary = detached(py, || {
+        tinylm::train::train(&cfg, &stop, &mut on_step).map_err(model_error)
+    })?;
+    if let Some(e) = interrupt.into_inner().expect("not poisoned") {
+        return Err(e);
+    }
+    let _ = summary;
+    Ok(cfg.out_dir)
+}

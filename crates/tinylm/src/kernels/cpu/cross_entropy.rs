@@ -1,0 +1,40 @@
+//! Cross-entropy over the LM head's logits, fused with its gradient.
+
+use super::super::Float;
+use rayon::prelude::*;
+
+/// Mean over the `N` rows of `logsumexp(logits) − logits[target]`, `logits (N, V)`,
+/// `targets (N)` (checked by the caller). With `grad`, each row is overwritten by
+/// `(softmax − onehot(target)) / N` while it is still in cache: one pass for the
+/// max, one for the exponentials (kept in place), one for the scaling.
+pub fn cross_entropy<F: Float>(logits: &mut [F], targets: &[u32], grad: bool) -> F {
+    let n = targets.len();
+    let v = logits.len() / n;
+    let inv_n = 1.0 / n as f64;
+    let total: f64 = logits
+        .par_chunks_mut(v)
+        .zip(targets.par_iter())
+        .map(|(row, &target)| {
+            let target = target as usize;
+            let max = row.iter().fold(F::MIN, |m, &x| m.max(x));
+            let target_logit = row[target];
+            let sum = if grad {
+                let mut sum = F::ZERO;
+                for x in row.iter_mut() {
+                    *x = (*x - max).exp();
+                    sum += *x;
+                }
+                let k = F::from_f64(inv_n) / sum;
+                for x in row.iter_mut() {
+                    *x *= k;
+                }
+                row[target] -= F::from_f64(inv_n);
+                sum
+            } else {
+                row.iter().map(|&x| (x - max).exp()).sum::<F>()
+            };
+            (max - target_logit).to_f64() + sum.to_f64().ln()
+        })
+        .sum();
+    F::from_f64(total * inv_n)
+}

@@ -1,0 +1,74 @@
+//! RMSNorm: `out = x / sqrt(mean(x²) + eps) ⊙ g`, statistics in the working
+//! precision (f32 for the model).
+
+use super::super::Float;
+use super::CHUNK;
+use rayon::prelude::*;
+
+/// The SPEC's epsilon.
+pub const EPS: f64 = 1e-5;
+
+/// `out (N, C)`, `rstd (N)` = `1 / sqrt(mean(x²) + eps)` from `x (N, C)`, `g (C)`.
+pub fn rmsnorm_forward<F: Float>(out: &mut [F], rstd: &mut [F], x: &[F], g: &[F]) {
+    let c = g.len();
+    let rows_per_task = (CHUNK / c).max(1);
+    out.par_chunks_mut(c * rows_per_task)
+        .zip(rstd.par_chunks_mut(rows_per_task))
+        .zip(x.par_chunks(c * rows_per_task))
+        .for_each(|((out, rstd), x)| {
+            for ((out, r), x) in out.chunks_exact_mut(c).zip(rstd).zip(x.chunks_exact(c)) {
+                let ms = x.iter().map(|&v| v * v).sum::<F>() / F::from_f64(c as f64);
+                *r = F::ONE / (ms + F::from_f64(EPS)).sqrt();
+                let s = *r;
+                for ((o, &v), &g) in out.iter_mut().zip(x).zip(g) {
+                    *o = v * s * g;
+                }
+            }
+        });
+}
+
+/// Backward of [`rmsnorm_forward`]: with `x̂ = x·rstd`,
+/// `dx = rstd · (dout⊙g − x̂ · mean(dout⊙g⊙x̂))` (overwritten, or added when
+/// `accumulate`), `dg += Σ_rows dout ⊙ x̂`.
+pub fn rmsnorm_backward<F: Float>(
+    dx: &mut [F],
+    dg: &mut [F],
+    dout: &[F],
+    x: &[F],
+    g: &[F],
+    rstd: &[F],
+    accumulate: bool,
+) {
+    let c = g.len();
+    let rows_per_task = (CHUNK / c).max(1);
+    dx.par_chunks_mut(c * rows_per_task)
+        .zip(dout.par_chunks(c * rows_per_task))
+        .zip(x.par_chunks(c * rows_per_task))
+        .zip(rstd.par_chunks(rows_per_task))
+        .for_each(|(((dx, dout), x), rstd)| {
+            for (((dx, dout), x), &r) in dx
+                .chunks_exact_mut(c)
+                .zip(dout.chunks_exact(c))
+                .zip(x.chunks_exact(c))
+                .zip(rstd)
+            {
+                let dot = dout
+                    .iter()
+                    .zip(g)
+                    .zip(x)
+                    .map(|((&d, &g), &x)| d * g * x)
+                    .sum::<F>();
+                // mean(dout⊙g⊙x̂) · rstd, folded: x̂·mean(…)·rstd = x·r³·dot/C.
+                let k = dot * r * r / F::from_f64(c as f64);
+                for (((o, &d), &g), &x) in dx.iter_mut().zip(dout).zip(g).zip(x) {
+                    let v = r * (d * g - x * k);
+                    *o = if accumulate { *o + v } else { v };
+                }
+            }
+        });
+    for ((dout, x), &r) in dout.chunks_exact(c).zip(x.chunks_exact(c)).zip(rstd) {
+        for ((dg, &d), &x) in dg.iter_mut().zip(dout).zip(x) {
+            *dg += d * x * r;
+        }
+    }
+}

@@ -1,0 +1,73 @@
+//! SiLU and SwiGLU: `SiLU(a) = a·σ(a)`, SwiGLU `= SiLU(a) ⊙ b` (one kernel; the
+//! plain SiLU FFN passes no `b`).
+
+use super::super::Float;
+use super::CHUNK;
+use rayon::prelude::*;
+
+#[inline(always)]
+fn sigmoid<F: Float>(a: F) -> F {
+    F::ONE / (F::ONE + (-a).exp())
+}
+
+/// `out (N, F) = SiLU(a) ⊙ b`, or `SiLU(a)` when `b` is `None`.
+pub fn swiglu_forward<F: Float>(out: &mut [F], a: &[F], b: Option<&[F]>) {
+    out.par_chunks_mut(CHUNK)
+        .enumerate()
+        .for_each(|(i, out)| {
+            let r = i * CHUNK..i * CHUNK + out.len();
+            let a = &a[r.clone()];
+            match b {
+                Some(b) => {
+                    for ((o, &a), &b) in out.iter_mut().zip(a).zip(&b[r]) {
+                        *o = a * sigmoid(a) * b;
+                    }
+                }
+                None => {
+                    for (o, &a) in out.iter_mut().zip(a) {
+                        *o = a * sigmoid(a);
+                    }
+                }
+            }
+        });
+}
+
+/// Backward of [`swiglu_forward`]: `da = dout ⊙ b ⊙ σ(a)(1 + a(1 − σ(a)))`,
+/// `db = dout ⊙ SiLU(a)` (both overwritten; `b`, `db` absent for SiLU).
+pub fn swiglu_backward<F: Float>(
+    da: &mut [F],
+    db: Option<&mut [F]>,
+    dout: &[F],
+    a: &[F],
+    b: Option<&[F]>,
+) {
+    let chunk_range = |i: usize, len: usize| i * CHUNK..i * CHUNK + len;
+    match (db, b) {
+        (Some(db), Some(b)) => da
+            .par_chunks_mut(CHUNK)
+            .zip(db.par_chunks_mut(CHUNK))
+            .enumerate()
+            .for_each(|(i, (da, db))| {
+                let r = chunk_range(i, da.len());
+                for ((((da, db), &d), &a), &b) in da
+                    .iter_mut()
+                    .zip(db.iter_mut())
+                    .zip(&dout[r.clone()])
+                    .zip(&a[r.clone()])
+                    .zip(&b[r])
+                {
+                    let s = sigmoid(a);
+                    *db = d * a * s;
+                    *da = d * b * s * (F::ONE + a * (F::ONE - s));
+                }
+            }),
+        (None, None) => da.par_chunks_mut(CHUNK).enumerate().for_each(|(i, da)| {
+            let r = chunk_range(i, da.len());
+            for ((da, &d), &a) in da.iter_mut().zip(&dout[r.clone()]).zip(&a[r]) {
+                let s = sigmoid(a);
+                *da = d * s * (F::ONE + a * (F::ONE - s));
+            }
+        }),
+        _ => panic!("swiglu_backward: b and db must be given together"),
+    }
+}

@@ -1,0 +1,72 @@
+//! Loss curves as SVG: train and validation loss against steps (left panel) and
+//! against wall-clock seconds (right panel).
+
+use crate::train::LogRecord;
+use crate::{Error, Result};
+use plotters::prelude::*;
+use std::path::Path;
+
+const TRAIN: RGBColor = RGBColor(31, 119, 180);
+const VAL: RGBColor = RGBColor(214, 39, 40);
+
+/// Writes the plot of `records` to `path` (temporary file and rename).
+pub fn write_loss_plot(path: &Path, records: &[LogRecord]) -> Result<()> {
+    let mut svg = String::new();
+    draw(&mut svg, records)
+        .map_err(|e| Error::Invalid(format!("{}: cannot draw the plot: {e}", path.display())))?;
+    let tmp = path.with_extension("svg.tmp");
+    std::fs::write(&tmp, svg).map_err(|e| Error::io(&tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+}
+
+type DrawResult = std::result::Result<(), Box<dyn std::error::Error>>;
+
+fn draw(svg: &mut String, records: &[LogRecord]) -> DrawResult {
+    let root = SVGBackend::with_string(svg, (1200, 450)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let panels = root.split_evenly((1, 2));
+    let step = |r: &LogRecord| r.step as f64;
+    let wall = |r: &LogRecord| r.wallclock_s;
+    let axes: [(&DrawingArea<_, _>, &str, &dyn Fn(&LogRecord) -> f64); 2] = [
+        (&panels[0], "step", &step),
+        (&panels[1], "wall-clock (s)", &wall),
+    ];
+    let losses = records
+        .iter()
+        .flat_map(|r| std::iter::once(r.train_loss).chain(r.val_loss))
+        .filter(|l| l.is_finite());
+    let (lo, hi) = losses.fold((f64::MAX, f64::MIN), |(lo, hi), l| (lo.min(l), hi.max(l)));
+    let (lo, hi) = if lo <= hi { (lo, hi) } else { (0.0, 1.0) };
+    let pad = ((hi - lo) * 0.05).max(1e-3);
+    for (area, label, x_of) in axes {
+        let x_max = records.iter().map(x_of).fold(0.0, f64::max).max(1e-9);
+        let mut chart = ChartBuilder::on(area)
+            .caption(format!("loss vs {label}"), ("sans-serif", 18))
+            .margin(12)
+            .x_label_area_size(36)
+            .y_label_area_size(48)
+            .build_cartesian_2d(0.0..x_max, (lo - pad)..(hi + pad))?;
+        chart.configure_mesh().x_desc(label).y_desc("loss").draw()?;
+        let train = records.iter().map(|r| (x_of(r), r.train_loss));
+        chart
+            .draw_series(LineSeries::new(train, TRAIN))?
+            .label("train")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], TRAIN));
+        let val: Vec<(f64, f64)> = records
+            .iter()
+            .filter_map(|r| r.val_loss.map(|v| (x_of(r), v)))
+            .collect();
+        chart
+            .draw_series(LineSeries::new(val.iter().copied(), VAL.stroke_width(2)))?
+            .label("validation")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], VAL));
+        chart.draw_series(val.iter().map(|&p| Circle::new(p, 3, VAL.filled())))?;
+        chart
+            .configure_series_labels()
+            .border_style(BLACK)
+            .background_style(WHITE)
+            .draw()?;
+    }
+    root.present()?;
+    Ok(())
+}

@@ -1,0 +1,331 @@
+//! The model against an independent naive forward (plain loops, straight from the
+//! SPEC), KV-cache decoding against full passes, overfitting one batch, bad input.
+
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use tinylm::config::{Ffn, ModelConfig, Norm, Positional};
+use tinylm::params::ParamLayout;
+use tinylm::{KvCache, Model};
+
+fn config(norm: Norm, positional: Positional, ffn: Ffn, tie_embeddings: bool) -> ModelConfig {
+    ModelConfig {
+        vocab_size: 19,
+        context_length: 9,
+        d_model: 12,
+        num_layers: 2,
+        num_heads: 3,
+        d_ff: 20,
+        rope_theta: 50.0,
+        norm,
+        positional,
+        ffn,
+        tie_embeddings,
+    }
+}
+
+fn ablations() -> Vec<ModelConfig> {
+    let mut all = Vec::new();
+    for norm in [Norm::Pre, Norm::Post, Norm::None] {
+        for positional in [Positional::Rope, Positional::None] {
+            for (ffn, tied) in [(Ffn::Swiglu, false), (Ffn::Silu, true)] {
+                all.push(config(norm, positional, ffn, tied));
+            }
+        }
+    }
+    all
+}
+
+/// Parameters with the gains moved off 1 so the norms' gains matter.
+fn params(c: &ModelConfig, seed: u64) -> Vec<f32> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut p = ParamLayout::new(c).init(seed);
+    p.iter_mut().for_each(|x| *x += 0.2 * (rng.random::<f32>() - 0.5));
+    p
+}
+
+fn random_ids(rng: &mut ChaCha8Rng, len: usize, vocab: usize) -> Vec<u32> {
+    (0..len).map(|_| rng.random_range(0..vocab as u32)).collect()
+}
+
+/// `x Wᵀ` for `x (n, d_in)`, `W (d_out, d_in)`.
+fn linear(x: &[f64], w: &[f64], d_in: usize) -> Vec<f64> {
+    let d_out = w.len() / d_in;
+    x.chunks(d_in)
+        .flat_map(|row| {
+            (0..d_out).map(move |o| (0..d_in).map(|j| row[j] * w[o * d_in + j]).sum::<f64>())
+        })
+        .collect()
+}
+
+fn rmsnorm(x: &[f64], g: &[f64]) -> Vec<f64> {
+    x.chunks(g.len())
+        .flat_map(|row| {
+            let rms = (row.iter().map(|v| v * v).sum::<f64>() / g.len() as f64 + 1e-5).sqrt();
+            row.iter().zip(g).map(move |(v, g)| v / rms * g)
+        })
+        .collect()
+}
+
+fn add(a: &[f64], b: &[f64]) -> Vec<f64> {
+    a.iter().zip(b).map(|(a, b)| a + b).collect()
+}
+
+/// The SPEC's model, one sequence at a time, written with plain loops in f64.
+fn naive_forward(c: &ModelConfig, p: &[f32], ids: &[u32]) -> Vec<f64> {
+    let layout = ParamLayout::new(c);
+    let get = |name: &str| -> Vec<f64> {
+        let name = if name == "lm_head.weight" && c.tie_embeddings {
+            "token_embeddings.weight"
+        } else {
+            name
+        };
+        p[layout.get(name).unwrap_or_else(|| panic!("{name}")).range()]
+            .iter()
+            .map(|&v| v as f64)
+            .collect()
+    };
+    let (d, t, h) = (c.d_model, ids.len(), c.num_heads);
+    let dk = d / h;
+    let emb = get("token_embeddings.weight");
+    let mut x: Vec<f64> = ids
+        .iter()
+        .flat_map(|&id| emb[id as usize * d..(id as usize + 1) * d].to_vec())
+        .collect();
+    let silu = |v: f64| v / (1.0 + (-v).exp());
+    for l in 0..c.num_layers {
+        let w = |n: &str| get(&format!("layers.{l}.{n}.weight"));
+        let mha = |x: &[f64]| -> Vec<f64> {
+            let mut q = linear(x, &w("attn.q_proj"), d);
+            let mut k = linear(x, &w("attn.k_proj"), d);
+            let v = linear(x, &w("attn.v_proj"), d);
+            if c.positional == Positional::Rope {
+                for m in [&mut q, &mut k] {
+                    for i in 0..t {
+                        for head in 0..h {
+                            for kk in 0..dk / 2 {
+                                let angle =
+                                    i as f64 / c.rope_theta.powf(2.0 * kk as f64 / dk as f64);
+                                let at = i * d + head * dk + 2 * kk;
+                                let (a, b) = (m[at], m[at + 1]);
+                                m[at] = a * angle.cos() - b * angle.sin();
+                                m[at + 1] = a * angle.sin() + b * angle.cos();
+                            }
+                        }
+                    }
+                }
+            }
+            let mut out = vec![0.0; t * d];
+            for head in 0..h {
+                for i in 0..t {
+                    let scores: Vec<f64> = (0..=i)
+                        .map(|j| {
+                            (0..dk)
+                                .map(|e| q[i * d + head * dk + e] * k[j * d + head * dk + e])
+                                .sum::<f64>()
+                                / (dk as f64).sqrt()
+                        })
+                        .collect();
+                    let max = scores.iter().cloned().fold(f64::MIN, f64::max);
+                    let z: f64 = scores.iter().map(|s| (s - max).exp()).sum();
+                    for (j, s) in scores.iter().enumerate() {
+                        let pr = (s - max).exp() / z;
+                        for e in 0..dk {
+                            out[i * d + head * dk + e] += pr * v[j * d + head * dk + e];
+                        }
+                    }
+                }
+            }
+            linear(&out, &w("attn.output_proj"), d)
+        };
+        let ffn = |x: &[f64]| -> Vec<f64> {
+            let a = linear(x, &w("ffn.w1"), d);
+            let gate: Vec<f64> = match c.ffn {
+                Ffn::Swiglu => {
+                    let b = linear(x, &w("ffn.w3"), d);
+                    a.iter().zip(&b).map(|(&a, &b)| silu(a) * b).collect()
+                }
+                Ffn::Silu => a.iter().map(|&a| silu(a)).collect(),
+            };
+            linear(&gate, &w("ffn.w2"), c.d_ff)
+        };
+        x = match c.norm {
+            Norm::Pre => {
+                let y = add(&x, &mha(&rmsnorm(&x, &w("ln1"))));
+                add(&y, &ffn(&rmsnorm(&y, &w("ln2"))))
+            }
+            Norm::Post => {
+                let y = rmsnorm(&add(&x, &mha(&x)), &w("ln1"));
+                rmsnorm(&add(&y, &ffn(&y)), &w("ln2"))
+            }
+            Norm::None => {
+                let y = add(&x, &mha(&x));
+                add(&y, &ffn(&y))
+            }
+        };
+    }
+    if c.norm == Norm::Pre {
+        x = rmsnorm(&x, &get("ln_final.weight"));
+    }
+    linear(&x, &get("lm_head.weight"), d)
+}
+
+#[test]
+fn forward_matches_the_naive_reference_in_every_ablation() {
+    let mut rng = ChaCha8Rng::seed_from_u64(1);
+    let (b, t) = (3, 7);
+    for c in ablations() {
+        let p = params(&c, 5);
+        let ids = random_ids(&mut rng, b * t, c.vocab_size);
+        let want: Vec<f64> = ids
+            .chunks(t)
+            .flat_map(|seq| naive_forward(&c, &p, seq))
+            .collect();
+        let mut model = Model::from_params(c.clone(), p.clone()).unwrap();
+        let got = model.forward(&ids, b, t).unwrap();
+        assert_eq!(got.len(), b * t * c.vocab_size);
+        let worst = got
+            .iter()
+            .zip(&want)
+            .map(|(&g, &w)| (g as f64 - w).abs())
+            .fold(0.0, f64::max);
+        assert!(worst < 1e-4, "{c:?}: max |f32 - naive| = {worst}");
+        // The same orchestration in f64 agrees to rounding.
+        let p64 = p.iter().map(|&v| v as f64).collect();
+        let mut model64 = Model::<f64>::with_params(c.clone(), p64).unwrap();
+        let got64 = model64.forward(&ids, b, t).unwrap();
+        let worst64 = got64
+            .iter()
+            .zip(&want)
+            .map(|(g, w)| (g - w).abs())
+            .fold(0.0, f64::max);
+        assert!(worst64 < 1e-10, "{c:?}: max |f64 - naive| = {worst64}");
+    }
+}
+
+#[test]
+fn forward_loss_is_the_mean_cross_entropy_of_the_logits() {
+    let c = config(Norm::Pre, Positional::Rope, Ffn::Swiglu, false);
+    let mut rng = ChaCha8Rng::seed_from_u64(2);
+    let (b, t) = (2, 9);
+    let ids = random_ids(&mut rng, b * t, c.vocab_size);
+    let targets = random_ids(&mut rng, b * t, c.vocab_size);
+    let mut model = Model::new(c.clone(), 3).unwrap();
+    let logits = model.forward(&ids, b, t).unwrap().to_vec();
+    let want: f64 = logits
+        .chunks(c.vocab_size)
+        .zip(&targets)
+        .map(|(row, &y)| {
+            let z: f64 = row.iter().map(|&v| (v as f64).exp()).sum();
+            z.ln() - row[y as usize] as f64
+        })
+        .sum::<f64>()
+        / (b * t) as f64;
+    let loss = model.forward_loss(&ids, &targets, b, t).unwrap();
+    assert!((loss as f64 - want).abs() < 1e-5, "{loss} vs {want}");
+}
+
+#[test]
+fn kv_cache_decoding_matches_full_forward_at_every_position() {
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    for c in ablations() {
+        let t = c.context_length;
+        let p = params(&c, 7);
+        let ids = random_ids(&mut rng, t, c.vocab_size);
+        let mut model = Model::from_params(c.clone(), p).unwrap();
+        let full = model.forward(&ids, 1, t).unwrap().to_vec();
+        let mut cache = KvCache::new(&c);
+        for (pos, &id) in ids.iter().enumerate() {
+            assert_eq!(cache.len(), pos);
+            let step = model.decode_step(&mut cache, id).unwrap();
+            let want = &full[pos * c.vocab_size..(pos + 1) * c.vocab_size];
+            let worst = step
+                .iter()
+                .zip(want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0f32, f32::max);
+            assert!(worst < 1e-4, "{c:?} position {pos}: {worst}");
+        }
+        let err = model.decode_step(&mut cache, 0).unwrap_err().to_string();
+        assert!(err.contains("full"), "{err}");
+        // A cleared cache starts over and reproduces position 0.
+        cache.clear();
+        let first = model.decode_step(&mut cache, ids[0]).unwrap();
+        assert!((first[0] - full[0]).abs() < 1e-4);
+    }
+}
+
+#[test]
+fn overfits_one_batch() {
+    let c = ModelConfig {
+        vocab_size: 16,
+        context_length: 8,
+        d_model: 32,
+        num_layers: 2,
+        num_heads: 4,
+        d_ff: 64,
+        ..config(Norm::Pre, Positional::Rope, Ffn::Swiglu, false)
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(4);
+    let (b, t) = (4, 8);
+    let ids = random_ids(&mut rng, b * t, c.vocab_size);
+    let targets = random_ids(&mut rng, b * t, c.vocab_size);
+    let mut model = Model::new(c, 0).unwrap();
+    let n = model.params().len();
+    let (mut m, mut v) = (vec![0f32; n], vec![0f32; n]);
+    let (lr, b1, b2) = (1e-2f32, 0.9f32, 0.999f32);
+    let first = model.forward_loss(&ids, &targets, b, t).unwrap();
+    let mut loss = first;
+    for step in 1..=300 {
+        loss = model.forward_loss(&ids, &targets, b, t).unwrap();
+        model.backward().unwrap();
+        let (params, grads) = model.params_and_grads_mut();
+        let corr = (1.0 - b2.powi(step)).sqrt() / (1.0 - b1.powi(step));
+        for i in 0..n {
+            m[i] = b1 * m[i] + (1.0 - b1) * grads[i];
+            v[i] = b2 * v[i] + (1.0 - b2) * grads[i] * grads[i];
+            params[i] -= lr * corr * m[i] / (v[i].sqrt() + 1e-8);
+        }
+    }
+    assert!(first > 2.0, "initial loss {first}");
+    assert!(loss < 0.05, "loss after 300 Adam steps: {loss}");
+}
+
+#[test]
+fn bad_input_is_an_error_not_a_panic() {
+    let c = config(Norm::Pre, Positional::Rope, Ffn::Swiglu, false);
+    let mut model = Model::new(c.clone(), 0).unwrap();
+    let ok = vec![1u32; 2 * 4];
+    let msg = |r: tinylm::Result<()>| r.unwrap_err().to_string();
+
+    let mut bad = ok.clone();
+    bad[6] = 19;
+    let e = msg(model.forward(&bad, 2, 4).map(|_| ()));
+    assert!(e.contains("19") && e.contains("(1, 2)") && e.contains("vocab_size"), "{e}");
+    let e = msg(model.forward_loss(&ok, &bad, 2, 4).map(|_| ()));
+    assert!(e.contains("target") && e.contains("(1, 2)"), "{e}");
+    let long = vec![0u32; 10];
+    let e = msg(model.forward(&long, 1, 10).map(|_| ()));
+    assert!(e.contains("context_length"), "{e}");
+    let e = msg(model.forward(&ok, 3, 4).map(|_| ()));
+    assert!(e.contains("(3, 4)"), "{e}");
+    assert!(model.forward(&[], 0, 4).is_err());
+    let e = msg(model.backward());
+    assert!(e.contains("forward_loss"), "{e}");
+    // A forward after forward_loss invalidates the pending backward.
+    model.forward_loss(&ok, &ok, 2, 4).unwrap();
+    model.forward(&ok, 2, 4).unwrap();
+    assert!(model.backward().is_err());
+
+    let e = Model::from_params(c.clone(), vec![0.0; 5]).err().unwrap().to_string();
+    assert!(e.contains("5"), "{e}");
+    let mut odd = c.clone();
+    odd.num_heads = 5;
+    assert!(Model::new(odd, 0).is_err());
+    let mut other = c.clone();
+    other.num_layers = 1;
+    let mut cache = KvCache::new(&other);
+    assert!(model.decode_step(&mut cache, 0).is_err());
+    let mut cache = model.new_cache();
+    let e = msg(model.decode_step(&mut cache, 99).map(|_| ()));
+    assert!(e.contains("99") && e.contains("position 0"), "{e}");
+}
