@@ -1,7 +1,12 @@
 """Type stubs of the Rust extension module ``tinylm._tinylm``."""
 
 import os
+import pathlib
 from collections.abc import Iterable, Iterator
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 __version__: str
 
@@ -62,3 +67,51 @@ class EncodeIterable(Iterator[int]):
 
     def __iter__(self) -> "EncodeIterable": ...
     def __next__(self) -> int: ...
+
+class TransformerLM:
+    """A decoder-only Transformer LM run in Rust. ``config`` has the engine's keys:
+    ``vocab_size``, ``context_length``, ``d_model``, ``num_layers``, ``num_heads``,
+    ``d_ff``, ``rope_theta`` and the ablations ``norm`` (pre/post/none),
+    ``positional`` (rope/none), ``ffn`` (swiglu/silu), ``tie_embeddings``.
+    Weights are initialized as the SPEC says from ``seed``."""
+
+    def __init__(self, config: dict[str, Any], seed: int = 0) -> None: ...
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike[str]) -> "TransformerLM":
+        """A model from a checkpoint file or a run directory."""
+    @property
+    def config(self) -> dict[str, Any]:
+        """The configuration."""
+    def load_state_dict(self, state: dict[str, npt.ArrayLike]) -> None:
+        """Replaces every parameter; ``state`` holds exactly the model's tensors."""
+    def state_dict(self) -> dict[str, npt.NDArray[np.float32]]:
+        """Copies of the parameters by CS336 name."""
+    def forward(self, ids: npt.ArrayLike) -> npt.NDArray[np.float32]:
+        """Logits ``(..., T, vocab_size)`` for integer ids ``(..., T)``."""
+    def __call__(self, ids: npt.ArrayLike) -> npt.NDArray[np.float32]:
+        """Same as ``forward``."""
+    def loss_and_grads(
+        self, ids: npt.ArrayLike, targets: npt.ArrayLike
+    ) -> tuple[float, dict[str, npt.NDArray[np.float32]]]:
+        """Mean cross-entropy of predicting ``targets`` from ``ids`` (same shape) and
+        its gradient for every parameter, by name."""
+    def generate(
+        self,
+        prompt_ids: list[int],
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        eos_id: int | None = None,
+    ) -> list[int]:
+        """New tokens after ``prompt_ids`` (not including it): temperature sampling
+        (0 = greedy) with nucleus ``top_p``, stopping before ``eos_id`` or after
+        ``max_new_tokens``; the model sees at most ``context_length`` tokens."""
+
+def train(config: dict[str, Any] | str | os.PathLike[str]) -> pathlib.Path:
+    """Runs the training loop (AdamW, cosine schedule, clipping, validation, JSONL
+    log, loss plots, checkpoints) as ``config`` says — a dict with the training keys
+    and the model under ``model``, or a ``.toml``/``.json`` file — and returns the
+    run directory (``out_dir``). Progress goes to stderr; Ctrl-C stops cleanly
+    (checkpoint first) and raises ``KeyboardInterrupt``."""
+

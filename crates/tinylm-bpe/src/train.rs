@@ -17,6 +17,7 @@ use std::borrow::Cow;
 use std::fs::File;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
@@ -132,11 +133,12 @@ fn check_vocab_size(vocab_size: usize, specials: &[String]) -> Result<()> {
 ///
 /// - No occurrence of a special straddles `q` (then the leftmost-longest special
 ///   matches before and after `q` are those of the whole text), and
-/// - a special starts at `q`, or `bytes[q - 1]` is an ASCII letter or digit and
-///   `bytes[q]` an ASCII non-space of another class: the pre-token holding `q - 1` is a
-///   letter or digit run (or a contraction) that must end at `q`, and the pattern has no
-///   look-behind, so matching from `q` does not depend on what comes before.
-pub fn is_cut(bytes: &[u8], q: usize, specials: &[&[u8]]) -> bool {
+/// - a special starts at `q`, or the valid UTF-8 chars around `q` are a letter or digit
+///   then a non-space of another class: the pre-token holding the first is a letter or
+///   digit run (or a contraction) that must end at `q`, and the pattern has no
+///   look-behind, so matching from `q` does not depend on what comes before. (UTF-8
+///   resynchronizes at a lead byte, so lossy decoding keeps both chars as they are.)
+fn is_cut(bytes: &[u8], q: usize, specials: &[&[u8]]) -> bool {
     use crate::pretokenize::{class_of, Class};
     let straddled = specials
         .iter()
@@ -144,12 +146,22 @@ pub fn is_cut(bytes: &[u8], q: usize, specials: &[&[u8]]) -> bool {
     if straddled {
         return false;
     }
-    let (l, r) = (bytes[q - 1], bytes[q]);
-    let pretoken_cut = l.is_ascii_alphanumeric()
-        && r.is_ascii()
-        && class_of(r as char) != Class::Space
-        && class_of(r as char) != class_of(l as char);
-    pretoken_cut || specials.iter().any(|s| bytes[q..].starts_with(s))
+    if specials.iter().any(|s| bytes[q..].starts_with(s)) {
+        return true;
+    }
+    // The one valid char of 1 to 4 bytes in `bytes[range]`, if any.
+    let char_in = |from: usize, to: usize| {
+        let s = std::str::from_utf8(bytes.get(from..to)?).ok()?;
+        let mut chars = s.chars();
+        let c = chars.next()?;
+        chars.next().is_none().then_some(c)
+    };
+    let before = (1..=q.min(4)).find_map(|n| char_in(q - n, q));
+    let after = (1..=4).find_map(|n| char_in(q, q + n));
+    match (before.map(class_of), after.map(class_of)) {
+        (Some(l @ (Class::Letter | Class::Number)), Some(r)) => r != Class::Space && r != l,
+        _ => false,
+    }
 }
 
 /// Chunk ranges of about `chunk_bytes` each, cut where [`is_cut`] holds.
@@ -197,40 +209,45 @@ fn count_pretokens_with(
     let done = AtomicU64::new(0);
     // The smallest byte offset of invalid UTF-8 found so far; later chunks are skipped.
     let first_invalid = AtomicUsize::new(usize::MAX);
-    let counts = ranges
-        .par_iter()
-        .fold(Counter::default, |mut counts, &(start, end)| {
-            if start > first_invalid.load(Ordering::Relaxed) {
-                return counts;
+    // One counter per busy thread: a task takes an idle counter (or starts one) and
+    // gives it back, so there are at most as many counters as threads.
+    let idle: Mutex<Vec<Counter>> = Mutex::new(Vec::new());
+    ranges.par_iter().for_each(|&(start, end)| {
+        if start > first_invalid.load(Ordering::Relaxed) {
+            return;
+        }
+        let chunk = &bytes[start..end];
+        let text = match std::str::from_utf8(chunk) {
+            Ok(text) => Cow::Borrowed(text),
+            Err(_) if options.lossy_utf8 => String::from_utf8_lossy(chunk),
+            Err(e) => {
+                first_invalid.fetch_min(start + e.valid_up_to(), Ordering::Relaxed);
+                return;
             }
-            let chunk = &bytes[start..end];
-            let text = match std::str::from_utf8(chunk) {
-                Ok(text) => Cow::Borrowed(text),
-                Err(_) if options.lossy_utf8 => String::from_utf8_lossy(chunk),
-                Err(e) => {
-                    first_invalid.fetch_min(start + e.valid_up_to(), Ordering::Relaxed);
-                    return counts;
+        };
+        let mut counter = idle.lock().expect("no panics").pop().unwrap_or_default();
+        for piece in splitter.split(&text) {
+            if let Piece::Text(t) = piece {
+                for token in pretokens(t) {
+                    counter.add(token.as_bytes(), 1);
                 }
-            };
-            for piece in splitter.split(&text) {
-                if let Piece::Text(t) = piece {
-                    for token in pretokens(t) {
-                        counts.add(token.as_bytes(), 1);
-                    }
-                }
             }
-            release(start, end - start);
-            let total = bytes.len() as u64;
-            let done = done.fetch_add((end - start) as u64, Ordering::Relaxed);
-            if let Some(report) = options.progress {
-                report(Progress::Pretokenized {
-                    done: done + (end - start) as u64,
-                    total,
-                });
-            }
-            counts
-        })
-        .reduce(Counter::default, Counter::merge);
+        }
+        idle.lock().expect("no panics").push(counter);
+        release(start, end - start);
+        let done = done.fetch_add((end - start) as u64, Ordering::Relaxed) + (end - start) as u64;
+        if let Some(report) = options.progress {
+            report(Progress::Pretokenized {
+                done,
+                total: bytes.len() as u64,
+            });
+        }
+    });
+    let counters = idle.into_inner().expect("no panics");
+    let counts = counters
+        .into_iter()
+        .reduce(Counter::merge)
+        .unwrap_or_default();
     match first_invalid.into_inner() {
         usize::MAX => Ok(counts.into_counts()),
         at => Err(invalid!("invalid UTF-8 at byte offset {at}")),
@@ -508,4 +525,24 @@ pub fn train_from_counts(
         }
     }
     (vocab, merges)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn real_text_has_cuts_everywhere() {
+        let text = "Hello, world. Ça va? 中文，很好。 42x\n".repeat(100);
+        let ranges = chunks(text.as_bytes(), &[b"<|endoftext|>"], 16);
+        assert!(ranges.len() > text.len() / 40, "{} chunks", ranges.len());
+        assert!(ranges.windows(2).all(|r| r[0].1 == r[1].0));
+        assert_eq!((ranges[0].0, ranges.last().unwrap().1), (0, text.len()));
+        // Inside a special token is never a cut; its start is.
+        let text = "abc<|endoftext|>def";
+        let cuts: Vec<usize> = (1..text.len())
+            .filter(|&q| is_cut(text.as_bytes(), q, &[b"<|endoftext|>"]))
+            .collect();
+        assert_eq!(cuts, [3]);
+    }
 }

@@ -126,6 +126,13 @@ proptest! {
     }
 
     #[test]
+    fn long_pieces_equal_tiktoken(
+        text in prop_oneof!["[a-zA-Z]{60,1500}", "[0-9]{60,1500}", "[=+*#!.-]{60,1500}", "[a-z ]{1,3}[\n ]{60,300}[a-z]"],
+    ) {
+        prop_assert_eq!(gpt2().encode(&text), expected(&text));
+    }
+
+    #[test]
     fn decode_inverts_encode(text in any::<String>()) {
         prop_assert_eq!(gpt2().decode(&gpt2().encode(&text)).unwrap(), text);
     }

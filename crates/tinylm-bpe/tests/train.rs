@@ -79,7 +79,11 @@ fn write_tmp(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
 fn specials_are_boundaries_and_never_merged() {
     let dir = tempfile::tempdir().unwrap();
     // Without the split, "a<|eot|>b" would merge across; with it only "a" and "b" remain.
-    let path = write_tmp(dir.path(), "t.txt", "a<|eot|>b<|eot|>".repeat(50).as_bytes());
+    let path = write_tmp(
+        dir.path(),
+        "t.txt",
+        "a<|eot|>b<|eot|>".repeat(50).as_bytes(),
+    );
     let specials = ["<|eot|>".to_string(), "<|eot|>".to_string()];
     let (vocab, merges) = train_bpe(&path, 400, &specials).unwrap();
     assert!(merges.is_empty(), "{:?}", strs(&merges));
@@ -187,7 +191,7 @@ fn naive(text: &str, vocab_size: usize, specials: &[String]) -> (Vocab, Merges) 
 /// Text from a small alphabet, so that pairs repeat and counts tie often.
 fn corpus() -> impl Strategy<Value = String> {
     let piece = prop_oneof![
-        6 => prop::sample::select(vec!["a", "b", "ab", "ba", " ", " ", "\n", "e", "é", "'s", "1", ".", "<|eot|>", "<|x|>"]).prop_map(String::from),
+        6 => prop::sample::select(vec!["a", "b", "ab", "ba", " ", " ", "\n", "e", "é", "'s", "1", ".", "<|eot|>", "<|x|>", "中", "，", "\u{301}", "١", "\u{a0}"]).prop_map(String::from),
         1 => any::<char>().prop_map(String::from),
     ];
     prop::collection::vec(piece, 0..120).prop_map(|v| v.concat())
@@ -214,6 +218,22 @@ proptest! {
             .iter().map(|s| s.to_string()).collect();
         let whole = count_pretokens(text.as_bytes(), &specials, usize::MAX, false).unwrap();
         let chunked = count_pretokens(text.as_bytes(), &specials, chunk, false).unwrap();
+        prop_assert_eq!(sorted(chunked), sorted(whole));
+    }
+
+    #[test]
+    fn lossy_chunked_counting_equals_whole(
+        text in corpus(),
+        bad in prop::collection::vec((any::<prop::sample::Index>(), prop::sample::select(vec![0x80u8, 0xbf, 0xc3, 0xe2, 0xf0, 0xff])), 1..6),
+        chunk in 1usize..40,
+    ) {
+        let mut bytes = text.into_bytes();
+        for (at, b) in bad {
+            bytes.insert(at.index(bytes.len() + 1), b);
+        }
+        let specials = ["<|eot|>".to_string()];
+        let whole = count_pretokens(&bytes, &specials, usize::MAX, true).unwrap();
+        let chunked = count_pretokens(&bytes, &specials, chunk, true).unwrap();
         prop_assert_eq!(sorted(chunked), sorted(whole));
     }
 }

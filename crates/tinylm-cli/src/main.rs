@@ -26,7 +26,7 @@ enum Command {
     /// Training-step throughput of the CPU engine and where the time goes.
     Bench(commands::bench::BenchArgs),
     /// Train a model: AdamW, cosine schedule, checkpoints, JSONL log and loss plot.
-    Train(commands::train::TrainArgs),
+    Train(Box<commands::train::TrainArgs>),
     /// Validation loss and perplexity of a checkpoint on a token file.
     Eval(commands::eval::EvalArgs),
     /// Continue a prompt with a trained model, streaming the text.
@@ -42,7 +42,7 @@ fn main() {
         Command::Info(args) => commands::info::run(args),
         Command::Forward(args) => commands::forward::run(args),
         Command::Bench(args) => commands::bench::run(args),
-        Command::Train(args) => commands::train::run(args),
+        Command::Train(args) => commands::train::run(*args),
         Command::Eval(args) => commands::eval::run(args),
         Command::Generate(args) => commands::generate::run(args),
         Command::Quickstart(args) => commands::quickstart::run(args),

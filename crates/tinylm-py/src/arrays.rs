@@ -68,7 +68,11 @@ impl<'py> Floats<'py> {
 
     /// Checks the number of dimensions: at least `min` (`exact` for an exact count).
     pub fn expect_ndim(&self, name: &str, min: usize, exact: bool) -> PyResult<()> {
-        let ok = if exact { self.ndim() == min } else { self.ndim() >= min };
+        let ok = if exact {
+            self.ndim() == min
+        } else {
+            self.ndim() >= min
+        };
         if ok {
             return Ok(());
         }
@@ -118,7 +122,11 @@ impl<'py> InPlace<'py> {
 }
 
 /// Token ids from an integer array-like, each in `[0, vocab)`: shape and ids.
-pub fn token_ids(x: &Bound<'_, PyAny>, name: &str, vocab: usize) -> PyResult<(Vec<usize>, Vec<u32>)> {
+pub fn token_ids(
+    x: &Bound<'_, PyAny>,
+    name: &str,
+    vocab: usize,
+) -> PyResult<(Vec<usize>, Vec<u32>)> {
     let np = PyModule::import(x.py(), "numpy")?;
     let array = np.getattr("asarray")?.call1((x,))?;
     let array = array.cast::<numpy::PyUntypedArray>()?;
@@ -148,7 +156,11 @@ pub fn token_ids(x: &Bound<'_, PyAny>, name: &str, vocab: usize) -> PyResult<(Ve
 }
 
 /// A new float32 array of `shape` holding `data` (row-major).
-pub fn output<'py>(py: Python<'py>, shape: &[usize], data: Vec<f32>) -> Bound<'py, PyArrayDyn<f32>> {
+pub fn output<'py>(
+    py: Python<'py>,
+    shape: &[usize],
+    data: Vec<f32>,
+) -> Bound<'py, PyArrayDyn<f32>> {
     ArrayD::from_shape_vec(IxDyn(shape), data)
         .expect("data matches the shape")
         .into_pyarray(py)

@@ -8,6 +8,7 @@
 
 use crate::arrays::{output, Floats};
 use crate::errors::{detached, invalid, model_error};
+use pyo3::exceptions::PyFileNotFoundError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use std::collections::BTreeMap;
@@ -39,7 +40,11 @@ impl<'py> Target<'py> {
 }
 
 /// `(name, array)` pairs of a state dict, names prefixed.
-fn tensors<'py>(state: &Bound<'py, PyDict>, prefix: &str, what: &str) -> PyResult<Vec<(String, Floats<'py>)>> {
+fn tensors<'py>(
+    state: &Bound<'py, PyDict>,
+    prefix: &str,
+    what: &str,
+) -> PyResult<Vec<(String, Floats<'py>)>> {
     state
         .iter()
         .map(|(k, v)| {
@@ -74,7 +79,9 @@ pub fn save(
     arrays.extend(tensors(optimizer_state, OPTIM, "optimizer_state")?);
     let mut meta = metadata.unwrap_or_default();
     if meta.contains_key(ITERATION) {
-        return Err(invalid(format!("metadata: the key '{ITERATION}' is reserved")));
+        return Err(invalid(format!(
+            "metadata: the key '{ITERATION}' is reserved"
+        )));
     }
     meta.insert(ITERATION.into(), iteration.to_string());
     let views: Vec<(String, Vec<usize>, &[f32])> = arrays
@@ -82,12 +89,22 @@ pub fn save(
         .map(|(name, a)| (name.clone(), a.shape.clone(), a.data()))
         .collect();
     let write = |path: &Path| -> PyResult<()> {
+        // `save_safetensors` reports I/O failures as invalid data: name a missing
+        // directory here as what it is.
+        if let Some(dir) = path
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty() && !d.is_dir())
+        {
+            return Err(PyFileNotFoundError::new_err(format!(
+                "{}: no such directory",
+                dir.display()
+            )));
+        }
         let mut tmp = path.as_os_str().to_owned();
         tmp.push(".tmp");
         let tmp = PathBuf::from(tmp);
         save_safetensors(&tmp, &views, &meta).map_err(model_error)?;
-        std::fs::rename(&tmp, path)
-            .map_err(|e| model_error(tinylm::Error::io(path, e)))
+        std::fs::rename(&tmp, path).map_err(|e| model_error(tinylm::Error::io(path, e)))
     };
     match target {
         Target::Path(path) => detached(py, || write(&path)),
@@ -109,7 +126,12 @@ pub fn save(
 pub fn load<'py>(
     py: Python<'py>,
     path_or_binary_file: &Bound<'py, PyAny>,
-) -> PyResult<(Bound<'py, PyDict>, Bound<'py, PyDict>, u64, BTreeMap<String, String>)> {
+) -> PyResult<(
+    Bound<'py, PyDict>,
+    Bound<'py, PyDict>,
+    u64,
+    BTreeMap<String, String>,
+)> {
     let (tensors, mut meta) = match Target::new(path_or_binary_file, "read")? {
         Target::Path(path) => detached(py, || load_safetensors(&path).map_err(model_error))?,
         Target::File(file) => {

@@ -53,7 +53,12 @@ pub fn get_batch<'py>(
     let window = |s: usize, k: usize| -> PyResult<Vec<i64>> {
         let slice = array.call_method1(
             "__getitem__",
-            (pyo3::types::PySlice::new(py, (s + k) as isize, (s + k + context_length) as isize, 1),),
+            (pyo3::types::PySlice::new(
+                py,
+                (s + k) as isize,
+                (s + k + context_length) as isize,
+                1,
+            ),),
         )?;
         let slice = slice.call_method1("astype", ("int64",))?;
         let typed = slice.cast::<PyArrayDyn<i64>>()?.readonly();
@@ -66,8 +71,12 @@ pub fn get_batch<'py>(
     }
     let shape = (batch_size, context_length);
     Ok((
-        Array2::from_shape_vec(shape, x).expect("B·T ids").into_pyarray(py),
-        Array2::from_shape_vec(shape, y).expect("B·T ids").into_pyarray(py),
+        Array2::from_shape_vec(shape, x)
+            .expect("B·T ids")
+            .into_pyarray(py),
+        Array2::from_shape_vec(shape, y)
+            .expect("B·T ids")
+            .into_pyarray(py),
     ))
 }
 

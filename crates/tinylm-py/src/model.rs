@@ -11,7 +11,10 @@ use tinylm::params::ParamLayout;
 use tinylm::{Model, ModelConfig};
 
 /// A Python dict (or anything `json.dumps` takes) as a serde value of type `T`.
-pub fn from_py_json<T: serde::de::DeserializeOwned>(value: &Bound<'_, PyAny>, what: &str) -> PyResult<T> {
+pub fn from_py_json<T: serde::de::DeserializeOwned>(
+    value: &Bound<'_, PyAny>,
+    what: &str,
+) -> PyResult<T> {
     let json = PyModule::import(value.py(), "json")?;
     let text: String = json
         .getattr("dumps")?
@@ -22,14 +25,22 @@ pub fn from_py_json<T: serde::de::DeserializeOwned>(value: &Bound<'_, PyAny>, wh
 }
 
 /// A config as a Python dict.
-pub fn to_py_json<'py, T: serde::Serialize>(py: Python<'py>, value: &T) -> PyResult<Bound<'py, PyAny>> {
+pub fn to_py_json<'py, T: serde::Serialize>(
+    py: Python<'py>,
+    value: &T,
+) -> PyResult<Bound<'py, PyAny>> {
     let text = serde_json::to_string(value).expect("serializes");
-    PyModule::import(py, "json")?.getattr("loads")?.call1((text,))
+    PyModule::import(py, "json")?
+        .getattr("loads")?
+        .call1((text,))
 }
 
 /// The flat parameter buffer of `config`'s layout from a state dict: every tensor of
 /// the layout must be there with its exact shape, and nothing else.
-pub fn params_from_state_dict(config: &ModelConfig, state: &Bound<'_, PyDict>) -> PyResult<Vec<f32>> {
+pub fn params_from_state_dict(
+    config: &ModelConfig,
+    state: &Bound<'_, PyDict>,
+) -> PyResult<Vec<f32>> {
     let layout = ParamLayout::new(config);
     let mut params = vec![0f32; layout.total];
     let mut problems = Vec::new();
@@ -65,7 +76,11 @@ pub fn params_from_state_dict(config: &ModelConfig, state: &Bound<'_, PyDict>) -
 }
 
 /// `{name: array}` of a buffer in `layout` (parameters or gradients).
-fn to_state_dict<'py>(py: Python<'py>, layout: &ParamLayout, buf: &[f32]) -> PyResult<Bound<'py, PyDict>> {
+fn to_state_dict<'py>(
+    py: Python<'py>,
+    layout: &ParamLayout,
+    buf: &[f32],
+) -> PyResult<Bound<'py, PyDict>> {
     let dict = PyDict::new(py);
     for (name, shape, values) in layout.tensors(buf) {
         dict.set_item(name, output(py, &shape, values.to_vec()))?;
@@ -83,7 +98,11 @@ pub struct TransformerLM {
 
 impl TransformerLM {
     /// Token ids `(..., T)` as `(shape, ids, B, T)`.
-    fn batch(&self, ids: &Bound<'_, PyAny>, name: &str) -> PyResult<(Vec<usize>, Vec<u32>, usize, usize)> {
+    fn batch(
+        &self,
+        ids: &Bound<'_, PyAny>,
+        name: &str,
+    ) -> PyResult<(Vec<usize>, Vec<u32>, usize, usize)> {
         let (shape, ids) = token_ids(ids, name, self.model.config().vocab_size)?;
         let t = *shape
             .last()
@@ -139,10 +158,16 @@ impl TransformerLM {
     }
 
     /// Logits `(..., T, vocab_size)` for token ids `(..., T)`, `T ≤ context_length`.
-    fn forward<'py>(&mut self, py: Python<'py>, ids: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    fn forward<'py>(
+        &mut self,
+        py: Python<'py>,
+        ids: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let (mut shape, ids, b, t) = self.batch(ids, "ids")?;
         let model = &mut self.model;
-        let logits = detached(py, || Ok(model.forward(&ids, b, t).map_err(model_error)?.to_vec()))?;
+        let logits = detached(py, || {
+            Ok(model.forward(&ids, b, t).map_err(model_error)?.to_vec())
+        })?;
         shape.push(self.model.config().vocab_size);
         Ok(output(py, &shape, logits).into_any())
     }
@@ -164,11 +189,16 @@ impl TransformerLM {
         }
         let model = &mut self.model;
         let loss = detached(py, || {
-            let loss = model.forward_loss(&ids, &targets, b, t).map_err(model_error)?;
+            let loss = model
+                .forward_loss(&ids, &targets, b, t)
+                .map_err(model_error)?;
             model.backward().map_err(model_error)?;
             Ok(loss as f64)
         })?;
-        Ok((loss, to_state_dict(py, self.model.layout(), self.model.grads())?))
+        Ok((
+            loss,
+            to_state_dict(py, self.model.layout(), self.model.grads())?,
+        ))
     }
 
     /// Continues `prompt_ids` with at most `max_new_tokens` tokens sampled with
@@ -190,14 +220,23 @@ impl TransformerLM {
         let mut sampler = Sampler::new(temperature, top_p, None, seed).map_err(model_error)?;
         let model = &mut self.model;
         detached(py, || {
-            generate(model, &prompt_ids, max_new_tokens, &mut sampler, eos_id, |_| {
-                ControlFlow::Continue(())
-            })
+            generate(
+                model,
+                &prompt_ids,
+                max_new_tokens,
+                &mut sampler,
+                eos_id,
+                |_| ControlFlow::Continue(()),
+            )
             .map_err(model_error)
         })
     }
 
-    fn __call__<'py>(&mut self, py: Python<'py>, ids: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    fn __call__<'py>(
+        &mut self,
+        py: Python<'py>,
+        ids: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         self.forward(py, ids)
     }
 

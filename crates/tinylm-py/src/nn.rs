@@ -51,7 +51,15 @@ fn rmsnorm_op(x: &[f32], g: &[f32], n: usize, eps: f64) -> Vec<f32> {
 }
 
 /// `W2 (SiLU(W1 x) ⊙ W3 x)`: `x (N, C)`, `W1`, `W3 (F, C)`, `W2 (C, F)`.
-fn swiglu_op(x: &[f32], w1: &[f32], w2: &[f32], w3: &[f32], n: usize, c: usize, f: usize) -> Vec<f32> {
+fn swiglu_op(
+    x: &[f32],
+    w1: &[f32],
+    w2: &[f32],
+    w3: &[f32],
+    n: usize,
+    c: usize,
+    f: usize,
+) -> Vec<f32> {
     let a = linear_op(x, w1, n, c, f);
     let b = linear_op(x, w3, n, c, f);
     let mut h = vec![0.0; n * f];
@@ -119,11 +127,18 @@ fn sdpa_op(
                 b_transposed: true,
                 accumulate: false,
             };
-            let (qb, kb) = (&q[b * n * dk..(b + 1) * n * dk], &k[b * m * dk..(b + 1) * m * dk]);
+            let (qb, kb) = (
+                &q[b * n * dk..(b + 1) * n * dk],
+                &k[b * m * dk..(b + 1) * m * dk],
+            );
             Cpu.matmul(&mut scores, qb, kb, qk);
         }
         scores.iter_mut().for_each(|s| *s *= scale);
-        softmax_rows(&mut scores, m, mask.map(|mk| &mk[b * n * m..(b + 1) * n * m]));
+        softmax_rows(
+            &mut scores,
+            m,
+            mask.map(|mk| &mk[b * n * m..(b + 1) * n * m]),
+        );
         if m > 0 {
             let pv = MatMul {
                 m: n,
@@ -141,7 +156,12 @@ fn sdpa_op(
 
 /// RoPE tables with one row per position in `positions`: `(len, D/2)` each, rows of
 /// the kernels' table for `max_seq_len` positions.
-fn rope_rows(positions: &[usize], max_seq_len: usize, d: usize, theta: f64) -> (Vec<f32>, Vec<f32>) {
+fn rope_rows(
+    positions: &[usize],
+    max_seq_len: usize,
+    d: usize,
+    theta: f64,
+) -> (Vec<f32>, Vec<f32>) {
     let (cos, sin) = rope_tables::<f32>(max_seq_len, d, theta);
     let half = d / 2;
     let gather = |table: &[f32]| -> Vec<f32> {
@@ -163,12 +183,25 @@ struct Mha<'a> {
 }
 
 impl Mha<'_> {
-    fn forward(&self, x: &[f32], b: usize, t: usize, d_in: usize, rope: Option<&(Vec<f32>, Vec<f32>)>) -> Vec<f32> {
+    fn forward(
+        &self,
+        x: &[f32],
+        b: usize,
+        t: usize,
+        d_in: usize,
+        rope: Option<&(Vec<f32>, Vec<f32>)>,
+    ) -> Vec<f32> {
         let (c, h) = (self.c, self.heads);
         let mut qkv = linear_op(x, &self.wqkv, b * t, d_in, 3 * c);
         let d = c / h;
         if let Some((cos, sin)) = rope {
-            let rows = AttnShape { b: 1, t: b * t, h, d, q0: 0 };
+            let rows = AttnShape {
+                b: 1,
+                t: b * t,
+                h,
+                d,
+                q0: 0,
+            };
             Cpu.rope(&mut qkv, cos, sin, rows, false);
         }
         let mut out = vec![0.0; b * t * c];
@@ -202,10 +235,17 @@ fn broadcast_shapes(shapes: &[&[usize]]) -> Option<Vec<usize>> {
 }
 
 /// The values of a row-major `(shape, data)` broadcast to `to`, row-major.
-fn broadcast_to<T: Copy>(data: &[T], shape: &[usize], to: &[usize], name: &str) -> PyResult<Vec<T>> {
+fn broadcast_to<T: Copy>(
+    data: &[T],
+    shape: &[usize],
+    to: &[usize],
+    name: &str,
+) -> PyResult<Vec<T>> {
     let view = ArrayViewD::from_shape(IxDyn(shape), data).expect("data matches its shape");
     let view = view.broadcast(IxDyn(to)).ok_or_else(|| {
-        invalid(format!("{name}: shape {shape:?} does not broadcast to {to:?}"))
+        invalid(format!(
+            "{name}: shape {shape:?} does not broadcast to {to:?}"
+        ))
     })?;
     Ok(view.iter().copied().collect())
 }
@@ -213,14 +253,21 @@ fn broadcast_to<T: Copy>(data: &[T], shape: &[usize], to: &[usize], name: &str) 
 /// Checks `x`'s shape is `expected`.
 fn expect_shape(x: &Floats, name: &str, expected: &[usize]) -> PyResult<()> {
     if x.shape != expected {
-        return Err(invalid(format!("{name}: expected shape {expected:?}, got {:?}", x.shape)));
+        return Err(invalid(format!(
+            "{name}: expected shape {expected:?}, got {:?}",
+            x.shape
+        )));
     }
     Ok(())
 }
 
 /// Token positions `(..., T)` broadcast to `to`, each in `[0, max_seq_len)`; `None`
 /// gives `0..T` along the last axis.
-fn positions(p: Option<&Bound<'_, PyAny>>, to: &[usize], max_seq_len: usize) -> PyResult<Vec<usize>> {
+fn positions(
+    p: Option<&Bound<'_, PyAny>>,
+    to: &[usize],
+    max_seq_len: usize,
+) -> PyResult<Vec<usize>> {
     let t = to.last().copied().unwrap_or(1);
     let (shape, ids) = match p {
         Some(p) => token_ids(p, "token_positions", max_seq_len)?,
@@ -228,13 +275,15 @@ fn positions(p: Option<&Bound<'_, PyAny>>, to: &[usize], max_seq_len: usize) -> 
     };
     let ids = broadcast_to(&ids, &shape, to, "token_positions")?;
     if p.is_none() && t > max_seq_len {
-        return Err(invalid(format!("sequence length {t} exceeds max_seq_len {max_seq_len}")));
+        return Err(invalid(format!(
+            "sequence length {t} exceeds max_seq_len {max_seq_len}"
+        )));
     }
     Ok(ids.into_iter().map(|i| i as usize).collect())
 }
 
 fn check_rope(d: usize, theta: f64) -> PyResult<()> {
-    if d % 2 != 0 {
+    if !d.is_multiple_of(2) {
         return Err(invalid(format!("RoPE needs an even dimension, got {d}")));
     }
     if !(theta.is_finite() && theta > 0.0) {
@@ -265,12 +314,18 @@ fn mha_weights<'a>(
 ) -> PyResult<Mha<'a>> {
     q.expect_ndim("q_proj_weight", 2, true)?;
     let c = q.shape[0];
-    for (w, name) in [(q, "q_proj_weight"), (k, "k_proj_weight"), (v, "v_proj_weight")] {
+    for (w, name) in [
+        (q, "q_proj_weight"),
+        (k, "k_proj_weight"),
+        (v, "v_proj_weight"),
+    ] {
         expect_shape(w, name, &[c, d_in])?;
     }
     expect_shape(o, "o_proj_weight", &[c, c])?;
-    if heads == 0 || c % heads != 0 {
-        return Err(invalid(format!("d_model {c} is not divisible by num_heads {heads}")));
+    if heads == 0 || !c.is_multiple_of(heads) {
+        return Err(invalid(format!(
+            "d_model {c} is not divisible by num_heads {heads}"
+        )));
     }
     let wqkv = [q.data(), k.data(), v.data()].concat();
     Ok(Mha {
@@ -311,7 +366,11 @@ pub fn linear<'py>(py: Python<'py>, x: &Bound<'py, PyAny>, weight: &Bound<'py, P
 
 /// Rows of `weight (vocab, d)` at `token_ids` (any integer dtype and shape).
 #[pyfunction]
-pub fn embedding<'py>(py: Python<'py>, token_ids: &Bound<'py, PyAny>, weight: &Bound<'py, PyAny>) -> Out<'py> {
+pub fn embedding<'py>(
+    py: Python<'py>,
+    token_ids: &Bound<'py, PyAny>,
+    weight: &Bound<'py, PyAny>,
+) -> Out<'py> {
     let w = Floats::new(weight, "weight")?;
     w.expect_ndim("weight", 2, true)?;
     let (vocab, d) = (w.shape[0], w.shape[1]);
@@ -331,7 +390,12 @@ pub fn embedding<'py>(py: Python<'py>, token_ids: &Bound<'py, PyAny>, weight: &B
 /// RMSNorm over the last axis: `x / sqrt(mean(x²) + eps) * weight`.
 #[pyfunction]
 #[pyo3(signature = (x, weight, eps = 1e-5))]
-pub fn rmsnorm<'py>(py: Python<'py>, x: &Bound<'py, PyAny>, weight: &Bound<'py, PyAny>, eps: f64) -> Out<'py> {
+pub fn rmsnorm<'py>(
+    py: Python<'py>,
+    x: &Bound<'py, PyAny>,
+    weight: &Bound<'py, PyAny>,
+    eps: f64,
+) -> Out<'py> {
     let (x, g) = (Floats::new(x, "x")?, Floats::new(weight, "weight")?);
     x.expect_ndim("x", 1, false)?;
     expect_shape(&g, "weight", &[x.last()])?;
@@ -367,7 +431,11 @@ pub fn swiglu<'py>(
     w3: &Bound<'py, PyAny>,
 ) -> Out<'py> {
     let x = Floats::new(x, "x")?;
-    let (w1, w2, w3) = (Floats::new(w1, "w1")?, Floats::new(w2, "w2")?, Floats::new(w3, "w3")?);
+    let (w1, w2, w3) = (
+        Floats::new(w1, "w1")?,
+        Floats::new(w2, "w2")?,
+        Floats::new(w3, "w3")?,
+    );
     x.expect_ndim("x", 1, false)?;
     w1.expect_ndim("w1", 2, true)?;
     let (f, c) = (w1.shape[0], x.last());
@@ -405,11 +473,20 @@ pub fn rope<'py>(
             dst[..d].copy_from_slice(src);
         }
         let (cos, sin) = rope_rows(&pos, max_seq_len, d, theta);
-        let shape = AttnShape { b: 1, t: rows, h: 1, d, q0: 0 };
+        let shape = AttnShape {
+            b: 1,
+            t: rows,
+            h: 1,
+            d,
+            q0: 0,
+        };
         if rows * d > 0 {
             Cpu.rope(&mut qkv, &cos, &sin, shape, false);
         }
-        Ok(qkv.chunks_exact(3 * d.max(1)).flat_map(|r| r[..d].iter().copied()).collect())
+        Ok(qkv
+            .chunks_exact(3 * d.max(1))
+            .flat_map(|r| r[..d].iter().copied())
+            .collect())
     })?;
     Ok(output(py, &x.shape, out))
 }
@@ -421,7 +498,10 @@ pub fn softmax<'py>(py: Python<'py>, x: &Bound<'py, PyAny>, dim: isize) -> Out<'
     let ndim = x.ndim() as isize;
     let axis = if dim < 0 { dim + ndim } else { dim };
     if !(0..ndim).contains(&axis) {
-        return Err(invalid(format!("dim {dim} is out of range for an array of shape {:?}", x.shape)));
+        return Err(invalid(format!(
+            "dim {dim} is out of range for an array of shape {:?}",
+            x.shape
+        )));
     }
     let axis = axis as usize;
     let view = ArrayViewD::from_shape(IxDyn(&x.shape), x.data()).expect("shape");
@@ -459,7 +539,11 @@ pub fn scaled_dot_product_attention<'py>(
     v: &Bound<'py, PyAny>,
     mask: Option<&Bound<'py, PyAny>>,
 ) -> Out<'py> {
-    let (q, k, v) = (Floats::new(q, "q")?, Floats::new(k, "k")?, Floats::new(v, "v")?);
+    let (q, k, v) = (
+        Floats::new(q, "q")?,
+        Floats::new(k, "k")?,
+        Floats::new(v, "v")?,
+    );
     for (x, name) in [(&q, "q"), (&k, "k"), (&v, "v")] {
         x.expect_ndim(name, 2, false)?;
     }
@@ -486,7 +570,10 @@ pub fn scaled_dot_product_attention<'py>(
                 )));
             }
             let shape: Vec<usize> = arr.getattr("shape")?.extract()?;
-            let values: Vec<bool> = arr.call_method0("ravel")?.call_method0("tolist")?.extract()?;
+            let values: Vec<bool> = arr
+                .call_method0("ravel")?
+                .call_method0("tolist")?
+                .extract()?;
             Some((shape, values))
         }
     };
@@ -500,7 +587,8 @@ pub fn scaled_dot_product_attention<'py>(
             q.shape,
             k.shape,
             v.shape,
-            mask.as_ref().map_or(String::new(), |(s, _)| format!(", mask {s:?}"))
+            mask.as_ref()
+                .map_or(String::new(), |(s, _)| format!(", mask {s:?}"))
         ))
     })?;
     let full = |a: usize, b: usize| [batch_shape.as_slice(), &[a, b]].concat();
@@ -512,7 +600,9 @@ pub fn scaled_dot_product_attention<'py>(
         None => None,
     };
     let batch: usize = batch_shape.iter().product();
-    let out = detached(py, || Ok(sdpa_op(&qd, &kd, &vd, md.as_deref(), batch, (n, m, dk, dv))))?;
+    let out = detached(py, || {
+        Ok(sdpa_op(&qd, &kd, &vd, md.as_deref(), batch, (n, m, dk, dv)))
+    })?;
     Ok(output(py, &full(n, dv), out))
 }
 
@@ -657,7 +747,11 @@ pub fn transformer_lm<'py>(
 /// Mean over every leading position of `logsumexp(logits) − logits[target]`:
 /// `logits (..., vocab)`, integer `targets (...)`.
 #[pyfunction]
-pub fn cross_entropy(py: Python<'_>, logits: &Bound<'_, PyAny>, targets: &Bound<'_, PyAny>) -> PyResult<f64> {
+pub fn cross_entropy(
+    py: Python<'_>,
+    logits: &Bound<'_, PyAny>,
+    targets: &Bound<'_, PyAny>,
+) -> PyResult<f64> {
     let logits = Floats::new(logits, "logits")?;
     logits.expect_ndim("logits", 1, false)?;
     let v = logits.last();
@@ -672,7 +766,9 @@ pub fn cross_entropy(py: Python<'_>, logits: &Bound<'_, PyAny>, targets: &Bound<
         return Err(invalid("cross_entropy of no positions is undefined"));
     }
     let mut scratch = logits.data().to_vec();
-    detached(py, || Ok(Cpu.cross_entropy(&mut scratch, &targets, false).to_f64()))
+    detached(py, || {
+        Ok(Cpu.cross_entropy(&mut scratch, &targets, false).to_f64())
+    })
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -35,7 +35,12 @@ pub fn lr_cosine_schedule(
 /// (parameters without a gradient) are skipped.
 #[pyfunction]
 #[pyo3(signature = (grads, max_l2_norm, eps = 1e-6))]
-pub fn clip_grad_norm_(py: Python<'_>, grads: Vec<Bound<'_, PyAny>>, max_l2_norm: f64, eps: f64) -> PyResult<f64> {
+pub fn clip_grad_norm_(
+    py: Python<'_>,
+    grads: Vec<Bound<'_, PyAny>>,
+    max_l2_norm: f64,
+    eps: f64,
+) -> PyResult<f64> {
     let mut arrays = Vec::with_capacity(grads.len());
     for (i, g) in grads.iter().enumerate() {
         if !g.is_none() {
@@ -47,7 +52,9 @@ pub fn clip_grad_norm_(py: Python<'_>, grads: Vec<Bound<'_, PyAny>>, max_l2_norm
         let norm = global_norm(&slices.iter().map(|g| &**g).collect::<Vec<_>>());
         if norm > max_l2_norm {
             let scale = (max_l2_norm / (norm + eps)) as f32;
-            slices.iter_mut().for_each(|g| g.iter_mut().for_each(|x| *x *= scale));
+            slices
+                .iter_mut()
+                .for_each(|g| g.iter_mut().for_each(|x| *x *= scale));
         }
         Ok(norm)
     })
@@ -79,7 +86,11 @@ pub fn adamw_step(
     let mut p = InPlace::new(param, "param")?;
     let mut m = InPlace::new(exp_avg, "exp_avg")?;
     let mut v = InPlace::new(exp_avg_sq, "exp_avg_sq")?;
-    for (shape, name) in [(&p.shape, "param"), (&m.shape, "exp_avg"), (&v.shape, "exp_avg_sq")] {
+    for (shape, name) in [
+        (&p.shape, "param"),
+        (&m.shape, "exp_avg"),
+        (&v.shape, "exp_avg_sq"),
+    ] {
         if *shape != grad.shape {
             return Err(invalid(format!(
                 "{name} has shape {shape:?} but grad has shape {:?}",

@@ -44,7 +44,10 @@ fn vocab_from_dict(vocab: &Bound<'_, PyDict>) -> PyResult<Vocab> {
         })?;
         *slot = Some(token);
     }
-    Ok(dense.into_iter().map(|t| t.expect("ids are distinct and below len")).collect())
+    Ok(dense
+        .into_iter()
+        .map(|t| t.expect("ids are distinct and below len"))
+        .collect())
 }
 
 /// Trains a byte-level BPE tokenizer on the text file `input_path` (CS336 semantics).
@@ -179,7 +182,10 @@ impl EncodeIterable {
                     let text: &str = chunk.extract().map_err(|_| {
                         invalid(format!(
                             "encode_iterable expects strings, got {}",
-                            chunk.get_type().name().map_or("?".into(), |n| n.to_string())
+                            chunk
+                                .get_type()
+                                .name()
+                                .map_or("?".into(), |n| n.to_string())
                         ))
                     })?;
                     self.stream.push(text, &mut self.ready);

@@ -11,7 +11,8 @@ use tinylm::train::{Progress, TrainConfig};
 
 /// Reads a training config from a `.toml` or `.json` file.
 fn config_file(path: &PathBuf) -> PyResult<TrainConfig> {
-    let text = std::fs::read_to_string(path).map_err(|e| model_error(tinylm::Error::io(path, e)))?;
+    let text =
+        std::fs::read_to_string(path).map_err(|e| model_error(tinylm::Error::io(path, e)))?;
     let parsed = if path.extension().is_some_and(|e| e == "toml") {
         toml::from_str(&text).map_err(|e| e.to_string())
     } else {
@@ -33,7 +34,7 @@ pub fn train(py: Python<'_>, config: &Bound<'_, PyAny>) -> PyResult<PathBuf> {
     let log_every = cfg.log_interval.max(1);
     let mut on_step = |p: &Progress| {
         let r = p.record;
-        if r.step % log_every == 0 || r.step == p.total_steps {
+        if r.step.is_multiple_of(log_every) || r.step == p.total_steps {
             let val = r.val_loss.map_or(String::new(), |v| format!(" val {v:.4}"));
             eprintln!(
                 "step {}/{}: train {:.4}{val} lr {:.2e} {:.0} tok/s",

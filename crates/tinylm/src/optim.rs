@@ -154,20 +154,24 @@ pub fn global_norm(arrays: &[&[f32]]) -> f64 {
     partial.iter().sum::<f64>().sqrt()
 }
 
-/// The factor clipping multiplies gradients by: `max/(norm + 1e-6)` when
+/// The SPEC's ε of gradient clipping.
+pub const CLIP_EPS: f64 = 1e-6;
+
+/// The factor clipping multiplies gradients by: `max/(norm + eps)` when
 /// `norm > max`, else 1 (also 1 when `max` is not positive: clipping off).
-pub fn clip_scale(norm: f64, max: f64) -> f32 {
+pub fn clip_scale(norm: f64, max: f64, eps: f64) -> f32 {
     if max > 0.0 && norm > max {
-        (max / (norm + 1e-6)) as f32
+        (max / (norm + eps)) as f32
     } else {
         1.0
     }
 }
 
-/// Global-norm clipping of several arrays in place; returns the norm before clipping.
-pub fn clip_grad_norm_arrays(grads: &mut [&mut [f32]], max: f64) -> f64 {
+/// Global-norm clipping of several arrays in place (scale `max/(norm + eps)`);
+/// returns the norm before clipping.
+pub fn clip_grad_norm_arrays(grads: &mut [&mut [f32]], max: f64, eps: f64) -> f64 {
     let norm = global_norm(&grads.iter().map(|g| &**g).collect::<Vec<_>>());
-    let s = clip_scale(norm, max);
+    let s = clip_scale(norm, max, eps);
     if s != 1.0 {
         grads
             .iter_mut()
@@ -179,9 +183,10 @@ pub fn clip_grad_norm_arrays(grads: &mut [&mut [f32]], max: f64) -> f64 {
     norm
 }
 
-/// Global-norm clipping of one flat gradient buffer; returns the norm before clipping.
+/// Global-norm clipping of one flat gradient buffer (SPEC ε = 1e-6); returns the
+/// norm before clipping.
 pub fn clip_grad_norm(grads: &mut [f32], max: f64) -> f64 {
-    clip_grad_norm_arrays(&mut [grads], max)
+    clip_grad_norm_arrays(&mut [grads], max, CLIP_EPS)
 }
 
 #[cfg(test)]

@@ -25,12 +25,6 @@ fn draw(svg: &mut String, records: &[LogRecord]) -> DrawResult {
     let root = SVGBackend::with_string(svg, (1200, 450)).into_drawing_area();
     root.fill(&WHITE)?;
     let panels = root.split_evenly((1, 2));
-    let step = |r: &LogRecord| r.step as f64;
-    let wall = |r: &LogRecord| r.wallclock_s;
-    let axes: [(&DrawingArea<_, _>, &str, &dyn Fn(&LogRecord) -> f64); 2] = [
-        (&panels[0], "step", &step),
-        (&panels[1], "wall-clock (s)", &wall),
-    ];
     let losses = records
         .iter()
         .flat_map(|r| std::iter::once(r.train_loss).chain(r.val_loss))
@@ -38,15 +32,23 @@ fn draw(svg: &mut String, records: &[LogRecord]) -> DrawResult {
     let (lo, hi) = losses.fold((f64::MAX, f64::MIN), |(lo, hi), l| (lo.min(l), hi.max(l)));
     let (lo, hi) = if lo <= hi { (lo, hi) } else { (0.0, 1.0) };
     let pad = ((hi - lo) * 0.05).max(1e-3);
-    for (area, label, x_of) in axes {
-        let x_max = records.iter().map(x_of).fold(0.0, f64::max).max(1e-9);
+    for (area, wall) in panels.iter().zip([false, true]) {
+        let label = if wall { "wall-clock (s)" } else { "step" };
+        let x_of = |r: &LogRecord| if wall { r.wallclock_s } else { r.step as f64 };
+        let x_max = records.iter().map(&x_of).fold(0.0, f64::max).max(1e-9);
         let mut chart = ChartBuilder::on(area)
             .caption(format!("loss vs {label}"), ("sans-serif", 18))
             .margin(12)
             .x_label_area_size(36)
             .y_label_area_size(48)
             .build_cartesian_2d(0.0..x_max, (lo - pad)..(hi + pad))?;
-        chart.configure_mesh().x_desc(label).y_desc("loss").draw()?;
+        let digits = if wall && x_max < 100.0 { 1 } else { 0 };
+        chart
+            .configure_mesh()
+            .x_desc(label)
+            .y_desc("loss")
+            .x_label_formatter(&|x| format!("{x:.digits$}"))
+            .draw()?;
         let train = records.iter().map(|r| (x_of(r), r.train_loss));
         chart
             .draw_series(LineSeries::new(train, TRAIN))?

@@ -18,7 +18,7 @@
 use crate::checkpoint::{self, check_same_config};
 use crate::data::{Batch, SplitMix64, TokenDataset};
 use crate::model::Model;
-use crate::optim::{clip_scale, global_norm, lr_cosine_schedule, AdamW, AdamWParams};
+use crate::optim::{clip_scale, global_norm, lr_cosine_schedule, AdamW, AdamWParams, CLIP_EPS};
 use crate::plot::write_loss_plot;
 use crate::{Error, ModelConfig, Result};
 use serde::{Deserialize, Serialize};
@@ -324,7 +324,8 @@ fn run(
     let wall_offset = state.wallclock_s;
     let (mut window_tokens, mut window_s) = (0u64, 0f64);
     let mut last = None;
-    let mut saved_step = state.step;
+    // The last checkpoint written (or resumed from) and its step.
+    let mut saved = cfg.resume.clone().map(|p| (p, state.step));
     let mut stopped_early = false;
     while state.step < total {
         let step = state.step;
@@ -333,21 +334,20 @@ fn run(
         train_data.fill_random(&mut batch, &mut rng);
         let loss = model.forward_loss(&batch.inputs, &batch.targets, b, t)?;
         if !loss.is_finite() {
-            return Err(diverged(step, "loss", loss as f64, &ckpt_path, saved_step));
+            return Err(diverged(step, "loss", loss as f64, &saved));
         }
         model.backward()?;
         let (params, grads) = model.params_and_grads_mut();
         let grad_norm = global_norm(&[grads]);
         if !grad_norm.is_finite() {
-            return Err(diverged(
-                step,
-                "gradient norm",
-                grad_norm,
-                &ckpt_path,
-                saved_step,
-            ));
+            return Err(diverged(step, "gradient norm", grad_norm, &saved));
         }
-        opt.update(params, grads, lr, clip_scale(grad_norm, cfg.grad_clip));
+        opt.update(
+            params,
+            grads,
+            lr,
+            clip_scale(grad_norm, cfg.grad_clip, CLIP_EPS),
+        );
         window_s += step_start.elapsed().as_secs_f64();
         window_tokens += (b * t) as u64;
         state.step += 1;
@@ -360,7 +360,8 @@ fn run(
             .is_some_and(|s| started.elapsed().as_secs_f64() >= s);
         let stopping = done == total || stop.load(Ordering::Relaxed) || over_time;
         stopped_early = stopping && done < total;
-        let eval_now = stopping || (cfg.eval_interval > 0 && done % cfg.eval_interval == 0);
+        let eval_now =
+            stopping || (cfg.eval_interval > 0 && done.is_multiple_of(cfg.eval_interval));
         let val_loss = match (&val_data, eval_now) {
             (Some(v), true) => Some(evaluate(&mut model, v, b, cfg.eval_batches)?.loss),
             _ => None,
@@ -376,7 +377,7 @@ fn run(
             grad_norm,
             tokens_per_s: window_tokens as f64 / window_s.max(1e-9),
         };
-        if eval_now || done % cfg.log_interval == 0 {
+        if eval_now || done.is_multiple_of(cfg.log_interval) {
             writeln!(
                 log,
                 "{}",
@@ -394,9 +395,10 @@ fn run(
         if eval_now {
             write_loss_plot(&plot_path, &history)?;
         }
-        if stopping || (cfg.checkpoint_interval > 0 && done % cfg.checkpoint_interval == 0) {
+        if stopping || (cfg.checkpoint_interval > 0 && done.is_multiple_of(cfg.checkpoint_interval))
+        {
             save(cfg, &ckpt_path, &model, &opt, &state)?;
-            saved_step = done;
+            saved = Some((ckpt_path.clone(), done));
         }
         last = Some(record);
         if stopping {
@@ -421,14 +423,13 @@ fn run(
 }
 
 /// The error for a non-finite loss or gradient.
-fn diverged(step: u64, what: &str, value: f64, ckpt: &Path, saved_step: u64) -> Error {
-    let kept = if saved_step > 0 {
-        format!(
-            "the last good checkpoint, {} (step {saved_step}), is kept",
-            ckpt.display()
-        )
-    } else {
-        "no checkpoint was written yet".to_string()
+fn diverged(step: u64, what: &str, value: f64, saved: &Option<(PathBuf, u64)>) -> Error {
+    let kept = match saved {
+        Some((path, step)) => format!(
+            "the last good checkpoint, {} (step {step}), is kept",
+            path.display()
+        ),
+        None => "no checkpoint was written yet".to_string(),
     };
     Error::Invalid(format!(
         "training diverged: {what} is {value} at step {} ({kept}); try a lower lr_max or a grad_clip",
@@ -459,10 +460,10 @@ fn resume(cfg: &TrainConfig, path: &Path) -> Result<(Model, AdamW, RunState)> {
 /// Writes the checkpoint with the run's metadata.
 fn save(cfg: &TrainConfig, path: &Path, model: &Model, opt: &AdamW, s: &RunState) -> Result<()> {
     let meta: BTreeMap<String, String> = [
-        ("step", json(&s.step)),
-        ("tokens", json(&s.tokens)),
-        ("wallclock_s", json(&s.wallclock_s)),
-        ("rng_state", json(&s.rng)),
+        ("step", json(s.step)),
+        ("tokens", json(s.tokens)),
+        ("wallclock_s", json(s.wallclock_s)),
+        ("rng_state", json(s.rng)),
         ("train_config", json(cfg)),
         ("train_data", json(&cfg.train_data)),
         ("val_data", json(&cfg.val_data)),

@@ -151,7 +151,7 @@ fn cosine_schedule_spec_check_values() {
 fn clipping_scales_to_the_limit_across_arrays() {
     let mut a = vec![3.0f32, 0.0];
     let mut b = vec![4.0f32];
-    let norm = clip_grad_norm_arrays(&mut [&mut a, &mut b], 1.0);
+    let norm = clip_grad_norm_arrays(&mut [&mut a, &mut b], 1.0, CLIP_EPS);
     assert!((norm - 5.0).abs() < 1e-12);
     let s = (1.0 / (5.0 + 1e-6)) as f32;
     assert_eq!((a, b), (vec![3.0 * s, 0.0], vec![4.0 * s]));

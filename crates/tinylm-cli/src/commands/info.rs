@@ -323,7 +323,7 @@ fn group(n: u64) -> String {
     let s = n.to_string();
     let mut out = String::new();
     for (i, ch) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(ch);
@@ -339,14 +339,10 @@ fn scaled(x: f64, base: f64, units: &[&str]) -> String {
         v /= base;
         k += 1;
     }
-    let digits = if k == 0 {
-        0
-    } else if v >= 100.0 {
-        0
-    } else if v >= 10.0 {
-        1
-    } else {
-        2
+    let digits = match v {
+        _ if k == 0 || v >= 100.0 => 0,
+        _ if v >= 10.0 => 1,
+        _ => 2,
     };
     format!("{v:.digits$} {}", units[k]).trim_end().to_string()
 }

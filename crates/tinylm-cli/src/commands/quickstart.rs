@@ -92,6 +92,9 @@ pub fn run(args: QuickstartArgs) -> Result<()> {
         Some(path) => path,
         None => default_corpus()?,
     };
+    if !corpus.is_file() {
+        bail!("{}: no such file", corpus.display());
+    }
     let out = args
         .out
         .unwrap_or_else(|| PathBuf::from("runs").join(timestamp(now_s())));
@@ -172,7 +175,7 @@ fn quickstart(s: &Settings) -> Result<()> {
     tinylm_bpe::files::save_tokenizer(&tokenizer_dir, &vocab, &merges)?;
     let (tokenizer, _) = load_with_end_of_text(&tokenizer_dir)?;
     println!(
-        "  {} merges in {:.1} s -> {}",
+        "  {} merges in {:.2} s -> {}",
         merges.len(),
         t0.elapsed().as_secs_f64(),
         tokenizer_dir.display()
@@ -202,7 +205,9 @@ fn quickstart(s: &Settings) -> Result<()> {
     }
     let budget_s = s.minutes * 60.0;
     let step_s = time_one_step(&config, s.seed)?;
-    let steps = ((0.9 * budget_s / step_s) as u64).max(1);
+    // Steps planned to end inside the budget, leaving room for the evaluations;
+    // the budget itself stops training in any case.
+    let steps = ((0.85 * budget_s / step_s) as u64).max(1);
     let params = tinylm::params::ParamLayout::new(&config).total;
     stage(
         4,

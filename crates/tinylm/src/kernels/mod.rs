@@ -126,7 +126,8 @@ pub fn exp_f32(x: f32) -> f32 {
     const SHIFTER: f32 = 12_582_912.0;
     let underflow = x < -87.3;
     let x = x.clamp(-87.3, 88.3);
-    let n = (x * LOG2E + SHIFTER) - SHIFTER;
+    let shifted = x * LOG2E + SHIFTER;
+    let n = shifted - SHIFTER;
     let r = x - n * LN2_HI - n * LN2_LO;
     let p = 1.987_569_1e-4;
     let p = p * r + 1.398_199_9e-3;
@@ -135,7 +136,9 @@ pub fn exp_f32(x: f32) -> f32 {
     let p = p * r + 1.666_666_5e-1;
     let p = p * r + 5.000_000_1e-1;
     let e_r = p * r * r + r + 1.0;
-    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    // n sits in the low mantissa bits of `shifted`; integer ops keep it vectorized.
+    let biased = shifted.to_bits().wrapping_sub(SHIFTER.to_bits()).wrapping_add(127);
+    let scale = f32::from_bits(biased << 23);
     if underflow {
         0.0
     } else {

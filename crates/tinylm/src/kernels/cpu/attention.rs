@@ -5,7 +5,7 @@
 
 use super::super::{AttnShape, Float};
 use super::linear::{gemm_view, View};
-use super::SharedMut;
+use super::{dot, max, sum_by, SharedMut};
 use rayon::prelude::*;
 
 /// Forward: for each (b, h), `S = Q Kᵀ / sqrt(D)` `(Tq, T)`, `P = softmax` over keys
@@ -42,12 +42,11 @@ pub fn attention_forward<F: Float>(out: &mut [F], att: &mut [F], qkv: &[F], s: A
             }
             for (i, row) in p.chunks_exact_mut(t).enumerate() {
                 let (visible, future) = row.split_at_mut(s.q0 + i + 1);
-                let max = visible.iter().fold(F::MIN, |m, &x| m.max(x));
-                let mut sum = F::ZERO;
+                let max = max(visible);
                 for x in visible.iter_mut() {
                     *x = (*x - max).exp();
-                    sum += *x;
                 }
+                let sum = sum_by(visible, |x| x);
                 let inv = F::ONE / sum;
                 for x in visible.iter_mut() {
                     *x *= inv;
@@ -131,7 +130,7 @@ pub fn attention_backward<F: Float>(
             }
             for (i, (dp, p)) in dp.chunks_exact_mut(t).zip(p.chunks_exact(t)).enumerate() {
                 let (visible, future) = dp.split_at_mut(i + 1);
-                let dot = visible.iter().zip(p).map(|(&g, &p)| g * p).sum::<F>();
+                let dot = dot(visible, p);
                 for (g, &p) in visible.iter_mut().zip(p) {
                     *g = p * (*g - dot) * scale;
                 }

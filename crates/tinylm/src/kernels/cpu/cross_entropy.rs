@@ -1,6 +1,7 @@
 //! Cross-entropy over the LM head's logits, fused with its gradient.
 
 use super::super::Float;
+use super::{max, sum_by};
 use rayon::prelude::*;
 
 /// Mean over the `N` rows of `logsumexp(logits) − logits[target]`, `logits (N, V)`,
@@ -16,14 +17,13 @@ pub fn cross_entropy<F: Float>(logits: &mut [F], targets: &[u32], grad: bool) ->
         .zip(targets.par_iter())
         .map(|(row, &target)| {
             let target = target as usize;
-            let max = row.iter().fold(F::MIN, |m, &x| m.max(x));
+            let max = max(row);
             let target_logit = row[target];
             let sum = if grad {
-                let mut sum = F::ZERO;
                 for x in row.iter_mut() {
                     *x = (*x - max).exp();
-                    sum += *x;
                 }
+                let sum = sum_by(row, |x| x);
                 let k = F::from_f64(inv_n) / sum;
                 for x in row.iter_mut() {
                     *x *= k;
@@ -31,7 +31,7 @@ pub fn cross_entropy<F: Float>(logits: &mut [F], targets: &[u32], grad: bool) ->
                 row[target] -= F::from_f64(inv_n);
                 sum
             } else {
-                row.iter().map(|&x| (x - max).exp()).sum::<F>()
+                sum_by(row, |x| (x - max).exp())
             };
             (max - target_logit).to_f64() + sum.to_f64().ln()
         })

@@ -4,6 +4,7 @@
 
 use super::super::{Float, MatMul};
 use gemm::Parallelism;
+use rayon::prelude::*;
 
 /// Products smaller than this many multiply-adds run on the calling thread: the
 /// split across threads costs more than it saves.
@@ -16,6 +17,10 @@ pub(crate) struct View<F> {
     pub rs: isize,
     pub cs: isize,
 }
+
+// SAFETY: a view only reads, and the buffer it reads outlives every use.
+unsafe impl<F: Sync> Send for View<F> {}
+unsafe impl<F: Sync> Sync for View<F> {}
 
 impl<F> View<F> {
     /// A row-major `(rows, cols)` matrix with row stride `rs`, or its transpose.
@@ -73,7 +78,9 @@ pub(crate) unsafe fn gemm_view<F: Float>(
     );
 }
 
-/// `out (m, n) (+)= a · b` over contiguous buffers (see [`MatMul`]).
+/// `out (m, n) (+)= a · b` over contiguous buffers (see [`MatMul`]). Large products
+/// are split by output rows into one single-threaded `gemm` per rayon thread: one
+/// fork-join per product, each thread streaming through a large block.
 pub fn matmul<F: Float>(out: &mut [F], a: &[F], b: &[F], s: MatMul) {
     assert_eq!(out.len(), s.m * s.n, "matmul output size");
     assert_eq!(a.len(), s.m * s.k, "matmul lhs size");
@@ -83,17 +90,34 @@ pub fn matmul<F: Float>(out: &mut [F], a: &[F], b: &[F], s: MatMul) {
     }
     let a_rs = if s.a_transposed { s.m } else { s.k };
     let b_rs = if s.b_transposed { s.k } else { s.n };
-    // SAFETY: the sizes are checked above; `out` is a unique borrow.
-    unsafe {
-        gemm_view(
-            (s.m, s.k, s.n),
-            out.as_mut_ptr(),
-            s.n,
-            View::new(a, a_rs, s.a_transposed),
-            View::new(b, b_rs, s.b_transposed),
-            F::ONE,
-            s.accumulate,
-            true,
-        );
-    }
+    let parts = if s.m * s.k * s.n >= PARALLEL_MIN_MACS {
+        rayon::current_num_threads().min(s.m)
+    } else {
+        1
+    };
+    let rows = s.m.div_ceil(parts);
+    let (a_view, b_view) = (View::new(a, a_rs, s.a_transposed), View::new(b, b_rs, s.b_transposed));
+    out.par_chunks_mut(rows * s.n)
+        .enumerate()
+        .for_each(|(i, out)| {
+            let a = a_view;
+            // SAFETY: rows i·rows.. of `a` exist (sizes checked above); each task
+            // writes only its own chunk of `out`.
+            unsafe {
+                let a = View {
+                    ptr: a.ptr.offset((i * rows) as isize * a.rs),
+                    ..a
+                };
+                gemm_view(
+                    (out.len() / s.n, s.k, s.n),
+                    out.as_mut_ptr(),
+                    s.n,
+                    a,
+                    b_view,
+                    F::ONE,
+                    s.accumulate,
+                    false,
+                );
+            }
+        });
 }

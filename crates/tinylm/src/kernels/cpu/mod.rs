@@ -113,3 +113,67 @@ impl<F> SharedMut<F> {
         self.0
     }
 }
+
+/// Independent accumulators in reductions: without them a float sum is one serial
+/// chain (the compiler may not reorder it) and does not vectorize.
+const LANES: usize = 8;
+
+/// `Σ f(x)` over `xs`, in `LANES` interleaved partial sums.
+#[inline(always)]
+pub(crate) fn sum_by<F: Float>(xs: &[F], f: impl Fn(F) -> F) -> F {
+    let mut acc = [F::ZERO; LANES];
+    let chunks = xs.chunks_exact(LANES);
+    let rest = chunks.remainder().iter().map(|&x| f(x)).sum::<F>();
+    for c in chunks {
+        for (a, &x) in acc.iter_mut().zip(c) {
+            *a += f(x);
+        }
+    }
+    acc.into_iter().sum::<F>() + rest
+}
+
+/// `Σ a·b·c` over three equal-length slices, in `LANES` partial sums.
+#[inline(always)]
+pub(crate) fn dot3<F: Float>(a: &[F], b: &[F], c: &[F]) -> F {
+    let n = a.len() / LANES * LANES;
+    let mut acc = [F::ZERO; LANES];
+    for ((a, b), c) in a[..n]
+        .chunks_exact(LANES)
+        .zip(b[..n].chunks_exact(LANES))
+        .zip(c[..n].chunks_exact(LANES))
+    {
+        for l in 0..LANES {
+            acc[l] += a[l] * b[l] * c[l];
+        }
+    }
+    let rest = (n..a.len()).map(|i| a[i] * b[i] * c[i]).sum::<F>();
+    acc.into_iter().sum::<F>() + rest
+}
+
+/// `Σ a·b` over two equal-length slices, in `LANES` partial sums.
+#[inline(always)]
+pub(crate) fn dot<F: Float>(a: &[F], b: &[F]) -> F {
+    let n = a.len() / LANES * LANES;
+    let mut acc = [F::ZERO; LANES];
+    for (a, b) in a[..n].chunks_exact(LANES).zip(b[..n].chunks_exact(LANES)) {
+        for l in 0..LANES {
+            acc[l] += a[l] * b[l];
+        }
+    }
+    let rest = (n..a.len()).map(|i| a[i] * b[i]).sum::<F>();
+    acc.into_iter().sum::<F>() + rest
+}
+
+/// `max(xs)` (`F::MIN` when empty), in `LANES` partial maxima.
+#[inline(always)]
+pub(crate) fn max<F: Float>(xs: &[F]) -> F {
+    let mut acc = [F::MIN; LANES];
+    let chunks = xs.chunks_exact(LANES);
+    let rest = chunks.remainder().iter().fold(F::MIN, |m, &x| m.max(x));
+    for c in chunks {
+        for (a, &x) in acc.iter_mut().zip(c) {
+            *a = a.max(x);
+        }
+    }
+    acc.into_iter().fold(rest, F::max)
+}

@@ -2,7 +2,7 @@
 //! precision (f32 for the model).
 
 use super::super::Float;
-use super::CHUNK;
+use super::{dot3, sum_by, CHUNK};
 use rayon::prelude::*;
 
 /// The SPEC's epsilon.
@@ -17,7 +17,7 @@ pub fn rmsnorm_forward<F: Float>(out: &mut [F], rstd: &mut [F], x: &[F], g: &[F]
         .zip(x.par_chunks(c * rows_per_task))
         .for_each(|((out, rstd), x)| {
             for ((out, r), x) in out.chunks_exact_mut(c).zip(rstd).zip(x.chunks_exact(c)) {
-                let ms = x.iter().map(|&v| v * v).sum::<F>() / F::from_f64(c as f64);
+                let ms = sum_by(x, |v| v * v) / F::from_f64(c as f64);
                 *r = F::ONE / (ms + F::from_f64(EPS)).sqrt();
                 let s = *r;
                 for ((o, &v), &g) in out.iter_mut().zip(x).zip(g) {
@@ -52,12 +52,7 @@ pub fn rmsnorm_backward<F: Float>(
                 .zip(x.chunks_exact(c))
                 .zip(rstd)
             {
-                let dot = dout
-                    .iter()
-                    .zip(g)
-                    .zip(x)
-                    .map(|((&d, &g), &x)| d * g * x)
-                    .sum::<F>();
+                let dot = dot3(dout, g, x);
                 // mean(dout⊙g⊙x̂) · rstd, folded: x̂·mean(…)·rstd = x·r³·dot/C.
                 let k = dot * r * r / F::from_f64(c as f64);
                 for (((o, &d), &g), &x) in dx.iter_mut().zip(dout).zip(g).zip(x) {
