@@ -24,7 +24,7 @@ trap 'rm -rf "$TMP"' EXIT
 cat "$DATA"/*.txt > "$TMP/mix.txt"
 : > "$TMP/empty.txt"
 
-# measure OUT.npy CMD...: runs CMD REPEAT times; prints "best-encode-MB/s best-wall-s peak-MiB".
+# measure OUT.npy BYTES CMD...: runs CMD REPEAT times; prints "best-encode-MB/s best-wall-s peak-KiB".
 # The encode MB/s comes from CMD's own report: tinylm's "(N MB/s)", or encode_ref.py's seconds.
 measure() {
     local out=$1 bytes=$2
@@ -45,7 +45,7 @@ measure() {
         if awk "BEGIN{exit !($mbs > $best_mbs)}"; then best_mbs=$mbs; fi
         if [ "$kb" -gt "$rss" ]; then rss=$kb; fi
     done
-    echo "$best_mbs $best_t $((rss / 1024))"
+    echo "$best_mbs $best_t $rss"
 }
 
 row() { # corpus encoder threads bytes out.npy CMD...
@@ -56,8 +56,8 @@ row() { # corpus encoder threads bytes out.npy CMD...
     if [ -f "$TMP/tiktoken.npy" ]; then same=$("$PYTHON" bench/encode_ref.py same "$TMP/tiktoken.npy" "$out"); fi
     local whole
     whole=$(awk -v b="$bytes" -v t="$t" 'BEGIN {printf "%.1f", b / 1e6 / t}')
-    printf "| %-22s | %-24s | %7s | %10s | %8s | %10s | %8s | %-4s |\n" "$corpus" "$name" "$threads" "$mbs" "$t" "$whole" "$rss" "$same"
-    echo "$mbs" > "$TMP/last_mbs"
+    printf "| %-22s | %-24s | %7s | %10s | %8s | %10s | %8s | %-4s |\n" "$corpus" "$name" "$threads" "$mbs" "$t" "$whole" "$((rss / 1024))" "$same"
+    echo "$mbs $rss" > "$TMP/last"
 }
 
 printf "machine: %s, %s cores, %s; best of %s runs\n\n" "$(uname -m)" "$(nproc)" \
@@ -71,20 +71,21 @@ for corpus in tinystories_combined.txt mix; do
     row "$label" "tiktoken (Python)" 1 "$bytes" "$TMP/tt.npy" \
         "$PYTHON" bench/encode_ref.py tiktoken "$VOCAB" "$MERGES" "$input" "$TMP/tt.npy"
     mv "$TMP/tt.npy" "$TMP/tiktoken.npy"
-    tiktoken_mbs=$(cat "$TMP/last_mbs")
+    read -r tiktoken_mbs _ < "$TMP/last"
     if [ "$corpus" != mix ]; then
         row "$label" "HF tokenizers (Python)" 1 "$bytes" "$TMP/hf.npy" \
             "$PYTHON" bench/encode_ref.py hf "$VOCAB" "$MERGES" "$input" "$TMP/hf.npy"
     fi
     ENCODE=("$TINYLM" bpe encode --vocab "$VOCAB" --merges "$MERGES" --input "$input")
     row "$label" "tinylm" 1 "$bytes" "$TMP/t1.npy" "${ENCODE[@]}" --out "$TMP/t1.npy" --threads 1
-    one_mbs=$(cat "$TMP/last_mbs")
+    read -r one_mbs _ < "$TMP/last"
     row "$label" "tinylm" 2 "$bytes" "$TMP/t2.npy" "${ENCODE[@]}" --out "$TMP/t2.npy" --threads 2
-    two_mbs=$(cat "$TMP/last_mbs")
+    read -r two_mbs _ < "$TMP/last"
     row "$label" "tinylm --stream" 1 "$bytes" "$TMP/ts.npy" "${ENCODE[@]}" --out "$TMP/ts.npy" --stream
+    read -r _ stream_kib < "$TMP/last"
     ratios+=("$label: tinylm 1 thread / tiktoken = $(awk "BEGIN{printf \"%.1f\", $one_mbs / $tiktoken_mbs}")x, tinylm 2 threads / 1 thread = $(awk "BEGIN{printf \"%.2f\", $two_mbs / $one_mbs}")x")
 done
 read -r _ _ base < <(measure "$TMP/e.npy" 1 "$TINYLM" bpe encode --vocab "$VOCAB" --merges "$MERGES" --input "$TMP/empty.txt" --out "$TMP/e.npy" --stream)
 echo
 printf "%s\n" "${ratios[@]}"
-echo "tinylm --stream on an empty input (tokenizer alone): peak $base MiB"
+echo "tinylm --stream peak RSS: $stream_kib KiB on the 40 MB mix, $base KiB on an empty input (process + tokenizer): the streaming encoder adds $((stream_kib - base)) KiB"

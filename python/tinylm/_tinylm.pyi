@@ -3,12 +3,24 @@
 import os
 import pathlib
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, final
 
 import numpy as np
 import numpy.typing as npt
 
 __version__: str
+__all__ = [
+    "__version__",
+    "train_bpe",
+    "Tokenizer",
+    "EncodeIterable",
+    "TransformerLM",
+    "train",
+    "nn",
+    "optim",
+    "data",
+    "checkpoint",
+]
 
 def train_bpe(
     input_path: str | os.PathLike[str],
@@ -24,6 +36,7 @@ def train_bpe(
     invalid UTF-8 or a ``vocab_size`` below ``256 + len(special_tokens)``.
     """
 
+@final
 class Tokenizer:
     """A byte-level BPE tokenizer with GPT-2 semantics.
 
@@ -32,12 +45,12 @@ class Tokenizer:
     in text they always become their single id (longest match first).
     """
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         vocab: dict[int, bytes],
         merges: list[tuple[bytes, bytes]],
         special_tokens: list[str] | None = None,
-    ) -> None: ...
+    ) -> "Tokenizer": ...
     @classmethod
     def from_files(
         cls,
@@ -62,12 +75,14 @@ class Tokenizer:
         """The text of ``ids``; malformed UTF-8 becomes U+FFFD. An id out of range
         raises ``ValueError``."""
 
+@final
 class EncodeIterable(Iterator[int]):
     """The lazy iterator returned by ``Tokenizer.encode_iterable``."""
 
     def __iter__(self) -> "EncodeIterable": ...
     def __next__(self) -> int: ...
 
+@final
 class TransformerLM:
     """A decoder-only Transformer LM run in Rust. ``config`` has the engine's keys:
     ``vocab_size``, ``context_length``, ``d_model``, ``num_layers``, ``num_heads``,
@@ -75,7 +90,7 @@ class TransformerLM:
     ``positional`` (rope/none), ``ffn`` (swiglu/silu), ``tie_embeddings``.
     Weights are initialized as the SPEC says from ``seed``."""
 
-    def __init__(self, config: dict[str, Any], seed: int = 0) -> None: ...
+    def __new__(cls, config: dict[str, Any], seed: int = 0) -> "TransformerLM": ...
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike[str]) -> "TransformerLM":
         """A model from a checkpoint file or a run directory."""
@@ -115,3 +130,9 @@ def train(config: dict[str, Any] | str | os.PathLike[str]) -> pathlib.Path:
     run directory (``out_dir``). Progress goes to stderr; Ctrl-C stops cleanly
     (checkpoint first) and raises ``KeyboardInterrupt``."""
 
+
+# The submodules hold the functions typed in the package modules of the same names.
+from tinylm import checkpoint as checkpoint
+from tinylm import data as data
+from tinylm import nn as nn
+from tinylm import optim as optim

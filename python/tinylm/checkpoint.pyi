@@ -7,6 +7,8 @@ from typing import BinaryIO
 import numpy as np
 import numpy.typing as npt
 
+__all__ = ["save", "load"]
+
 def save(
     path_or_binary_file: str | os.PathLike[str] | BinaryIO,
     model_state: dict[str, npt.ArrayLike],

@@ -3,6 +3,8 @@
 import numpy as np
 import numpy.typing as npt
 
+__all__ = ["get_batch"]
+
 def get_batch(
     dataset: npt.ArrayLike,
     batch_size: int,

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
+__all__ = ["lr_cosine_schedule", "clip_grad_norm_", "adamw_step"]
+
 def lr_cosine_schedule(
     it: int,
     max_learning_rate: float,

@@ -76,6 +76,8 @@ def test_errors():
         model.load_state_dict(dict(w, **{"ln_final.weight": np.zeros(3)}))
     with pytest.raises(ValueError, match="divisible"):
         tinylm.TransformerLM(dict(CONFIG, num_heads=3))
+    with pytest.raises(FileNotFoundError, match="missing.safetensors"):
+        tinylm.TransformerLM.from_pretrained("missing.safetensors")
     with pytest.raises(ValueError, match="unknown field"):
         tinylm.TransformerLM(dict(CONFIG, d_modle=3))
 
@@ -104,7 +106,7 @@ def test_train_and_from_pretrained(tmp_path):
     np.save(tmp_path / "val.npy", tokens[:600])
     config = {
         "model": CONFIG,
-        "train_data": str(tmp_path / "train.npy"),
+        "train_data": tmp_path / "train.npy",  # a path object works too
         "val_data": str(tmp_path / "val.npy"),
         "out_dir": str(tmp_path / "run"),
         "batch_size": 4,
@@ -124,8 +126,15 @@ def test_train_and_from_pretrained(tmp_path):
     m, opt, it, meta = tinylm.checkpoint.load(tmp_path / "run" / "checkpoint.safetensors")
     assert it == 6 and set(m) == set(model.state_dict())
     assert any(k.startswith("m.") for k in opt)
-    (tmp_path / "config.json").write_text(json.dumps(dict(config, out_dir=str(tmp_path / "run2"))))
+    (tmp_path / "config.json").write_text(json.dumps(dict(config, out_dir=str(tmp_path / "run2")), default=str))
     assert str(tinylm.train(str(tmp_path / "config.json"))) == str(tmp_path / "run2")
+    model_toml = "\n".join(f"{k} = {v}" for k, v in CONFIG.items())
+    (tmp_path / "config.toml").write_text(
+        f'train_data = "{tmp_path / "train.npy"}"\nout_dir = "{tmp_path / "run3"}"\n'
+        f"batch_size = 2\nsteps = 2\nthreads = 1\n[model]\n{model_toml}\n"
+    )
+    run3 = tinylm.train(tmp_path / "config.toml")
+    assert (run3 / "checkpoint.safetensors").exists()
     with pytest.raises(FileNotFoundError):
         tinylm.train(dict(config, train_data=str(tmp_path / "missing.npy")))
     with pytest.raises(ValueError, match="unknown field"):

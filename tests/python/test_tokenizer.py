@@ -159,6 +159,8 @@ def test_decode_errors_and_replacement(gpt2_files):
     assert tok.decode([ids[b"\xe2"], ids[b"a"]]) == "\ufffda"
     with pytest.raises(ValueError, match="out of range"):
         tok.decode([50257])
+    with pytest.raises(ValueError, match="out of range"):
+        tok.decode([-1])
 
 
 def test_constructor_errors(tmp_path):

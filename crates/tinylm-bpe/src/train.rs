@@ -164,15 +164,23 @@ fn is_cut(bytes: &[u8], q: usize, specials: &[&[u8]]) -> bool {
     }
 }
 
-/// Chunk ranges of about `chunk_bytes` each, cut where [`is_cut`] holds.
-fn chunks(bytes: &[u8], specials: &[&[u8]], chunk_bytes: usize) -> Vec<(usize, usize)> {
+/// Chunk ranges of about `chunk_bytes` each, cut where [`is_cut`] holds; each byte
+/// range looked at for a cut is handed to `release`.
+fn chunks(
+    bytes: &[u8],
+    specials: &[&[u8]],
+    chunk_bytes: usize,
+    release: &dyn Fn(usize, usize),
+) -> Vec<(usize, usize)> {
     let mut out = Vec::new();
     let mut start = 0;
     while start < bytes.len() {
-        let mut end = start.saturating_add(chunk_bytes.max(1)).min(bytes.len());
+        let target = start.saturating_add(chunk_bytes.max(1)).min(bytes.len());
+        let mut end = target;
         while end < bytes.len() && !is_cut(bytes, end, specials) {
             end += 1;
         }
+        release(target, end);
         out.push((start, end));
         start = end;
     }
@@ -205,7 +213,16 @@ fn count_pretokens_with(
 ) -> Result<PretokenCounts> {
     let splitter = SpecialSplitter::new(special_tokens);
     let special_bytes: Vec<&[u8]> = special_tokens.iter().map(|s| s.as_bytes()).collect();
-    let ranges = chunks(bytes, &special_bytes, chunk_bytes);
+    // The kernel maps file pages around each page fault ("fault-around"), so a range
+    // of the file is released with a margin on both sides.
+    let release_around = |from: usize, to: usize| {
+        let (from, to) = (
+            from.saturating_sub(1 << 18),
+            (to + (1 << 18)).min(bytes.len()),
+        );
+        release(from, to - from);
+    };
+    let ranges = chunks(bytes, &special_bytes, chunk_bytes, &release_around);
     let done = AtomicU64::new(0);
     // The smallest byte offset of invalid UTF-8 found so far; later chunks are skipped.
     let first_invalid = AtomicUsize::new(usize::MAX);
@@ -234,7 +251,7 @@ fn count_pretokens_with(
             }
         }
         idle.lock().expect("no panics").push(counter);
-        release(start, end - start);
+        release_around(start, end);
         let done = done.fetch_add((end - start) as u64, Ordering::Relaxed) + (end - start) as u64;
         if let Some(report) = options.progress {
             report(Progress::Pretokenized {
@@ -534,7 +551,7 @@ mod tests {
     #[test]
     fn real_text_has_cuts_everywhere() {
         let text = "Hello, world. Ça va? 中文，很好。 42x\n".repeat(100);
-        let ranges = chunks(text.as_bytes(), &[b"<|endoftext|>"], 16);
+        let ranges = chunks(text.as_bytes(), &[b"<|endoftext|>"], 16, &|_, _| {});
         assert!(ranges.len() > text.len() / 40, "{} chunks", ranges.len());
         assert!(ranges.windows(2).all(|r| r[0].1 == r[1].0));
         assert_eq!((ranges[0].0, ranges.last().unwrap().1), (0, text.len()));

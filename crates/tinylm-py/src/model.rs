@@ -3,14 +3,20 @@
 use crate::arrays::{output, token_ids, Floats};
 use crate::errors::{detached, invalid, model_error};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyType};
+use pyo3::types::{IntoPyDict, PyDict, PyType};
 use std::ops::ControlFlow;
 use std::path::PathBuf;
 use tinylm::generate::{generate, Sampler};
 use tinylm::params::ParamLayout;
 use tinylm::{Model, ModelConfig};
 
-/// A Python dict (or anything `json.dumps` takes) as a serde value of type `T`.
+/// Python's `str`, to turn paths into JSON strings.
+fn builtins_str(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
+    PyModule::import(py, "builtins")?.getattr("str")
+}
+
+/// A Python dict (or anything `json.dumps` takes; other values such as paths become
+/// strings) as a serde value of type `T`.
 pub fn from_py_json<T: serde::de::DeserializeOwned>(
     value: &Bound<'_, PyAny>,
     what: &str,
@@ -18,7 +24,10 @@ pub fn from_py_json<T: serde::de::DeserializeOwned>(
     let json = PyModule::import(value.py(), "json")?;
     let text: String = json
         .getattr("dumps")?
-        .call1((value,))
+        .call(
+            (value,),
+            Some(&[("default", builtins_str(value.py())?)].into_py_dict(value.py())?),
+        )
         .map_err(|e| invalid(format!("{what}: not JSON-like: {e}")))?
         .extract()?;
     serde_json::from_str(&text).map_err(|e| invalid(format!("{what}: {e}")))
@@ -232,6 +241,7 @@ impl TransformerLM {
         })
     }
 
+    /// Same as `forward`.
     fn __call__<'py>(
         &mut self,
         py: Python<'py>,

@@ -154,15 +154,12 @@ fn sdpa_op(
     out
 }
 
-/// RoPE tables with one row per position in `positions`: `(len, D/2)` each, rows of
-/// the kernels' table for `max_seq_len` positions.
-fn rope_rows(
-    positions: &[usize],
-    max_seq_len: usize,
-    d: usize,
-    theta: f64,
-) -> (Vec<f32>, Vec<f32>) {
-    let (cos, sin) = rope_tables::<f32>(max_seq_len, d, theta);
+/// RoPE tables with one row per position in `positions` (each checked below
+/// `max_seq_len`): `(len, D/2)` each, rows of the kernels' table, which is computed
+/// only up to the largest position.
+fn rope_rows(positions: &[usize], d: usize, theta: f64) -> (Vec<f32>, Vec<f32>) {
+    let len = positions.iter().max().map_or(0, |&p| p + 1);
+    let (cos, sin) = rope_tables::<f32>(len, d, theta);
     let half = d / 2;
     let gather = |table: &[f32]| -> Vec<f32> {
         positions
@@ -472,7 +469,7 @@ pub fn rope<'py>(
         for (dst, src) in qkv.chunks_exact_mut(3 * d).zip(xd.chunks_exact(d)) {
             dst[..d].copy_from_slice(src);
         }
-        let (cos, sin) = rope_rows(&pos, max_seq_len, d, theta);
+        let (cos, sin) = rope_rows(&pos, d, theta);
         let shape = AttnShape {
             b: 1,
             t: rows,
@@ -642,7 +639,7 @@ pub fn multihead_self_attention<'py>(
             check_rope(d, theta)?;
             let max_seq_len = max_seq_len.unwrap_or(t);
             let pos = positions(token_positions, &x.shape[..x.ndim() - 1], max_seq_len)?;
-            Some(rope_rows(&pos, max_seq_len, d, theta))
+            Some(rope_rows(&pos, d, theta))
         }
         None => None,
     };
@@ -687,7 +684,7 @@ pub fn transformer_block<'py>(
     let mha = mha_weights(&q, &k, &v, &o, c, num_heads)?;
     check_rope(c / num_heads, theta)?;
     let pos = positions(None, &x.shape[..x.ndim() - 1], max_seq_len)?;
-    let rope = rope_rows(&pos, max_seq_len, c / num_heads, theta);
+    let rope = rope_rows(&pos, c / num_heads, theta);
     let (xd, g1, g2) = (x.data(), ln1.data(), ln2.data());
     let (a, bb, dd) = (w1.data(), w2.data(), w3.data());
     let out = detached(py, || {

@@ -142,7 +142,15 @@ impl Tokenizer {
     }
 
     /// The text of `ids` (malformed UTF-8 becomes U+FFFD).
-    fn decode(&self, ids: Vec<u32>) -> PyResult<String> {
+    fn decode(&self, ids: Vec<i64>) -> PyResult<String> {
+        let ids = ids
+            .iter()
+            .enumerate()
+            .map(|(i, &id)| {
+                u32::try_from(id)
+                    .map_err(|_| invalid(format!("token id {id} (position {i}) is out of range")))
+            })
+            .collect::<PyResult<Vec<u32>>>()?;
         self.inner.decode(&ids).map_err(bpe_error)
     }
 

@@ -133,13 +133,13 @@ impl ModelConfig {
                 return bad(format!("{name} must be positive"));
             }
         }
-        if self.d_model % self.num_heads != 0 {
+        if !self.d_model.is_multiple_of(self.num_heads) {
             return bad(format!(
                 "d_model {} is not divisible by num_heads {}",
                 self.d_model, self.num_heads
             ));
         }
-        if self.positional == Positional::Rope && self.head_dim() % 2 != 0 {
+        if self.positional == Positional::Rope && !self.head_dim().is_multiple_of(2) {
             return bad(format!(
                 "RoPE needs an even head dimension, got d_model/num_heads = {}",
                 self.head_dim()

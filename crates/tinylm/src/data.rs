@@ -93,7 +93,7 @@ pub struct TokenDataset {
 }
 
 impl TokenDataset {
-    /// Maps `path` (`uint16`, `uint32`, `int32` or `int64`) and checks every id is in
+    /// Maps `path` (1-D `uint16`, `uint32`, `int32` or `int64`) and checks every id is in
     /// `[0, vocab_size)` (one parallel pass); errors name the file and element offset.
     pub fn open(path: &Path, vocab_size: usize) -> Result<Self> {
         let npy = MappedNpy::open(path)?;
@@ -102,6 +102,13 @@ impl TokenDataset {
             return Err(Error::Invalid(format!(
                 "{}: dtype float32 is not a token array (expected uint16, uint32, int32 or int64)",
                 path.display()
+            )));
+        }
+        if npy.header.shape.len() != 1 {
+            return Err(Error::Invalid(format!(
+                "{}: expected a 1-D token array, got shape {:?}",
+                path.display(),
+                npy.header.shape
             )));
         }
         let bad = npy

@@ -3,12 +3,10 @@ use std::path::PathBuf;
 /// Every failure of the model crate. Messages name the file, position or value at fault.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    /// An I/O failure on `path`. (`err` is shown in the message, not chained as a
+    /// `source`, so that error reports print it once.)
+    #[error("{}: {err}", path.display())]
+    Io { path: PathBuf, err: std::io::Error },
     /// An invalid model or training configuration.
     #[error("invalid configuration: {0}")]
     Config(String),
@@ -25,7 +23,7 @@ impl Error {
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io {
             path: path.into(),
-            source,
+            err: source,
         }
     }
 }

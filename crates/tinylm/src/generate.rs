@@ -21,9 +21,9 @@ use tinylm_bpe::encode::Tokenizer;
 /// of the logits and the seed alone.
 #[derive(Clone, Debug)]
 pub struct Sampler {
-    pub temperature: f32,
-    pub top_p: f32,
-    pub top_k: Option<usize>,
+    temperature: f32,
+    top_p: f32,
+    top_k: Option<usize>,
     rng: ChaCha8Rng,
     /// Scratch `(id, probability)` pairs, reused across calls.
     probs: Vec<(u32, f32)>,

@@ -158,6 +158,13 @@ fn bad_files_are_clear_errors() {
     std::fs::write(&p, bytes).unwrap();
     let e = TokenDataset::open(&p, 10).err().unwrap().to_string();
     assert!(e.contains("f8.npy") && e.contains("<f8"), "{e}");
+    let p = dir.path().join("2d.npy");
+    npy::write(&p, &[2, 2], &[1u16, 2, 3, 4]).unwrap();
+    let e = TokenDataset::open(&p, 10).err().unwrap().to_string();
+    assert!(
+        e.contains("2d.npy") && e.contains("1-D") && e.contains("[2, 2]"),
+        "{e}"
+    );
     let e = TokenDataset::open(&dir.path().join("missing.npy"), 10)
         .err()
         .unwrap()

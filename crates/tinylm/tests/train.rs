@@ -237,3 +237,51 @@ fn bad_resume_divergence_and_data_are_clear_errors() {
         "{e}"
     );
 }
+
+#[test]
+fn config_keys_defaults_and_token_budget() {
+    let cfg: TrainConfig =
+        serde_json::from_str(r#"{"train_data": "t.npy", "batch_size": 4, "max_tokens": 10000}"#)
+            .unwrap();
+    assert_eq!(cfg.model, ModelConfig::tinystories());
+    assert_eq!(cfg.total_steps(), 10); // ceil(10000 / (4 · 256))
+    assert!(cfg.validate().is_ok());
+    let e = serde_json::from_str::<TrainConfig>(r#"{"learning_rate": 1}"#).unwrap_err();
+    assert!(e.to_string().contains("learning_rate"));
+    for (field, bad) in [("beta2", "1.0"), ("eps", "0.0"), ("lr_max", "-1.0")] {
+        let json = format!(r#"{{"train_data": "t.npy", "{field}": {bad}}}"#);
+        let e = serde_json::from_str::<TrainConfig>(&json)
+            .unwrap()
+            .validate();
+        assert!(e.unwrap_err().to_string().contains(field), "{field}");
+    }
+    let e = TrainConfig::default().validate().unwrap_err().to_string();
+    assert!(e.contains("train_data"), "{e}");
+}
+
+/// Adds coverage with real text when the shared corpus is present.
+#[test]
+fn loss_falls_on_real_text_when_available() {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/tiny_shakespeare.txt");
+    let Ok(text) = std::fs::read(&path) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = setup(dir.path());
+    let ids: Vec<u16> = text[..200_000].iter().map(|&b| u16::from(b)).collect();
+    cfg.train_data = dir.path().join("shakespeare.npy");
+    npy::write(&cfg.train_data, &[ids.len()], &ids).unwrap();
+    cfg.val_data = None;
+    cfg.steps = 80;
+    cfg.lr_max = 5e-3;
+    let s = train(&cfg, &never(), &mut |_: &Progress| {}).unwrap();
+    let log = read_log(&cfg);
+    let late: f64 = log[70..].iter().map(|r| r.train_loss).sum::<f64>() / 10.0;
+    assert!(
+        late < log[0].train_loss - 2.0 && late < 3.3,
+        "{} -> {late}",
+        log[0].train_loss
+    );
+    assert_eq!(s.val_loss, None);
+}

@@ -147,11 +147,15 @@ fn bench(c: &ModelConfig, b: usize, t: usize, args: &BenchArgs) -> Result<()> {
     }
     let mut times = Vec::with_capacity(args.steps);
     let mut loss = 0.0;
+    let cpu_start = cpu_seconds();
     for _ in 0..args.steps {
         let start = Instant::now();
         loss = step(&mut model)?;
         times.push(start.elapsed().as_secs_f64());
     }
+    let cpu_per_step = cpu_seconds()
+        .zip(cpu_start)
+        .map(|(end, start)| (end - start) / args.steps as f64);
     times.sort_by(f64::total_cmp);
     let (best, median) = (times[0], times[times.len() / 2]);
     println!(
@@ -170,6 +174,17 @@ fn bench(c: &ModelConfig, b: usize, t: usize, args: &BenchArgs) -> Result<()> {
         n as f64 / median,
         flops / median * 1e-9
     );
+
+    if let Some(cpu) = cpu_per_step {
+        let threads = rayon::current_num_threads() as f64;
+        println!(
+            "  CPU time {:.1} ms per step over all threads; / {threads} threads = {:.1} ms \
+             ({:.0} tokens/s if the threads had their cores to themselves)",
+            cpu * 1e3,
+            cpu / threads * 1e3,
+            n as f64 * threads / cpu
+        );
+    }
 
     breakdown(c, model.params().to_vec(), &ids, &targets, b, t)?;
     if !args.no_peak {
@@ -269,4 +284,16 @@ fn peak(c: &ModelConfig, n: usize) {
         );
     }
     println!("  peak {best_overall:.1} GFLOP/s");
+}
+
+/// CPU seconds this process's threads have run so far (Linux; `None` elsewhere).
+/// Unlike wall-clock time it does not count time lost to other processes, so it
+/// shows the engine's own cost on a busy machine.
+fn cpu_seconds() -> Option<f64> {
+    let mut ns = 0u64;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let stat = std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok()?;
+        ns += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(ns as f64 * 1e-9)
 }

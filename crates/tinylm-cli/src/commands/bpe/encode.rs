@@ -8,7 +8,7 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use tinylm_bpe::encode::Tokenizer;
+use tinylm_bpe::encode::{Tokenizer, Utf8Chunks};
 use tinylm_bpe::files;
 use tinylm_bpe::npy::{Dtype, NpyWriter};
 
@@ -122,14 +122,15 @@ fn encode_stream(
     let file =
         File::open(&args.input).with_context(|| format!("cannot read {}", args.input.display()))?;
     let mut writer = NpyWriter::create(&args.out, Dtype::for_vocab(tokenizer.vocab_size()))?;
-    let mut ids = Vec::with_capacity(1 << 16);
-    for id in tokenizer.encode_reader(Counted { file, bar }) {
-        ids.push(id.with_context(|| format!("{}", args.input.display()))?);
-        if ids.len() == ids.capacity() {
-            writer.write_ids(&ids)?;
-            ids.clear();
-        }
+    let mut stream = tokenizer.stream();
+    let mut ids = Vec::new();
+    for chunk in Utf8Chunks::new(Counted { file, bar }) {
+        let chunk = chunk.with_context(|| args.input.display().to_string())?;
+        stream.push(&chunk, &mut ids);
+        writer.write_ids(&ids)?;
+        ids.clear();
     }
+    stream.finish(&mut ids);
     writer.write_ids(&ids)?;
     let tokens = writer.count();
     writer.finish()?;

@@ -37,7 +37,6 @@ pub fn attention_forward<F: Float>(out: &mut [F], att: &mut [F], qkv: &[F], s: A
                     View::new(k, 3 * c, true),
                     scale,
                     false,
-                    false,
                 );
             }
             for (i, row) in p.chunks_exact_mut(t).enumerate() {
@@ -64,7 +63,6 @@ pub fn attention_forward<F: Float>(out: &mut [F], att: &mut [F], qkv: &[F], s: A
                     View::new(p, t, false),
                     View::new(v, 3 * c, false),
                     F::ONE,
-                    false,
                     false,
                 );
             }
@@ -114,7 +112,6 @@ pub fn attention_backward<F: Float>(
                     dout,
                     F::ONE,
                     false,
-                    false,
                 );
                 // dP (T, T) = dO (T, D) · Vᵀ
                 gemm_view(
@@ -124,7 +121,6 @@ pub fn attention_backward<F: Float>(
                     dout,
                     View::new(v, 3 * c, true),
                     F::ONE,
-                    false,
                     false,
                 );
             }
@@ -147,7 +143,6 @@ pub fn attention_backward<F: Float>(
                     View::new(k, 3 * c, false),
                     F::ONE,
                     false,
-                    false,
                 );
                 // dK (T, D) = dSᵀ (T, T) · Q (T, D)
                 gemm_view(
@@ -157,7 +152,6 @@ pub fn attention_backward<F: Float>(
                     View::new(dp, t, true),
                     View::new(q, 3 * c, false),
                     F::ONE,
-                    false,
                     false,
                 );
             }

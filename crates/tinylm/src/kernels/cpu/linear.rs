@@ -7,7 +7,7 @@ use gemm::Parallelism;
 use rayon::prelude::*;
 
 /// Products smaller than this many multiply-adds run on the calling thread: the
-/// split across threads costs more than it saves.
+/// fork-join costs more than it saves.
 const PARALLEL_MIN_MACS: usize = 1 << 20;
 
 /// A strided matrix view: element `(i, j)` at `ptr + i·rs + j·cs`.
@@ -34,7 +34,8 @@ impl<F> View<F> {
     }
 }
 
-/// `dst (m, n) = scale · a (m, k) · b (k, n)`, or `dst += …` when `accumulate`.
+/// `dst (m, n) = scale · a (m, k) · b (k, n)`, or `dst += …` when `accumulate`, on
+/// the calling thread.
 ///
 /// # Safety
 /// The views must address valid memory for their shapes, `dst` must be writable
@@ -48,13 +49,7 @@ pub(crate) unsafe fn gemm_view<F: Float>(
     b: View<F>,
     scale: F,
     accumulate: bool,
-    parallel: bool,
 ) {
-    let parallelism = if parallel && m * k * n >= PARALLEL_MIN_MACS {
-        Parallelism::Rayon(0)
-    } else {
-        Parallelism::None
-    };
     gemm::gemm(
         m,
         n,
@@ -74,7 +69,7 @@ pub(crate) unsafe fn gemm_view<F: Float>(
         false,
         false,
         false,
-        parallelism,
+        Parallelism::None,
     );
 }
 
@@ -116,7 +111,6 @@ pub fn matmul<F: Float>(out: &mut [F], a: &[F], b: &[F], s: MatMul) {
                     b_view,
                     F::ONE,
                     s.accumulate,
-                    false,
                 );
             }
         });
