@@ -225,7 +225,7 @@ def check(args):
     torch.manual_seed(args.seed)
     model = TransformerLM(c)
     with torch.no_grad():  # gains away from 1 so their gradients are exercised
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             if p.dim() == 1:
                 p.add_(0.1 * torch.randn_like(p))
     b, t = args.batch_size, args.seq_len or c["context_length"]

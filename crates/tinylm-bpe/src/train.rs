@@ -3,7 +3,7 @@
 //! Two phases:
 //! 1. [`count_pretokens`]: the memory-mapped file is cut into chunks at places where
 //!    both the special-token split and the GPT-2 pre-tokenizer are known to start afresh
-//!    ([`is_cut`]), so chunks are pre-tokenized and counted in parallel (rayon) and the
+//!    (`is_cut`), so chunks are pre-tokenized and counted in parallel (rayon) and the
 //!    counts equal those of the whole text. Each thread keeps one map of unique
 //!    pre-tokens; pages of the file are released as soon as a chunk is counted, so
 //!    memory follows the number of unique pre-tokens, not the size of the file.
@@ -246,7 +246,7 @@ fn count_pretokens_with(
         for piece in splitter.split(&text) {
             if let Piece::Text(t) = piece {
                 for token in pretokens(t) {
-                    counter.add(token.as_bytes(), 1);
+                    counter.add(token.as_bytes());
                 }
             }
         }
@@ -282,16 +282,16 @@ struct Counter {
 
 impl Counter {
     #[inline]
-    fn add(&mut self, token: &[u8], n: u64) {
+    fn add(&mut self, token: &[u8]) {
         if token.len() < 16 {
             let mut packed = [0u8; 16];
             packed[..token.len()].copy_from_slice(token);
             packed[15] = token.len() as u8;
-            *self.short.entry(u128::from_le_bytes(packed)).or_default() += n;
+            *self.short.entry(u128::from_le_bytes(packed)).or_default() += 1;
         } else if let Some(count) = self.long.get_mut(token) {
-            *count += n;
+            *count += 1;
         } else {
-            self.long.insert(token.to_vec(), n);
+            self.long.insert(token.to_vec(), 1);
         }
     }
 
@@ -420,7 +420,7 @@ pub fn train_from_counts(
     let mut vocab: Vocab = (0..=255u8).map(|b| vec![b]).collect();
     vocab.extend(specials.iter().map(|s| s.as_bytes().to_vec()));
     let total_merges = vocab_size.saturating_sub(vocab.len());
-    let mut merges = Merges::with_capacity(total_merges);
+    let mut merges = Merges::new();
 
     // Words of two or more bytes as token ids, back to back in `symbols`; single bytes
     // never hold a pair.

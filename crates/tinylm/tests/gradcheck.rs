@@ -33,7 +33,10 @@ fn check(name: &str, x: &mut [f64], analytic: &[f64], mut loss: impl FnMut(&[f64
             analytic[i]
         );
     }
-    eprintln!("{name}: {} values, worst relative error {worst:.1e}", x.len());
+    eprintln!(
+        "{name}: {} values, worst relative error {worst:.1e}",
+        x.len()
+    );
 }
 
 /// `Σ r ⊙ out`: a scalar loss whose gradient with respect to `out` is `r`.
@@ -67,7 +70,9 @@ fn linear_forward_and_backward() {
     linear::matmul(&mut dw, &r, &x, MatMul::linear_dw(n, d_in, d_out));
     dw.iter_mut().for_each(|g| *g -= 0.5); // linear_dw accumulates
     let w0 = w.clone();
-    check("linear dx", &mut x.clone(), &dx, |x| dot(&r, &forward(x, &w0)));
+    check("linear dx", &mut x.clone(), &dx, |x| {
+        dot(&r, &forward(x, &w0))
+    });
     check("linear dW", &mut w, &dw, |w| dot(&r, &forward(&x, w)));
     x.clear();
 }
@@ -196,7 +201,10 @@ fn attention_backward_matches_finite_differences() {
     let mut rng = ChaCha8Rng::seed_from_u64(6);
     let s = attn_shape(2, 5, 2, 3);
     let c = s.h * s.d;
-    let mut qkv: Vec<f64> = randn(&mut rng, s.b * s.t * 3 * c).iter().map(|v| v * 2.0).collect();
+    let mut qkv: Vec<f64> = randn(&mut rng, s.b * s.t * 3 * c)
+        .iter()
+        .map(|v| v * 2.0)
+        .collect();
     let r = randn(&mut rng, s.b * s.t * c);
     let forward = |qkv: &[f64]| {
         let mut out = vec![0.0; s.b * s.t * c];
@@ -269,9 +277,10 @@ fn whole_model_gradient_in_every_ablation() {
                     let config = tiny(norm, positional, ffn, tied);
                     let name = format!("model {norm:?}/{positional:?}/{ffn:?}/tied={tied}");
                     let layout = tinylm::params::ParamLayout::new(&config);
-                    let mut params: Vec<f64> =
-                        layout.init(3).iter().map(|&p| p as f64).collect();
-                    params.iter_mut().for_each(|p| *p += 0.3 * (rng.random::<f64>() - 0.5));
+                    let mut params: Vec<f64> = layout.init(3).iter().map(|&p| p as f64).collect();
+                    params
+                        .iter_mut()
+                        .for_each(|p| *p += 0.3 * (rng.random::<f64>() - 0.5));
                     let mut model = Model::<f64>::with_params(config, params.clone()).unwrap();
                     model.forward_loss(&ids, &targets, b, t).unwrap();
                     model.backward().unwrap();

@@ -39,12 +39,15 @@ fn ablations() -> Vec<ModelConfig> {
 fn params(c: &ModelConfig, seed: u64) -> Vec<f32> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut p = ParamLayout::new(c).init(seed);
-    p.iter_mut().for_each(|x| *x += 0.2 * (rng.random::<f32>() - 0.5));
+    p.iter_mut()
+        .for_each(|x| *x += 0.2 * (rng.random::<f32>() - 0.5));
     p
 }
 
 fn random_ids(rng: &mut ChaCha8Rng, len: usize, vocab: usize) -> Vec<u32> {
-    (0..len).map(|_| rng.random_range(0..vocab as u32)).collect()
+    (0..len)
+        .map(|_| rng.random_range(0..vocab as u32))
+        .collect()
 }
 
 /// `x Wᵀ` for `x (n, d_in)`, `W (d_out, d_in)`.
@@ -300,7 +303,10 @@ fn bad_input_is_an_error_not_a_panic() {
     let mut bad = ok.clone();
     bad[6] = 19;
     let e = msg(model.forward(&bad, 2, 4).map(|_| ()));
-    assert!(e.contains("19") && e.contains("(1, 2)") && e.contains("vocab_size"), "{e}");
+    assert!(
+        e.contains("19") && e.contains("(1, 2)") && e.contains("vocab_size"),
+        "{e}"
+    );
     let e = msg(model.forward_loss(&ok, &bad, 2, 4).map(|_| ()));
     assert!(e.contains("target") && e.contains("(1, 2)"), "{e}");
     let long = vec![0u32; 10];
@@ -316,7 +322,10 @@ fn bad_input_is_an_error_not_a_panic() {
     model.forward(&ok, 2, 4).unwrap();
     assert!(model.backward().is_err());
 
-    let e = Model::from_params(c.clone(), vec![0.0; 5]).err().unwrap().to_string();
+    let e = Model::from_params(c.clone(), vec![0.0; 5])
+        .err()
+        .unwrap()
+        .to_string();
     assert!(e.contains("5"), "{e}");
     let mut odd = c.clone();
     odd.num_heads = 5;

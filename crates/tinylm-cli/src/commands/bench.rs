@@ -63,7 +63,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
             c
         }
     };
-    let (b, t) = (args.batch_size, args.seq_len.unwrap_or(config.context_length));
+    let (b, t) = (
+        args.batch_size,
+        args.seq_len.unwrap_or(config.context_length),
+    );
     if b == 0 || t == 0 || t > config.context_length {
         bail!(
             "--batch-size must be positive and --seq-len in 1..={}",
@@ -86,8 +89,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
 fn step_flops(c: &ModelConfig, b: usize, t: usize) -> f64 {
     let (d, f) = (c.d_model as f64, c.d_ff as f64);
     let ffn_mats = if c.ffn == Ffn::Swiglu { 3.0 } else { 2.0 };
-    let matmul_params = c.num_layers as f64 * (4.0 * d * d + ffn_mats * d * f)
-        + c.vocab_size as f64 * d;
+    let matmul_params =
+        c.num_layers as f64 * (4.0 * d * d + ffn_mats * d * f) + c.vocab_size as f64 * d;
     let tokens = (b * t) as f64;
     let attention = c.num_layers as f64 * 3.0 * 4.0 * b as f64 * (t * t) as f64 * d;
     6.0 * matmul_params * tokens + attention
@@ -131,6 +134,7 @@ fn bench(c: &ModelConfig, b: usize, t: usize, args: &BenchArgs) -> Result<()> {
     let mut opt = AdamW::new(
         model.params().len(),
         AdamWParams {
+            beta2: 0.95,
             weight_decay: 0.1,
             ..AdamWParams::default()
         },
@@ -233,7 +237,10 @@ fn breakdown(
     rows.push(("other (orchestration)".into(), (total - accounted).max(0.0)));
     for (name, s) in &rows {
         let extra = if name.starts_with("matmul") {
-            let matmul_s = seconds.iter().find(|r| r.0 == Kind::Matmul).map_or(0.0, |r| r.1);
+            let matmul_s = seconds
+                .iter()
+                .find(|r| r.0 == Kind::Matmul)
+                .map_or(0.0, |r| r.1);
             format!(
                 "  {:>6.1} GFLOP/s",
                 model.backend().matmul_flops() as f64 / matmul_s * 1e-9

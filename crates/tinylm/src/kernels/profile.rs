@@ -65,7 +65,12 @@ impl<B> Profiled<B> {
     pub fn seconds(&self) -> Vec<(Kind, f64)> {
         Kind::ALL
             .iter()
-            .map(|&k| (k, self.nanos[k as usize].load(Ordering::Relaxed) as f64 * 1e-9))
+            .map(|&k| {
+                (
+                    k,
+                    self.nanos[k as usize].load(Ordering::Relaxed) as f64 * 1e-9,
+                )
+            })
             .collect()
     }
 
@@ -75,7 +80,9 @@ impl<B> Profiled<B> {
     }
 
     pub fn reset(&self) {
-        self.nanos.iter().for_each(|n| n.store(0, Ordering::Relaxed));
+        self.nanos
+            .iter()
+            .for_each(|n| n.store(0, Ordering::Relaxed));
         self.matmul_flops.store(0, Ordering::Relaxed);
     }
 
@@ -90,7 +97,8 @@ impl<B> Profiled<B> {
 
 impl<F: Float, B: Backend<F>> Backend<F> for Profiled<B> {
     fn matmul(&self, out: &mut [F], a: &[F], b: &[F], shape: MatMul) {
-        self.matmul_flops.fetch_add(shape.flops(), Ordering::Relaxed);
+        self.matmul_flops
+            .fetch_add(shape.flops(), Ordering::Relaxed);
         self.time(Kind::Matmul, || self.inner.matmul(out, a, b, shape))
     }
 
@@ -99,11 +107,15 @@ impl<F: Float, B: Backend<F>> Backend<F> for Profiled<B> {
     }
 
     fn embedding_forward(&self, out: &mut [F], ids: &[u32], table: &[F]) {
-        self.time(Kind::Embedding, || self.inner.embedding_forward(out, ids, table))
+        self.time(Kind::Embedding, || {
+            self.inner.embedding_forward(out, ids, table)
+        })
     }
 
     fn embedding_backward(&self, dtable: &mut [F], dout: &[F], ids: &[u32]) {
-        self.time(Kind::Embedding, || self.inner.embedding_backward(dtable, dout, ids))
+        self.time(Kind::Embedding, || {
+            self.inner.embedding_backward(dtable, dout, ids)
+        })
     }
 
     fn rmsnorm_forward(&self, out: &mut [F], rstd: &mut [F], x: &[F], g: &[F]) {
@@ -121,7 +133,8 @@ impl<F: Float, B: Backend<F>> Backend<F> for Profiled<B> {
         accumulate: bool,
     ) {
         self.time(Kind::Norm, || {
-            self.inner.rmsnorm_backward(dx, dg, dout, x, g, rstd, accumulate)
+            self.inner
+                .rmsnorm_backward(dx, dg, dout, x, g, rstd, accumulate)
         })
     }
 
@@ -137,11 +150,15 @@ impl<F: Float, B: Backend<F>> Backend<F> for Profiled<B> {
         a: &[F],
         b: Option<&[F]>,
     ) {
-        self.time(Kind::Swiglu, || self.inner.swiglu_backward(da, db, dout, a, b))
+        self.time(Kind::Swiglu, || {
+            self.inner.swiglu_backward(da, db, dout, a, b)
+        })
     }
 
     fn rope(&self, qkv: &mut [F], cos: &[F], sin: &[F], shape: AttnShape, inverse: bool) {
-        self.time(Kind::Rope, || self.inner.rope(qkv, cos, sin, shape, inverse))
+        self.time(Kind::Rope, || {
+            self.inner.rope(qkv, cos, sin, shape, inverse)
+        })
     }
 
     fn attention_forward(&self, out: &mut [F], att: &mut [F], qkv: &[F], shape: AttnShape) {
@@ -160,7 +177,8 @@ impl<F: Float, B: Backend<F>> Backend<F> for Profiled<B> {
         shape: AttnShape,
     ) {
         self.time(Kind::Attention, || {
-            self.inner.attention_backward(dqkv, datt, dout, qkv, att, shape)
+            self.inner
+                .attention_backward(dqkv, datt, dout, qkv, att, shape)
         })
     }
 

@@ -15,58 +15,60 @@ pub fn attention_forward<F: Float>(out: &mut [F], att: &mut [F], qkv: &[F], s: A
     let (t, tq, c, d) = (s.t, s.tq(), s.c(), s.d);
     assert_eq!(qkv.len(), s.b * t * 3 * c, "attention qkv size");
     assert_eq!(out.len(), s.b * tq * c, "attention output size");
-    assert_eq!(att.len(), s.b * s.h * tq * t, "attention probabilities size");
+    assert_eq!(
+        att.len(),
+        s.b * s.h * tq * t,
+        "attention probabilities size"
+    );
     let scale = F::ONE / F::from_f64(d as f64).sqrt();
     let out_ptr = SharedMut(out.as_mut_ptr());
-    att.par_chunks_mut(tq * t)
-        .enumerate()
-        .for_each(|(bh, p)| {
-            let (b, h) = (bh / s.h, bh % s.h);
-            let seq = &qkv[b * t * 3 * c..(b + 1) * t * 3 * c];
-            let q = &seq[s.q0 * 3 * c + h * d..];
-            let k = &seq[c + h * d..];
-            let v = &seq[2 * c + h * d..];
-            // SAFETY: the views stay inside `seq` for (Tq or T) rows of stride 3C;
-            // `p` is this task's own (Tq, T) block.
-            unsafe {
-                gemm_view(
-                    (tq, d, t),
-                    p.as_mut_ptr(),
-                    t,
-                    View::new(q, 3 * c, false),
-                    View::new(k, 3 * c, true),
-                    scale,
-                    false,
-                );
+    att.par_chunks_mut(tq * t).enumerate().for_each(|(bh, p)| {
+        let (b, h) = (bh / s.h, bh % s.h);
+        let seq = &qkv[b * t * 3 * c..(b + 1) * t * 3 * c];
+        let q = &seq[s.q0 * 3 * c + h * d..];
+        let k = &seq[c + h * d..];
+        let v = &seq[2 * c + h * d..];
+        // SAFETY: the views stay inside `seq` for (Tq or T) rows of stride 3C;
+        // `p` is this task's own (Tq, T) block.
+        unsafe {
+            gemm_view(
+                (tq, d, t),
+                p.as_mut_ptr(),
+                t,
+                View::new(q, 3 * c, false),
+                View::new(k, 3 * c, true),
+                scale,
+                false,
+            );
+        }
+        for (i, row) in p.chunks_exact_mut(t).enumerate() {
+            let (visible, future) = row.split_at_mut(s.q0 + i + 1);
+            let max = max(visible);
+            for x in visible.iter_mut() {
+                *x = (*x - max).exp();
             }
-            for (i, row) in p.chunks_exact_mut(t).enumerate() {
-                let (visible, future) = row.split_at_mut(s.q0 + i + 1);
-                let max = max(visible);
-                for x in visible.iter_mut() {
-                    *x = (*x - max).exp();
-                }
-                let sum = sum_by(visible, |x| x);
-                let inv = F::ONE / sum;
-                for x in visible.iter_mut() {
-                    *x *= inv;
-                }
-                future.fill(F::ZERO);
+            let sum = sum_by(visible, |x| x);
+            let inv = F::ONE / sum;
+            for x in visible.iter_mut() {
+                *x *= inv;
             }
-            // SAFETY: head h of sequence b writes only columns h·D..(h+1)·D of its
-            // own Tq rows of `out`: disjoint across tasks.
-            unsafe {
-                let dst = out_ptr.get().add(b * tq * c + h * d);
-                gemm_view(
-                    (tq, t, d),
-                    dst,
-                    c,
-                    View::new(p, t, false),
-                    View::new(v, 3 * c, false),
-                    F::ONE,
-                    false,
-                );
-            }
-        });
+            future.fill(F::ZERO);
+        }
+        // SAFETY: head h of sequence b writes only columns h·D..(h+1)·D of its
+        // own Tq rows of `out`: disjoint across tasks.
+        unsafe {
+            let dst = out_ptr.get().add(b * tq * c + h * d);
+            gemm_view(
+                (tq, t, d),
+                dst,
+                c,
+                View::new(p, t, false),
+                View::new(v, 3 * c, false),
+                F::ONE,
+                false,
+            );
+        }
+    });
 }
 
 /// Backward (full passes, `q0 = 0`): per (b, h), with `dO` the head's output

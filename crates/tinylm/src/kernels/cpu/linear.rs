@@ -25,7 +25,11 @@ unsafe impl<F: Sync> Sync for View<F> {}
 impl<F> View<F> {
     /// A row-major `(rows, cols)` matrix with row stride `rs`, or its transpose.
     pub fn new(data: &[F], rs: usize, transposed: bool) -> Self {
-        let (rs, cs) = if transposed { (1, rs as isize) } else { (rs as isize, 1) };
+        let (rs, cs) = if transposed {
+            (1, rs as isize)
+        } else {
+            (rs as isize, 1)
+        };
         View {
             ptr: data.as_ptr(),
             rs,
@@ -91,7 +95,10 @@ pub fn matmul<F: Float>(out: &mut [F], a: &[F], b: &[F], s: MatMul) {
         1
     };
     let rows = s.m.div_ceil(parts);
-    let (a_view, b_view) = (View::new(a, a_rs, s.a_transposed), View::new(b, b_rs, s.b_transposed));
+    let (a_view, b_view) = (
+        View::new(a, a_rs, s.a_transposed),
+        View::new(b, b_rs, s.b_transposed),
+    );
     out.par_chunks_mut(rows * s.n)
         .enumerate()
         .for_each(|(i, out)| {

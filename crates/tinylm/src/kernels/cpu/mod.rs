@@ -64,14 +64,7 @@ impl<F: Float> Backend<F> for Cpu {
         swiglu::swiglu_backward(da, db, dout, a, b);
     }
 
-    fn rope(
-        &self,
-        qkv: &mut [F],
-        cos: &[F],
-        sin: &[F],
-        shape: AttnShape,
-        inverse: bool,
-    ) {
+    fn rope(&self, qkv: &mut [F], cos: &[F], sin: &[F], shape: AttnShape, inverse: bool) {
         rope::rope(qkv, cos, sin, shape, inverse);
     }
 

@@ -12,24 +12,22 @@ fn sigmoid<F: Float>(a: F) -> F {
 
 /// `out (N, F) = SiLU(a) ⊙ b`, or `SiLU(a)` when `b` is `None`.
 pub fn swiglu_forward<F: Float>(out: &mut [F], a: &[F], b: Option<&[F]>) {
-    out.par_chunks_mut(CHUNK)
-        .enumerate()
-        .for_each(|(i, out)| {
-            let r = i * CHUNK..i * CHUNK + out.len();
-            let a = &a[r.clone()];
-            match b {
-                Some(b) => {
-                    for ((o, &a), &b) in out.iter_mut().zip(a).zip(&b[r]) {
-                        *o = a * sigmoid(a) * b;
-                    }
-                }
-                None => {
-                    for (o, &a) in out.iter_mut().zip(a) {
-                        *o = a * sigmoid(a);
-                    }
+    out.par_chunks_mut(CHUNK).enumerate().for_each(|(i, out)| {
+        let r = i * CHUNK..i * CHUNK + out.len();
+        let a = &a[r.clone()];
+        match b {
+            Some(b) => {
+                for ((o, &a), &b) in out.iter_mut().zip(a).zip(&b[r]) {
+                    *o = a * sigmoid(a) * b;
                 }
             }
-        });
+            None => {
+                for (o, &a) in out.iter_mut().zip(a) {
+                    *o = a * sigmoid(a);
+                }
+            }
+        }
+    });
 }
 
 /// Backward of [`swiglu_forward`]: `da = dout ⊙ b ⊙ σ(a)(1 + a(1 − σ(a)))`,
