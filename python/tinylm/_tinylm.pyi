@@ -2,7 +2,7 @@
 
 import os
 import pathlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, final
 
 import numpy as np
@@ -71,7 +71,7 @@ class Tokenizer:
         """The ids of the concatenation of the strings of ``iterable`` (e.g. a text
         file's lines), lazily: memory stays bounded whatever the input's size, and
         the ids equal ``encode("".join(iterable))``."""
-    def decode(self, ids: Iterable[int]) -> str:
+    def decode(self, ids: Sequence[int] | npt.ArrayLike) -> str:
         """The text of ``ids``; malformed UTF-8 becomes U+FFFD. An id out of range
         raises ``ValueError``."""
 

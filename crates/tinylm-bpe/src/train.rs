@@ -452,8 +452,8 @@ pub fn train_from_counts(
         heap.push(&vocab, (info.count, p));
     }
 
-    // Words spell a token by its bytes: when two merges build the same bytes, words use
-    // the id of the first (as in CS336's reference, where words are tuples of bytes).
+    // Words spell a token by its bytes, as in CS336's reference (words are tuples of
+    // bytes): should two merges ever build the same bytes, words use the first's id.
     let mut merged_ids: FxHashMap<Vec<u8>, u32> = FxHashMap::default();
     // Pairs holding the new token, whose counts only grew during this merge.
     let mut grown: Vec<Pair> = Vec::new();

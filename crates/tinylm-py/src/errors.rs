@@ -26,7 +26,9 @@ pub fn bpe_error(e: tinylm_bpe::Error) -> PyErr {
 
 pub fn model_error(e: tinylm::Error) -> PyErr {
     match e {
-        tinylm::Error::Io { err: ref source, .. } => io_error(source.kind(), e.to_string()),
+        tinylm::Error::Io {
+            err: ref source, ..
+        } => io_error(source.kind(), e.to_string()),
         tinylm::Error::Tokenizer(e) => bpe_error(e),
         other => PyValueError::new_err(other.to_string()),
     }

@@ -173,7 +173,7 @@ fn rope_rows(positions: &[usize], d: usize, theta: f64) -> (Vec<f32>, Vec<f32>) 
 /// Causal multi-head self-attention of `x (B, T, d_in)` with the fused `wqkv (3C, d_in)`
 /// (rows of W_q, W_k, W_v) and `wo (C, C)`; RoPE rows `(B·T, D/2)` when given.
 struct Mha<'a> {
-    wqkv: Cow<'a, [f32]>,
+    wqkv: Vec<f32>,
     wo: &'a [f32],
     c: usize,
     heads: usize,
@@ -326,7 +326,7 @@ fn mha_weights<'a>(
     }
     let wqkv = [q.data(), k.data(), v.data()].concat();
     Ok(Mha {
-        wqkv: Cow::Owned(wqkv),
+        wqkv,
         wo: o.data(),
         c,
         heads,

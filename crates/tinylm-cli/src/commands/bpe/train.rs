@@ -50,7 +50,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
             .get_or_init(|| {
                 bytes_bar.finish();
                 bars.add(ProgressBar::new(total as u64).with_style(style(
-                    "merging        {bar:40} {pos}/{len} merges {per_sec} eta {eta}",
+                    "merging        {bar:40} {pos}/{len} merges eta {eta}",
                 )))
             })
             .set_position(done as u64),

@@ -3,6 +3,7 @@
 //! products, all as strided views so transposes cost nothing.
 
 use super::super::{Float, MatMul};
+use super::SharedMut;
 use gemm::Parallelism;
 use rayon::prelude::*;
 
@@ -89,36 +90,41 @@ pub fn matmul<F: Float>(out: &mut [F], a: &[F], b: &[F], s: MatMul) {
     }
     let a_rs = if s.a_transposed { s.m } else { s.k };
     let b_rs = if s.b_transposed { s.k } else { s.n };
-    let parts = if s.m * s.k * s.n >= PARALLEL_MIN_MACS {
+    let parallel = s.m * s.k * s.n >= PARALLEL_MIN_MACS;
+    let row_parts = if parallel {
         rayon::current_num_threads().min(s.m)
     } else {
         1
     };
-    let rows = s.m.div_ceil(parts);
-    let (a_view, b_view) = (
-        View::new(a, a_rs, s.a_transposed),
-        View::new(b, b_rs, s.b_transposed),
-    );
-    out.par_chunks_mut(rows * s.n)
-        .enumerate()
-        .for_each(|(i, out)| {
-            let a = a_view;
-            // SAFETY: rows i·rows.. of `a` exist (sizes checked above); each task
-            // writes only its own chunk of `out`.
-            unsafe {
-                let a = View {
-                    ptr: a.ptr.offset((i * rows) as isize * a.rs),
-                    ..a
-                };
-                gemm_view(
-                    (out.len() / s.n, s.k, s.n),
-                    out.as_mut_ptr(),
-                    s.n,
-                    a,
-                    b_view,
-                    F::ONE,
-                    s.accumulate,
-                );
-            }
-        });
+    let nc: usize = std::env::var("TMP_NC").map_or(usize::MAX, |v| v.parse().unwrap());
+    let col_parts = if parallel { s.n.div_ceil(nc.min(s.n)) } else { 1 };
+    let (rows, cols) = (s.m.div_ceil(row_parts), s.n.div_ceil(col_parts));
+    let a = View::new(a, a_rs, s.a_transposed);
+    let b = View::new(b, b_rs, s.b_transposed);
+    let out = SharedMut(out.as_mut_ptr());
+    (0..row_parts * col_parts).into_par_iter().for_each(|task| {
+        let (r0, c0) = (task / col_parts * rows, task % col_parts * cols);
+        let (r1, c1) = ((r0 + rows).min(s.m), (c0 + cols).min(s.n));
+        // SAFETY: the block (r0..r1, c0..c1) is inside every operand (sizes checked
+        // above) and each task writes only its own block of `out`.
+        unsafe {
+            let a = View {
+                ptr: a.ptr.offset(r0 as isize * a.rs),
+                ..a
+            };
+            let b = View {
+                ptr: b.ptr.offset(c0 as isize * b.cs),
+                ..b
+            };
+            gemm_view(
+                (r1 - r0, s.k, c1 - c0),
+                out.get().add(r0 * s.n + c0),
+                s.n,
+                a,
+                b,
+                F::ONE,
+                s.accumulate,
+            );
+        }
+    });
 }
