@@ -3,7 +3,7 @@
 //! - [`pretokenize`]: the GPT-2 pre-tokenizer (a hand-written scanner equal to the regex)
 //!   and the splitting of text at special tokens.
 //! - [`train`]: BPE training (`train_bpe`).
-//! - [`encode`]: the [`Tokenizer`]: encode, streaming encode, decode.
+//! - [`encode`]: the [`encode::Tokenizer`]: encode, streaming encode, decode.
 //! - [`files`]: GPT-2 `vocab.json` / `merges.txt` and the byte-to-unicode table.
 //! - [`npy`]: NumPy `.npy` token files.
 

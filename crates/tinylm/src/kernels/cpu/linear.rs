@@ -103,6 +103,7 @@ pub fn matmul<F: Float>(out: &mut [F], a: &[F], b: &[F], s: MatMul) {
     let b = View::new(b, b_rs, s.b_transposed);
     let out = SharedMut(out.as_mut_ptr());
     (0..row_parts * col_parts).into_par_iter().for_each(|task| {
+        let (a, b) = (a, b); // whole views (Sync), not their raw-pointer fields
         let (r0, c0) = (task / col_parts * rows, task % col_parts * cols);
         let (r1, c1) = ((r0 + rows).min(s.m), (c0 + cols).min(s.n));
         // SAFETY: the block (r0..r1, c0..c1) is inside every operand (sizes checked
