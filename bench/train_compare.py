@@ -44,6 +44,15 @@ def time_to(records, target):
     return math.nan
 
 
+def nice_ticks(hi, lo=0.0):
+    """Round tick values (1, 2 or 5 times a power of ten apart) covering [lo, hi]."""
+    raw = (hi - lo) / 5
+    step = min(m * 10 ** math.floor(math.log10(raw)) for m in (1, 2, 5, 10)
+               if m * 10 ** math.floor(math.log10(raw)) >= raw)
+    first = math.ceil(lo / step - 1e-9)
+    return [round(k * step, 10) for k in range(first, math.floor(hi / step + 1e-9) + 1)]
+
+
 def svg_plot(path, runs):
     """Two panels: loss vs step and loss vs wall-clock; training loss as thin lines,
     validation loss as thick lines with dots."""
@@ -61,10 +70,10 @@ def svg_plot(path, runs):
         sy = lambda y: pad + (height - 2 * pad) * (y_hi - y) / (y_hi - y_lo)
         out.append(f'<rect x="{x0}" y="{pad}" width="{panel_w}" height="{height - 2 * pad}" '
                    'fill="none" stroke="black"/>')
-        for i in range(6):
-            xv, yv = x_hi * i / 5, y_lo + (y_hi - y_lo) * i / 5
-            out.append(f'<text x="{sx(xv):.1f}" y="{height - pad + 16}" text-anchor="middle">{xv:.0f}</text>')
-            out.append(f'<text x="{x0 - 6}" y="{sy(yv) + 4:.1f}" text-anchor="end">{yv:.2f}</text>')
+        for xv in nice_ticks(x_hi):
+            out.append(f'<text x="{sx(xv):.1f}" y="{height - pad + 16}" text-anchor="middle">{xv:g}</text>')
+        for yv in nice_ticks(y_hi, y_lo):
+            out.append(f'<text x="{x0 - 6}" y="{sy(yv) + 4:.1f}" text-anchor="end">{yv:g}</text>')
             out.append(f'<line x1="{x0}" x2="{x0 + panel_w}" y1="{sy(yv):.1f}" y2="{sy(yv):.1f}" '
                        'stroke="#ddd"/>')
         out.append(f'<text x="{x0 + panel_w / 2}" y="{height - pad + 36}" text-anchor="middle">{label}</text>')

@@ -77,6 +77,39 @@ fn linear_forward_and_backward() {
     x.clear();
 }
 
+/// Products big enough to be split across threads and column blocks, every
+/// transpose combination, against the definition.
+#[test]
+fn large_matmuls_split_across_threads_are_exact() {
+    let mut rng = ChaCha8Rng::seed_from_u64(9);
+    let (m, k, n) = (301, 67, 2100);
+    let a = randn(&mut rng, m * k);
+    let b = randn(&mut rng, k * n);
+    for (a_t, b_t) in [(false, false), (false, true), (true, false), (true, true)] {
+        let at = |i: usize, p: usize| if a_t { a[p * m + i] } else { a[i * k + p] };
+        let bt = |p: usize, j: usize| if b_t { b[j * k + p] } else { b[p * n + j] };
+        let mut out = vec![1.0; m * n];
+        let shape = MatMul {
+            m,
+            k,
+            n,
+            a_transposed: a_t,
+            b_transposed: b_t,
+            accumulate: true,
+        };
+        linear::matmul(&mut out, &a, &b, shape);
+        for i in (0..m).step_by(7) {
+            for j in (0..n).step_by(13) {
+                let want = 1.0 + (0..k).map(|p| at(i, p) * bt(p, j)).sum::<f64>();
+                assert!(
+                    (out[i * n + j] - want).abs() < 1e-10,
+                    "{a_t} {b_t} ({i}, {j})"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn embedding_backward_scatters() {
     let mut rng = ChaCha8Rng::seed_from_u64(2);
@@ -196,33 +229,36 @@ fn rope_backward_is_the_inverse_rotation() {
     check("rope", &mut x, &dx, |x| dot(&r, &forward(x)));
 }
 
+/// One query block and several (with a partial last block).
 #[test]
 fn attention_backward_matches_finite_differences() {
     let mut rng = ChaCha8Rng::seed_from_u64(6);
-    let s = attn_shape(2, 5, 2, 3);
-    let c = s.h * s.d;
-    let mut qkv: Vec<f64> = randn(&mut rng, s.b * s.t * 3 * c)
-        .iter()
-        .map(|v| v * 2.0)
-        .collect();
-    let r = randn(&mut rng, s.b * s.t * c);
-    let forward = |qkv: &[f64]| {
-        let mut out = vec![0.0; s.b * s.t * c];
-        let mut att = vec![0.0; s.b * s.h * s.t * s.t];
-        attention::attention_forward(&mut out, &mut att, qkv, s);
-        (out, att)
-    };
-    let (_, att) = forward(&qkv);
-    // Causal: every probability of a future key is exactly 0, each row sums to 1.
-    for (row_index, row) in att.chunks(s.t).enumerate() {
-        let i = row_index % s.t;
-        assert!(row[i + 1..].iter().all(|&p| p == 0.0));
-        assert!((row.iter().sum::<f64>() - 1.0).abs() < 1e-12);
+    for s in [attn_shape(2, 5, 2, 3), attn_shape(1, 70, 2, 2)] {
+        let c = s.h * s.d;
+        let mut qkv: Vec<f64> = randn(&mut rng, s.b * s.t * 3 * c)
+            .iter()
+            .map(|v| v * 2.0)
+            .collect();
+        let r = randn(&mut rng, s.b * s.t * c);
+        let forward = |qkv: &[f64]| {
+            let mut out = vec![0.0; s.b * s.t * c];
+            let mut att = vec![0.0; s.b * s.h * s.t * s.t];
+            attention::attention_forward(&mut out, &mut att, qkv, s);
+            (out, att)
+        };
+        let (_, att) = forward(&qkv);
+        // Causal: every probability of a future key is exactly 0, each row sums to 1.
+        for (row_index, row) in att.chunks(s.t).enumerate() {
+            let i = row_index % s.t;
+            assert!(row[i + 1..].iter().all(|&p| p == 0.0));
+            assert!((row.iter().sum::<f64>() - 1.0).abs() < 1e-12);
+        }
+        let mut dqkv = vec![7.0; qkv.len()]; // overwritten
+        let mut datt = vec![3.0; att.len()];
+        attention::attention_backward(&mut dqkv, &mut datt, &r, &qkv, &att, s);
+        let name = format!("attention T={}", s.t);
+        check(&name, &mut qkv, &dqkv, |x| dot(&r, &forward(x).0));
     }
-    let mut dqkv = vec![7.0; qkv.len()]; // overwritten
-    let mut datt = vec![0.0; att.len()];
-    attention::attention_backward(&mut dqkv, &mut datt, &r, &qkv, &att, s);
-    check("attention", &mut qkv, &dqkv, |x| dot(&r, &forward(x).0));
 }
 
 #[test]

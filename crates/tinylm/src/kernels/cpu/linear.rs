@@ -11,6 +11,11 @@ use rayon::prelude::*;
 /// fork-join costs more than it saves.
 const PARALLEL_MIN_MACS: usize = 1 << 20;
 
+/// Parallel products are split into blocks of at most this many output columns,
+/// so the vocabulary-wide LM head becomes several tasks per thread: they balance
+/// when one thread is slowed, and each block's packed right operand stays small.
+const PARALLEL_MAX_COLS: usize = 1024;
+
 /// A strided matrix view: element `(i, j)` at `ptr + i·rs + j·cs`.
 #[derive(Clone, Copy)]
 pub(crate) struct View<F> {
@@ -79,8 +84,9 @@ pub(crate) unsafe fn gemm_view<F: Float>(
 }
 
 /// `out (m, n) (+)= a · b` over contiguous buffers (see [`MatMul`]). Large products
-/// are split by output rows into one single-threaded `gemm` per rayon thread: one
-/// fork-join per product, each thread streaming through a large block.
+/// are split into blocks of output (one row block per rayon thread, column blocks
+/// of at most `PARALLEL_MAX_COLS`), each a single-threaded `gemm`: one fork-join per
+/// product, every task streaming through a large block.
 pub fn matmul<F: Float>(out: &mut [F], a: &[F], b: &[F], s: MatMul) {
     assert_eq!(out.len(), s.m * s.n, "matmul output size");
     assert_eq!(a.len(), s.m * s.k, "matmul lhs size");
@@ -96,8 +102,11 @@ pub fn matmul<F: Float>(out: &mut [F], a: &[F], b: &[F], s: MatMul) {
     } else {
         1
     };
-    let nc: usize = std::env::var("TMP_NC").map_or(usize::MAX, |v| v.parse().unwrap());
-    let col_parts = if parallel { s.n.div_ceil(nc.min(s.n)) } else { 1 };
+    let col_parts = if parallel {
+        s.n.div_ceil(PARALLEL_MAX_COLS)
+    } else {
+        1
+    };
     let (rows, cols) = (s.m.div_ceil(row_parts), s.n.div_ceil(col_parts));
     let a = View::new(a, a_rs, s.a_transposed);
     let b = View::new(b, b_rs, s.b_transposed);
@@ -106,6 +115,9 @@ pub fn matmul<F: Float>(out: &mut [F], a: &[F], b: &[F], s: MatMul) {
         let (a, b) = (a, b); // whole views (Sync), not their raw-pointer fields
         let (r0, c0) = (task / col_parts * rows, task % col_parts * cols);
         let (r1, c1) = ((r0 + rows).min(s.m), (c0 + cols).min(s.n));
+        if r0 >= r1 || c0 >= c1 {
+            return;
+        }
         // SAFETY: the block (r0..r1, c0..c1) is inside every operand (sizes checked
         // above) and each task writes only its own block of `out`.
         unsafe {
