@@ -10,7 +10,9 @@
 //! [`Backend`] is the whole interface: [`model`](crate::model) runs forward and
 //! backward only through it. The CPU backend ([`cpu::Cpu`]) implements it for any
 //! [`Float`] (`f32` for real work, `f64` for the finite-difference gradient checks);
-//! a CUDA backend implements the same methods over unified-memory buffers.
+//! [`Profiled`] wraps any backend to time its kernels. The methods take plain
+//! slices, so a CUDA backend implements them over buffers both sides can address
+//! (unified memory) without touching the orchestration.
 
 pub mod cpu;
 pub mod profile;

@@ -1,0 +1,68 @@
+//! `tinylm bench` on a tiny model: it runs, reports every figure, and rejects bad
+//! arguments with exit code 2.
+
+use std::process::{Command, Output};
+
+fn tinylm(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tinylm"))
+        .args(args)
+        .output()
+        .expect("run tinylm")
+}
+
+const TINY: [&str; 14] = [
+    "bench",
+    "--vocab-size",
+    "64",
+    "--context-length",
+    "16",
+    "--d-model",
+    "16",
+    "--num-layers",
+    "1",
+    "--num-heads",
+    "2",
+    "--d-ff",
+    "32",
+    "--no-peak",
+];
+
+#[test]
+fn bench_reports_throughput_and_breakdown() {
+    let mut args = TINY.to_vec();
+    args.extend(["--batch-size", "2", "--steps", "2", "--threads", "1"]);
+    let out = tinylm(&args);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for want in [
+        "tokens/s",
+        "GFLOP/s",
+        "CPU time",
+        "where a step's time goes",
+        "matmul",
+        "attention",
+        "AdamW update",
+        "total",
+    ] {
+        assert!(text.contains(want), "missing {want:?} in\n{text}");
+    }
+}
+
+#[test]
+fn bench_rejects_bad_arguments() {
+    for extra in [
+        &["--seq-len", "17"][..],
+        &["--threads", "0"],
+        &["--num-heads", "3"],
+    ] {
+        let mut args = TINY.to_vec();
+        args.extend(extra);
+        let out = tinylm(&args);
+        assert_eq!(out.status.code(), Some(2), "{extra:?}");
+        assert!(String::from_utf8_lossy(&out.stderr).starts_with("error:"));
+    }
+}
