@@ -49,7 +49,7 @@ fn quickstart_trains_evaluates_and_samples_then_generate_streams() {
         "--corpus",
         corpus_path.to_str().unwrap(),
         "--minutes",
-        "0.1",
+        "0.15",
         "--vocab-size",
         "300",
         "--threads",
