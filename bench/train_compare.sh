@@ -10,7 +10,8 @@
 #   PYTHON=/work/benchenv/bin/python bench/train_compare.sh [MINUTES] [OUT_DIR]
 #
 # CORPUS overrides the corpus (default ../shared/data/tinystories_combined.txt);
-# VARIANTS the PyTorch variants (default "eager compile").
+# VARIANTS the PyTorch variants (default "eager compile"); QUICKSTART_ARGS extra
+# quickstart flags (e.g. "--model-config bench/configs/bench-small.json --vocab-size 4096").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -18,12 +19,13 @@ MINUTES=${1:-2}
 OUT=${2:-runs/train-compare-$(date -u +%Y%m%d-%H%M%S)}
 CORPUS=${CORPUS:-../shared/data/tinystories_combined.txt}
 VARIANTS=${VARIANTS:-eager compile}
+read -r -a QUICKSTART_EXTRA <<< "${QUICKSTART_ARGS:-}"
 
 cargo build --release -q -p tinylm-cli
 mkdir -p "$OUT"
 echo "== tinylm quickstart ($MINUTES min, 2 threads) -> $OUT/tinylm"
 ./target/release/tinylm quickstart --corpus "$CORPUS" --minutes "$MINUTES" --threads 2 \
-    --save-init --out "$OUT/tinylm" | tee "$OUT/tinylm.txt"
+    --save-init --out "$OUT/tinylm" "${QUICKSTART_EXTRA[@]}" | tee "$OUT/tinylm.txt"
 tinylm_val=$(sed -n 's/.*validation loss \([0-9.]*\),.*/\1/p' "$OUT/tinylm.txt")
 runs=("tinylm=$OUT/tinylm/log.jsonl:$tinylm_val")
 for variant in $VARIANTS; do

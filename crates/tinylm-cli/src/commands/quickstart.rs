@@ -51,13 +51,20 @@ pub struct QuickstartArgs {
     /// implementation from the same point, as bench/train_compare.sh does).
     #[arg(long)]
     save_init: bool,
+    /// Model shape and ablations as a JSON config (`tinylm train --model-config`
+    /// format); its vocab_size is replaced by the tokenizer's [default: ~2.6M
+    /// parameters, context 128, d_model 192, 4 layers, 6 heads, d_ff 512].
+    #[arg(long)]
+    model_config: Option<PathBuf>,
+    /// Sequences per training step.
+    #[arg(long, default_value_t = 16)]
+    batch_size: usize,
 }
 
-/// The model trained: ~2.6M parameters (1.8M outside the embeddings at vocab
+/// The default model: ~2.6M parameters (1.8M outside the embeddings at vocab
 /// 2048), which learns visibly in minutes on two cores.
-fn model_config(vocab_size: usize) -> ModelConfig {
+fn default_model_config() -> ModelConfig {
     ModelConfig {
-        vocab_size,
         context_length: 128,
         d_model: 192,
         num_layers: 4,
@@ -66,9 +73,6 @@ fn model_config(vocab_size: usize) -> ModelConfig {
         ..ModelConfig::tinystories()
     }
 }
-
-/// Sequences per step.
-const BATCH_SIZE: usize = 16;
 /// Validation batches at the periodic evaluations (the final one reads everything).
 const EVAL_BATCHES: usize = 4;
 
@@ -88,6 +92,13 @@ pub fn run(args: QuickstartArgs) -> Result<()> {
             args.vocab_size
         );
     }
+    if args.batch_size == 0 {
+        bail!("--batch-size must be positive");
+    }
+    let model = match &args.model_config {
+        Some(path) => ModelConfig::from_json_file(path)?,
+        None => default_model_config(),
+    };
     let corpus = match args.corpus {
         Some(path) => path,
         None => default_corpus()?,
@@ -117,6 +128,8 @@ pub fn run(args: QuickstartArgs) -> Result<()> {
         val_fraction: args.val_fraction,
         seed: args.seed,
         save_init: args.save_init,
+        model,
+        batch_size: args.batch_size,
     };
     pool.install(|| quickstart(&settings))
 }
@@ -129,6 +142,9 @@ struct Settings {
     val_fraction: f64,
     seed: u64,
     save_init: bool,
+    /// The model's shape; `vocab_size` is set from the trained tokenizer.
+    model: ModelConfig,
+    batch_size: usize,
 }
 
 fn quickstart(s: &Settings) -> Result<()> {
@@ -193,7 +209,10 @@ fn quickstart(s: &Settings) -> Result<()> {
         text.len() as f64 / (train_tokens + val_tokens).max(1) as f64
     );
 
-    let config = model_config(tokenizer.vocab_size());
+    let config = ModelConfig {
+        vocab_size: tokenizer.vocab_size(),
+        ..s.model.clone()
+    };
     let t = config.context_length;
     for (path, n) in [(&train_npy, train_tokens), (&val_npy, val_tokens)] {
         if n <= t {
@@ -204,7 +223,7 @@ fn quickstart(s: &Settings) -> Result<()> {
         }
     }
     let budget_s = s.minutes * 60.0;
-    let step_s = time_one_step(&config, s.seed)?;
+    let step_s = time_one_step(&config, s.batch_size, s.seed)?;
     // Steps planned to end inside the budget, leaving room for the evaluations;
     // the budget itself stops training in any case.
     let steps = ((0.85 * budget_s / step_s) as u64).max(1);
@@ -215,7 +234,7 @@ fn quickstart(s: &Settings) -> Result<()> {
             "training a {:.1}M-parameter model for {:.1} min (~{steps} steps of {} x {t} tokens, {:.2} s each)",
             params as f64 / 1e6,
             s.minutes,
-            BATCH_SIZE,
+            s.batch_size,
             step_s
         ),
     );
@@ -231,7 +250,7 @@ fn quickstart(s: &Settings) -> Result<()> {
         val_data: Some(val_npy.clone()),
         tokenizer: Some(absolute(&tokenizer_dir)),
         out_dir: out.clone(),
-        batch_size: BATCH_SIZE,
+        batch_size: s.batch_size,
         steps,
         lr_max: 3e-3,
         lr_min: 3e-4,
@@ -254,7 +273,7 @@ fn quickstart(s: &Settings) -> Result<()> {
     let ckpt = checkpoint::load(&summary.checkpoint)?;
     let mut model = Model::from_params(ckpt.config.clone(), ckpt.params)?;
     let val = TokenDataset::open(&val_npy, ckpt.config.vocab_size)?;
-    let eval = evaluate(&mut model, &val, BATCH_SIZE, 0)?;
+    let eval = evaluate(&mut model, &val, s.batch_size, 0)?;
     println!(
         "  validation loss {:.4}, perplexity {:.2} ({} windows of {t} tokens)",
         eval.loss,
@@ -361,15 +380,15 @@ fn bytes_bar(total: usize) -> ProgressBar {
 
 /// Seconds of one training step (forward, backward, update) of `config`, measured on
 /// random tokens after a warm-up step.
-fn time_one_step(config: &ModelConfig, seed: u64) -> Result<f64> {
+fn time_one_step(config: &ModelConfig, batch_size: usize, seed: u64) -> Result<f64> {
     let mut model = Model::new(config.clone(), seed)?;
-    let n = BATCH_SIZE * config.context_length;
+    let n = batch_size * config.context_length;
     let ids: Vec<u32> = (0..n)
         .map(|i| ((i * 7919) % config.vocab_size) as u32)
         .collect();
     let mut opt = tinylm::optim::AdamW::new(model.params().len(), Default::default());
     let mut step = |model: &mut Model| -> Result<()> {
-        model.forward_loss(&ids, &ids, BATCH_SIZE, config.context_length)?;
+        model.forward_loss(&ids, &ids, batch_size, config.context_length)?;
         model.backward()?;
         let (params, grads) = model.params_and_grads_mut();
         opt.update(params, grads, 1e-3, 1.0);
