@@ -31,7 +31,7 @@ const CACHE_MAX_BYTES: usize = 64;
 /// Bytes read from a [`Read`] per step of [`Tokenizer::encode_reader`].
 const READ_BYTES: usize = 1 << 16;
 /// Text per work item of [`Tokenizer::encode_file`].
-const FILE_CHUNK_BYTES: usize = 1 << 19;
+const FILE_CHUNK_BYTES: usize = 1 << 17;
 /// Ids per step of [`Tokenizer::decode_file`].
 const DECODE_IDS: usize = 1 << 16;
 
@@ -524,7 +524,7 @@ impl Tokenizer {
     /// only where the ids cannot change (see [`Tokenizer::chunk_bounds`]). `sink` gets
     /// the ids of consecutive runs of chunks in text order, with the bytes they cover;
     /// the concatenation is `encode(text)`; `sink` runs while the next chunks are encoded.
-    /// Memory: the ids of two groups of 16 chunks per thread.
+    /// Memory: the ids of two groups of 64 chunks per thread.
     pub fn encode_parallel(
         &self,
         text: &str,
@@ -558,7 +558,7 @@ impl Tokenizer {
         };
         // The ids of one group of chunks go to `sink` while the next group is encoded.
         let (mut done, mut done_group) = (Vec::new(), &ranges[..0]);
-        for group in ranges.chunks(16 * threads) {
+        for group in ranges.chunks(64 * threads) {
             let (flushed, ids) = rayon::join(|| flush(&done, done_group), || encode_group(group));
             flushed?;
             (done, done_group) = (ids, group);
