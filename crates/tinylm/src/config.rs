@@ -146,7 +146,10 @@ impl ModelConfig {
             ));
         }
         if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
-            return bad(format!("rope_theta must be positive, got {}", self.rope_theta));
+            return bad(format!(
+                "rope_theta must be positive, got {}",
+                self.rope_theta
+            ));
         }
         if self.vocab_size > u32::MAX as usize {
             return bad(format!("vocab_size {} is too large", self.vocab_size));
