@@ -138,10 +138,12 @@ npy_element!(f32, Dtype::F32);
 
 /// Streams elements to a `.npy` whose length is known only at the end.
 /// Data go to `PATH.tmp`; [`NpyWriter::finish`] writes the header and renames.
+/// A writer dropped unfinished (an error midway) removes its temporary file.
 pub struct NpyWriter {
     path: PathBuf,
     tmp: PathBuf,
-    file: BufWriter<File>,
+    /// `None` once finished.
+    file: Option<BufWriter<File>>,
     dtype: Dtype,
     count: usize,
     shape: Option<Vec<usize>>,
@@ -160,7 +162,7 @@ impl NpyWriter {
         Ok(NpyWriter {
             path: path.to_path_buf(),
             tmp,
-            file,
+            file: Some(file),
             dtype,
             count: 0,
             shape: None,
@@ -185,6 +187,8 @@ impl NpyWriter {
             v.write_le(&mut self.scratch);
         }
         self.file
+            .as_mut()
+            .expect("writer is not finished")
             .write_all(&self.scratch)
             .map_err(|e| Error::io(&self.tmp, e))?;
         self.count += values.len();
@@ -226,12 +230,21 @@ impl NpyWriter {
         let header = header_bytes(self.dtype, &shape, WRITER_HEADER_LEN);
         let tmp = self.tmp.clone();
         let io = |e| Error::io(&tmp, e);
-        self.file.flush().map_err(io)?;
-        let mut file = self.file.into_inner().map_err(|e| io(e.into_error()))?;
+        let mut file = self.file.take().expect("writer is not finished");
+        file.flush().map_err(io)?;
+        let mut file = file.into_inner().map_err(|e| io(e.into_error()))?;
         file.seek(SeekFrom::Start(0)).map_err(io)?;
         file.write_all(&header).map_err(io)?;
         file.sync_all().map_err(io)?;
         std::fs::rename(&self.tmp, &self.path).map_err(|e| Error::io(&self.path, e))
+    }
+}
+
+impl Drop for NpyWriter {
+    fn drop(&mut self) {
+        if self.file.take().is_some() {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
     }
 }
 
@@ -415,5 +428,11 @@ mod tests {
         let err = MappedNpy::open(&p).err().unwrap().to_string();
         assert!(err.contains("unsupported dtype '<f8'"), "{err}");
         assert!(NpyWriter::create(&dir.path().join("no/such/dir.npy"), Dtype::U16).is_err());
+        let mut w = NpyWriter::create(&dir.path().join("half.npy"), Dtype::U16).unwrap();
+        w.write_ids(&[1, 2]).unwrap();
+        assert!(w.write_ids(&[70_000]).is_err());
+        drop(w);
+        assert!(!dir.path().join("half.npy.tmp").exists());
+        assert!(!dir.path().join("half.npy").exists());
     }
 }
