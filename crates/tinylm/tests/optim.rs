@@ -22,10 +22,18 @@ fn adamw_matches_hand_computed_steps() {
     };
     let mut opt = AdamW::new(1, hp);
     let mut theta = [1.0f32];
-    for (g, want) in [(0.5f32, 0.89910006f64), (-0.25, 0.87159391), (1.0, 0.80497698)] {
+    for (g, want) in [
+        (0.5f32, 0.89910006f64),
+        (-0.25, 0.87159391),
+        (1.0, 0.80497698),
+    ] {
         opt.update(&mut theta, &[g], 0.1, 1.0);
         // f32 moments and coefficients: a few ulps of θ.
-        assert!((theta[0] as f64 - want).abs() < 5e-6, "{} vs {want}", theta[0]);
+        assert!(
+            (theta[0] as f64 - want).abs() < 5e-6,
+            "{} vs {want}",
+            theta[0]
+        );
     }
     assert_eq!(opt.step, 3);
 }
