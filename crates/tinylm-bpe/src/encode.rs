@@ -19,6 +19,7 @@ use crate::{files, invalid, Error, Merges, Result, Vocab};
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
 use std::io::{Read, Write};
+use std::ops::Deref;
 use std::path::Path;
 use std::sync::Mutex;
 
@@ -495,12 +496,8 @@ impl Tokenizer {
     }
 
     /// A streaming encoder: text in chunks, ids out as soon as they are final.
-    pub fn stream(&self) -> StreamEncoder<'_> {
-        StreamEncoder {
-            tokenizer: self,
-            pending: String::new(),
-            scratch: Scratch::new(STREAM_CACHE_ENTRIES),
-        }
+    pub fn stream(&self) -> StreamEncoder<&Tokenizer> {
+        StreamEncoder::new(self)
     }
 
     /// The ids of the concatenation of `chunks`, lazily (the CS336 `encode_iterable`).
@@ -699,14 +696,23 @@ pub struct EncodeSummary {
 }
 
 /// Encodes text pushed in chunks; ids come out as soon as no later text can change them.
-/// Holds only the text not yet final (see [`Tokenizer::stream`]).
-pub struct StreamEncoder<'t> {
-    tokenizer: &'t Tokenizer,
+/// Holds only the text not yet final (see [`Tokenizer::stream`]). `T` is how it holds
+/// the tokenizer: `&Tokenizer`, or an owning handle such as `Arc<Tokenizer>`.
+pub struct StreamEncoder<T: Deref<Target = Tokenizer>> {
+    tokenizer: T,
     pending: String,
     scratch: Scratch,
 }
 
-impl StreamEncoder<'_> {
+impl<T: Deref<Target = Tokenizer>> StreamEncoder<T> {
+    pub fn new(tokenizer: T) -> Self {
+        StreamEncoder {
+            tokenizer,
+            pending: String::new(),
+            scratch: Scratch::new(STREAM_CACHE_ENTRIES),
+        }
+    }
+
     /// Adds `chunk` and appends the ids that became final to `out`.
     pub fn push(&mut self, chunk: &str, out: &mut Vec<u32>) {
         self.pending.push_str(chunk);
@@ -731,7 +737,7 @@ impl StreamEncoder<'_> {
 
 /// Lazy ids of text chunks from `I` (an iterator of `Result` of text).
 pub struct EncodeIter<'t, I> {
-    stream: StreamEncoder<'t>,
+    stream: StreamEncoder<&'t Tokenizer>,
     chunks: Option<I>,
     ready: Vec<u32>,
     next: usize,

@@ -126,15 +126,8 @@ impl Tokenizer {
     /// The ids of the concatenation of the strings of `iterable`, lazily.
     fn encode_iterable(&self, iterable: &Bound<'_, PyAny>) -> PyResult<EncodeIterable> {
         let chunks = iterable.try_iter()?.unbind();
-        let tokenizer = Arc::clone(&self.inner);
-        // SAFETY: the encoder borrows the tokenizer behind `tokenizer`, a heap
-        // allocation that `EncodeIterable` keeps alive and drops after the encoder
-        // (fields drop in declaration order); the borrow never leaves the struct.
-        let stream: StreamEncoder<'static> =
-            unsafe { std::mem::transmute::<StreamEncoder<'_>, _>(tokenizer.stream()) };
         Ok(EncodeIterable {
-            stream,
-            tokenizer,
+            stream: StreamEncoder::new(Arc::clone(&self.inner)),
             chunks: Some(chunks),
             ready: Vec::new(),
             next: 0,
@@ -163,9 +156,7 @@ impl Tokenizer {
 /// the ids that became final; memory does not grow with the input.
 #[pyclass(module = "tinylm")]
 pub struct EncodeIterable {
-    stream: StreamEncoder<'static>,
-    #[allow(dead_code)] // keeps the tokenizer `stream` borrows alive
-    tokenizer: Arc<RustTokenizer>,
+    stream: StreamEncoder<Arc<RustTokenizer>>,
     chunks: Option<Py<PyIterator>>,
     ready: Vec<u32>,
     next: usize,
