@@ -2,7 +2,7 @@
 //! token ids, in files NumPy and PyTorch read — to check tinylm against another
 //! implementation of the same model.
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::Args;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -37,15 +37,7 @@ pub struct ForwardArgs {
 }
 
 pub fn run(args: ForwardArgs) -> Result<()> {
-    if let Some(n) = args.threads {
-        if n == 0 {
-            bail!("--threads must be at least 1");
-        }
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(n)
-            .build_global()
-            .context("starting the thread pool")?;
-    }
+    super::set_threads(args.threads)?;
     let config = ModelConfig::from_json_file(&args.config)?;
     let (ids, shape) = read_ids(&args.input, &config)?;
     let (b, t) = match shape[..] {

@@ -48,15 +48,7 @@ pub struct GenerateArgs {
 }
 
 pub fn run(args: GenerateArgs) -> Result<()> {
-    if let Some(n) = args.threads {
-        if n == 0 {
-            bail!("--threads must be at least 1");
-        }
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(n)
-            .build_global()
-            .context("starting the thread pool")?;
-    }
+    super::set_threads(args.threads)?;
     let mut sampler = Sampler::new(args.temperature, args.top_p, args.top_k, args.seed)?;
     let ckpt = checkpoint::load(&args.checkpoint)?;
     let tokenizer_dir = match args.tokenizer {
