@@ -5,7 +5,7 @@
 # (vocab 10,000) and cs336/corpus.en (vocab 500). Prints wall time, CPU time and peak RSS
 # (the best of REPEAT runs, default 3) and tinylm's times as fractions of the others'.
 #
-#   PYTHON=/work/benchenv/bin/python bench/bpe_train.sh
+#   PYTHON=.venv-bench/bin/python bench/bpe_train.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}

@@ -8,7 +8,7 @@
 # encode throughput (the encode call alone, as each tool reports it), the whole
 # process (start, load the tokenizer, read, encode, write the .npy) and its peak RSS.
 #
-#   PYTHON=/work/benchenv/bin/python bench/encode.sh
+#   PYTHON=.venv-bench/bin/python bench/encode.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}

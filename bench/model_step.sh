@@ -7,7 +7,7 @@
 # each figure is the best over the rounds. Then one full `tinylm bench` report
 # (time per kernel kind, the matrix-product peak).
 #
-#   PYTHON=/work/benchenv/bin/python bench/model_step.sh
+#   PYTHON=.venv-bench/bin/python bench/model_step.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}

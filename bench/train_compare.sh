@@ -7,7 +7,7 @@
 # losses, the wall-clock each needs to reach a common validation loss, and draws all
 # loss curves on one SVG.
 #
-#   PYTHON=/work/benchenv/bin/python bench/train_compare.sh [MINUTES] [OUT_DIR]
+#   PYTHON=.venv-bench/bin/python bench/train_compare.sh [MINUTES] [OUT_DIR]
 #
 # CORPUS overrides the corpus (default ../shared/data/tinystories_combined.txt);
 # VARIANTS the PyTorch variants (default "eager compile"); QUICKSTART_ARGS extra
