@@ -192,6 +192,9 @@ pub fn load_merges(path: &Path) -> Result<Merges> {
         }
         let at = || format!("{}:{}", path.display(), i + 1);
         let line = line.strip_suffix('\r').unwrap_or(line);
+        if line.is_empty() {
+            continue;
+        }
         let (left, right) = match line.split_once(' ') {
             Some((l, r)) if !l.is_empty() && !r.is_empty() && !r.contains(' ') => (l, r),
             _ => {

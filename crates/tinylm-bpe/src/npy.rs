@@ -83,8 +83,9 @@ impl Header {
     }
 }
 
-/// The header bytes for an array, padded with spaces to `total` bytes (a multiple of 64).
-fn header_bytes(dtype: Dtype, shape: &[usize], total: usize) -> Vec<u8> {
+/// The header bytes for an array, padded with spaces to `total` bytes (a multiple of
+/// 64), or `None` when the shape's description does not fit in `total`.
+fn header_bytes(dtype: Dtype, shape: &[usize], total: usize) -> Option<Vec<u8>> {
     let dims: Vec<String> = shape.iter().map(usize::to_string).collect();
     let shape = match dims.len() {
         1 => format!("({},)", dims[0]),
@@ -95,6 +96,9 @@ fn header_bytes(dtype: Dtype, shape: &[usize], total: usize) -> Vec<u8> {
         dtype.descr(),
         shape
     );
+    if 10 + dict.len() + 1 > total {
+        return None;
+    }
     let mut out = Vec::with_capacity(total);
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&[1, 0]);
@@ -102,7 +106,7 @@ fn header_bytes(dtype: Dtype, shape: &[usize], total: usize) -> Vec<u8> {
     out.extend_from_slice(dict.as_bytes());
     out.resize(total - 1, b' ');
     out.push(b'\n');
-    out
+    Some(out)
 }
 
 /// Writes a whole array to `path` (through a temporary file and a rename).
@@ -227,7 +231,12 @@ impl NpyWriter {
                 self.count
             ));
         }
-        let header = header_bytes(self.dtype, &shape, WRITER_HEADER_LEN);
+        let header = header_bytes(self.dtype, &shape, WRITER_HEADER_LEN).ok_or_else(|| {
+            invalid!(
+                "{}: shape {shape:?} has too many dimensions for the .npy writer",
+                self.path.display()
+            )
+        })?;
         let tmp = self.tmp.clone();
         let io = |e| Error::io(&tmp, e);
         let mut file = self.file.take().expect("writer is not finished");
@@ -317,7 +326,18 @@ impl MappedNpy {
         // SAFETY: the map is read-only; a file changed underneath gives wrong values, not UB in safe code that copies them out.
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
         let header = parse_header(&map, path)?;
-        let need = header.data_offset + header.len() * header.dtype.size();
+        let need = header
+            .shape
+            .iter()
+            .try_fold(header.dtype.size(), |acc, &d| acc.checked_mul(d))
+            .and_then(|bytes| bytes.checked_add(header.data_offset))
+            .ok_or_else(|| {
+                invalid!(
+                    "{}: the header's shape {:?} is too large",
+                    path.display(),
+                    header.shape
+                )
+            })?;
         if map.len() < need {
             return Err(invalid!(
                 "{}: truncated .npy: {} bytes, the header's shape {:?} needs {need}",
@@ -400,7 +420,7 @@ mod tests {
 
     #[test]
     fn header_matches_numpy_layout() {
-        let h = header_bytes(Dtype::U16, &[7], 128);
+        let h = header_bytes(Dtype::U16, &[7], 128).unwrap();
         let text = std::str::from_utf8(&h[10..]).unwrap();
         assert!(text.starts_with("{'descr': '<u2', 'fortran_order': False, 'shape': (7,), }"));
         assert!(text.ends_with('\n'));
@@ -415,12 +435,12 @@ mod tests {
         std::fs::write(&p, b"hello").unwrap();
         let err = MappedNpy::open(&p).err().unwrap().to_string();
         assert!(err.contains("bad.npy") && err.contains("magic"), "{err}");
-        let mut h = header_bytes(Dtype::U32, &[100], 128);
+        let mut h = header_bytes(Dtype::U32, &[100], 128).unwrap();
         h.extend_from_slice(&[0; 8]);
         std::fs::write(&p, &h).unwrap();
         let err = MappedNpy::open(&p).err().unwrap().to_string();
         assert!(err.contains("truncated"), "{err}");
-        let h = header_bytes(Dtype::U16, &[1], 128);
+        let h = header_bytes(Dtype::U16, &[1], 128).unwrap();
         let at = h.windows(3).position(|w| w == b"<u2").unwrap();
         let mut h = h;
         h[at..at + 3].copy_from_slice(b"<f8");

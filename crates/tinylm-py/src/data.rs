@@ -39,12 +39,20 @@ pub fn get_batch<'py>(
         )));
     }
     let n = array.len();
-    if context_length == 0 || n < context_length + 1 {
+    if context_length == 0 || n <= context_length {
         return Err(invalid(format!(
             "dataset of {n} tokens is too short for context_length {context_length} (need at least {})",
-            context_length + 1
+            context_length.saturating_add(1)
         )));
     }
+    let ids = batch_size
+        .checked_mul(context_length)
+        .filter(|&ids| ids <= isize::MAX as usize / 16)
+        .ok_or_else(|| {
+            invalid(format!(
+                "batch_size {batch_size} x context_length {context_length} is too large"
+            ))
+        })?;
     let mut rng = SplitMix64::new(seed.unwrap_or_else(random_seed));
     let starts: Vec<usize> = (0..batch_size)
         .map(|_| rng.below((n - context_length) as u64) as usize)
@@ -64,7 +72,7 @@ pub fn get_batch<'py>(
         let typed = slice.cast::<PyArrayDyn<i64>>()?.readonly();
         Ok(typed.as_array().iter().copied().collect())
     };
-    let (mut x, mut y) = (Vec::with_capacity(batch_size * context_length), Vec::new());
+    let (mut x, mut y) = (Vec::with_capacity(ids), Vec::new());
     for &s in &starts {
         x.extend(window(s, 0)?);
         y.extend(window(s, 1)?);

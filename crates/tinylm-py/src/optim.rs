@@ -4,7 +4,7 @@
 use crate::arrays::{Floats, InPlace};
 use crate::errors::{detached, invalid};
 use pyo3::prelude::*;
-use tinylm::optim::{adamw_step as adamw_kernel, global_norm, AdamWParams};
+use tinylm::optim::{adamw_step as adamw_kernel, clip_grad_norm_arrays, AdamWParams};
 
 fn iteration(value: i64, name: &str) -> PyResult<u64> {
     u64::try_from(value).map_err(|_| invalid(format!("{name} must be ≥ 0, got {value}")))
@@ -48,15 +48,13 @@ pub fn clip_grad_norm_(
         }
     }
     let mut slices: Vec<&mut [f32]> = arrays.iter_mut().map(|a| a.data()).collect();
+    if max_l2_norm.is_nan() || max_l2_norm < 0.0 {
+        return Err(invalid(format!(
+            "max_l2_norm must be non-negative, got {max_l2_norm}"
+        )));
+    }
     detached(py, || {
-        let norm = global_norm(&slices.iter().map(|g| &**g).collect::<Vec<_>>());
-        if norm > max_l2_norm {
-            let scale = (max_l2_norm / (norm + eps)) as f32;
-            slices
-                .iter_mut()
-                .for_each(|g| g.iter_mut().for_each(|x| *x *= scale));
-        }
-        Ok(norm)
+        Ok(clip_grad_norm_arrays(&mut slices, max_l2_norm, eps))
     })
 }
 

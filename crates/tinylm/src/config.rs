@@ -55,6 +55,10 @@ pub struct ModelConfig {
     pub tie_embeddings: bool,
 }
 
+/// Limits that keep a config from asking for impossible amounts of memory.
+const MAX_LAYERS: usize = 10_000;
+const MAX_PARAMS: u128 = 1 << 40;
+
 fn default_rope_theta() -> f64 {
     10_000.0
 }
@@ -154,6 +158,25 @@ impl ModelConfig {
         if self.vocab_size > u32::MAX as usize {
             return bad(format!("vocab_size {} is too large", self.vocab_size));
         }
+        if self.num_layers > MAX_LAYERS {
+            return bad(format!(
+                "num_layers {} is more than {MAX_LAYERS}",
+                self.num_layers
+            ));
+        }
+        // An upper bound of the parameter count (every optional tensor present).
+        let (v, d, f, l) = (
+            self.vocab_size as u128,
+            self.d_model as u128,
+            self.d_ff as u128,
+            self.num_layers as u128,
+        );
+        let params = 2 * v * d + l * (4 * d * d + 3 * d * f + 2 * d) + d;
+        if params > MAX_PARAMS {
+            return bad(format!(
+                "{params} parameters is more than this build can hold ({MAX_PARAMS})"
+            ));
+        }
         Ok(())
     }
 
@@ -218,5 +241,10 @@ mod tests {
         c.positional = Positional::None;
         assert!(c.validate().is_ok());
         assert!(ModelConfig::preset("nope").is_err());
+        let mut c = ModelConfig::tinystories();
+        c.vocab_size = 4_000_000_000;
+        c.d_model = 4096;
+        c.num_heads = 32;
+        assert!(c.validate().unwrap_err().to_string().contains("parameters"));
     }
 }

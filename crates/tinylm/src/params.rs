@@ -189,7 +189,6 @@ impl ParamLayout {
     /// `path`, the file they came from.
     pub fn load_buffer(&self, tensors: &Tensors, path: &Path) -> Result<Vec<f32>> {
         let mut problems = Vec::new();
-        let mut buf = vec![0f32; self.total];
         for spec in &self.specs {
             match tensors.get(&spec.name) {
                 None => problems.push(format!(
@@ -200,7 +199,7 @@ impl ParamLayout {
                     "tensor '{}' has shape {shape:?}, expected {:?}",
                     spec.name, spec.shape
                 )),
-                Some((_, values)) => buf[spec.range()].copy_from_slice(values),
+                Some(_) => {}
             }
         }
         let tied = self.lm_head == self.token_embeddings;
@@ -213,6 +212,11 @@ impl ParamLayout {
             problems.push(format!("unexpected tensor '{name}'{hint}"));
         }
         if problems.is_empty() {
+            // Every tensor is present with its shape, so the file holds `total` values.
+            let mut buf = vec![0f32; self.total];
+            for spec in &self.specs {
+                buf[spec.range()].copy_from_slice(&tensors[&spec.name].1);
+            }
             Ok(buf)
         } else {
             Err(Error::Invalid(format!(

@@ -298,6 +298,18 @@ fn run(
     let ckpt_path = cfg.out_dir.join("checkpoint.safetensors");
     let log_path = cfg.out_dir.join("log.jsonl");
     let plot_path = cfg.out_dir.join("loss.svg");
+    if cfg.resume.is_none() {
+        // A new run never overwrites an earlier run's checkpoint or log.
+        for earlier in [&ckpt_path, &log_path] {
+            if std::fs::metadata(earlier).is_ok_and(|m| m.len() > 0) {
+                return Err(Error::Invalid(format!(
+                    "{} already exists: resume that run (--resume {}) or choose another output directory",
+                    earlier.display(),
+                    ckpt_path.display()
+                )));
+            }
+        }
+    }
 
     let (mut model, mut opt, mut state) = match &cfg.resume {
         Some(path) => resume(cfg, path)?,
