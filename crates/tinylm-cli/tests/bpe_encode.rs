@@ -195,65 +195,23 @@ fn bad_inputs_exit_2_with_a_clear_message() {
     );
 
     let ids = dir.path().join("ids.npy");
+    let decode = [
+        "bpe",
+        "decode",
+        "--tokenizer",
+        t,
+        "--input",
+        ids.to_str().unwrap(),
+    ];
     npy::write(&ids, &[3], &[1u16, 9999, 2]).unwrap();
-    fails(
-        &[
-            "bpe",
-            "decode",
-            "--tokenizer",
-            t,
-            "--input",
-            ids.to_str().unwrap(),
-        ],
-        "token id 9999",
-    );
+    fails(&decode, "token id 9999");
     npy::write(&ids, &[2], &[0.5f32, 1.0]).unwrap();
-    fails(
-        &[
-            "bpe",
-            "decode",
-            "--tokenizer",
-            t,
-            "--input",
-            ids.to_str().unwrap(),
-        ],
-        "<f4",
-    );
+    fails(&decode, "<f4");
     std::fs::write(&ids, b"not npy").unwrap();
-    fails(
-        &[
-            "bpe",
-            "decode",
-            "--tokenizer",
-            t,
-            "--input",
-            ids.to_str().unwrap(),
-        ],
-        "ids.npy",
-    );
+    fails(&decode, "ids.npy");
 
     std::fs::write(tok_dir.join("merges.txt"), "#version: 0.2\nt h\nt h e\n").unwrap();
-    fails(
-        &[
-            "bpe",
-            "decode",
-            "--tokenizer",
-            t,
-            "--input",
-            ids.to_str().unwrap(),
-        ],
-        "merges.txt:3",
-    );
+    fails(&decode, "merges.txt:3");
     std::fs::write(tok_dir.join("merges.txt"), "#version: 0.2\nt h\nq zz\n").unwrap();
-    fails(
-        &[
-            "bpe",
-            "decode",
-            "--tokenizer",
-            t,
-            "--input",
-            ids.to_str().unwrap(),
-        ],
-        "merge 2",
-    );
+    fails(&decode, "merge 2");
 }
