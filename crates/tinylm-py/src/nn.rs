@@ -13,8 +13,7 @@ use numpy::PyArrayDyn;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use rayon::prelude::*;
-use std::borrow::Cow;
-use tinylm::kernels::cpu::rmsnorm::EPS;
+use tinylm::kernels::cpu::rmsnorm::{rmsnorm_forward as rmsnorm_kernel, EPS};
 use tinylm::kernels::cpu::rope::rope_tables;
 use tinylm::kernels::{AttnShape, Backend, Cpu, Float, MatMul};
 use tinylm::{Model, ModelConfig};
@@ -32,20 +31,12 @@ fn linear_op(x: &[f32], w: &[f32], n: usize, d_in: usize, d_out: usize) -> Vec<f
     out
 }
 
-/// RMSNorm of `x (N, C)` with gain `g (C)` and any `eps > 0`. The kernel's epsilon is
-/// fixed (1e-5); since `rmsnorm_eps(x) = rmsnorm_EPS(s·x)` for `s = sqrt(EPS/eps)`,
-/// other values scale the input first.
+/// RMSNorm of `x (N, C)` with gain `g (C)` and any `eps > 0`.
 fn rmsnorm_op(x: &[f32], g: &[f32], n: usize, eps: f64) -> Vec<f32> {
-    let x: Cow<[f32]> = if eps == EPS {
-        Cow::Borrowed(x)
-    } else {
-        let s = (EPS / eps).sqrt() as f32;
-        Cow::Owned(x.iter().map(|v| v * s).collect())
-    };
     let mut out = vec![0.0; x.len()];
     let mut rstd = vec![0.0; n];
     if !g.is_empty() {
-        Cpu.rmsnorm_forward(&mut out, &mut rstd, &x, g);
+        rmsnorm_kernel(&mut out, &mut rstd, x, g, eps);
     }
     out
 }

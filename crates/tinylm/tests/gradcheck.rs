@@ -136,7 +136,7 @@ fn rmsnorm_backward_matches_finite_differences() {
     let r = randn(&mut rng, n * c);
     let forward = |x: &[f64], g: &[f64]| {
         let (mut out, mut rstd) = (vec![0.0; n * c], vec![0.0; n]);
-        rmsnorm::rmsnorm_forward(&mut out, &mut rstd, x, g);
+        rmsnorm::rmsnorm_forward(&mut out, &mut rstd, x, g, rmsnorm::EPS);
         (out, rstd)
     };
     let (out, rstd) = forward(&x, &g);

@@ -33,7 +33,7 @@ impl<F: Float> Backend<F> for Cpu {
     }
 
     fn rmsnorm_forward(&self, out: &mut [F], rstd: &mut [F], x: &[F], g: &[F]) {
-        rmsnorm::rmsnorm_forward(out, rstd, x, g);
+        rmsnorm::rmsnorm_forward(out, rstd, x, g, rmsnorm::EPS);
     }
 
     fn rmsnorm_backward(
