@@ -5,6 +5,7 @@ pub mod accounting;
 pub mod checkpoint;
 pub mod config;
 pub mod data;
+pub mod device;
 pub mod error;
 pub mod generate;
 pub mod kernels;

@@ -17,7 +17,8 @@
 
 use crate::checkpoint::{self, check_same_config};
 use crate::data::{Batch, SplitMix64, TokenDataset};
-use crate::kernels::{Backend, Cpu};
+use crate::device::{run_on, BackendTask, Device, Precision};
+use crate::kernels::Backend;
 use crate::model::Model;
 use crate::optim::{clip_scale, lr_cosine_schedule, AdamW, AdamWParams, CLIP_EPS};
 use crate::plot::write_loss_plot;
@@ -77,6 +78,10 @@ pub struct TrainConfig {
     pub time_budget_s: Option<f64>,
     /// Continue from this checkpoint.
     pub resume: Option<PathBuf>,
+    /// Where the model trains: `cpu`, `cuda`, `cuda:N` or `auto`.
+    pub device: Device,
+    /// GPU arithmetic (`bf16` mixed precision or `fp32`); the CPU always uses f32.
+    pub precision: Precision,
 }
 
 impl Default for TrainConfig {
@@ -107,6 +112,8 @@ impl Default for TrainConfig {
             log_interval: 10,
             time_budget_s: None,
             resume: None,
+            device: Device::Cpu,
+            precision: Precision::Bf16,
         }
     }
 }
@@ -268,14 +275,29 @@ pub fn train(
     on_step: &mut (dyn FnMut(&Progress) + Send),
 ) -> Result<TrainSummary> {
     cfg.validate()?;
+    let task = TrainTask { cfg, stop, on_step };
     if cfg.threads == 0 {
-        return run(cfg, Cpu, stop, on_step);
+        return run_on(cfg.device, cfg.precision, task);
     }
     rayon::ThreadPoolBuilder::new()
         .num_threads(cfg.threads)
         .build()
         .map_err(|e| Error::Config(format!("cannot start {} threads: {e}", cfg.threads)))?
-        .install(|| run(cfg, Cpu, stop, on_step))
+        .install(|| run_on(cfg.device, cfg.precision, task))
+}
+
+/// A training run, on whichever backend its device names.
+struct TrainTask<'a, 'f> {
+    cfg: &'a TrainConfig,
+    stop: &'a AtomicBool,
+    on_step: &'a mut (dyn FnMut(&Progress) + Send + 'f),
+}
+
+impl BackendTask for TrainTask<'_, '_> {
+    type Output = TrainSummary;
+    fn run<B: Backend<f32>>(self, backend: B) -> Result<TrainSummary> {
+        run(self.cfg, backend, self.stop, self.on_step)
+    }
 }
 
 fn run<B: Backend<f32>>(
