@@ -314,9 +314,10 @@ pub fn resolve_config(mut given: Value, name: &dyn Fn(&str) -> String) -> Result
                 .filter(|c| c.key.starts_with("model."))
                 .map(|c| {
                     format!(
-                        "{} {} (the checkpoint's is {})",
+                        "{} {} (the checkpoint's {} is {})",
                         name(&c.key),
                         c.value,
+                        &c.key["model.".len()..],
                         c.recorded
                     )
                 })

@@ -226,7 +226,7 @@ fn resume_overrides_are_changes_but_the_model_is_kept() {
     let e = resolve_config(given, &name).unwrap_err().to_string();
     assert!(
         e.contains("checkpoint.safetensors")
-            && e.contains("<model.d_model> 64 (the checkpoint's is 32)"),
+            && e.contains("<model.d_model> 64 (the checkpoint's d_model is 32)"),
         "{e}"
     );
     assert!(!e.contains("num_heads"), "{e}");
