@@ -93,7 +93,8 @@ pub struct TrainConfig {
     /// Log every this many steps.
     pub log_interval: u64,
     /// Seconds the run may take, counted across resumes: it stops (evaluation and
-    /// checkpoint) when the next step would end past them.
+    /// checkpoint) when the next step and that evaluation, as long as the last ones,
+    /// would end past them.
     pub time_budget_s: Option<f64>,
     /// What the learning-rate schedule runs over: the steps, or the time budget.
     pub schedule: Schedule,
@@ -162,8 +163,9 @@ impl TrainConfig {
         )
     }
 
-    /// Whether a step of `step_s` seconds, starting `used_s` seconds into the run,
-    /// ends inside the time budget (always, without one).
+    /// Whether `step_s` seconds of work (a step, and an evaluation after it),
+    /// starting `used_s` seconds into the run, end inside the time budget (always,
+    /// without one).
     pub fn step_fits(&self, used_s: f64, step_s: f64) -> bool {
         self.time_budget_s
             .is_none_or(|budget_s| used_s + step_s <= budget_s)
@@ -409,6 +411,7 @@ pub struct LogRecord {
 /// What the progress callback sees after each step.
 pub struct Progress<'a> {
     pub record: &'a LogRecord,
+    /// The steps the run is expected to take ([`TrainConfig::planned_steps`]).
     pub total_steps: u64,
 }
 
@@ -560,6 +563,8 @@ fn run(
     let mut batch = Batch::new(b, t);
     let wall_offset = state.wallclock_s;
     let (mut window_tokens, mut window_s) = (0u64, 0f64);
+    // Seconds of the last evaluation.
+    let mut eval_s = 0.0;
     let mut last = None;
     // The last checkpoint written (or resumed from) and its step.
     let mut saved = cfg.resume.clone().map(|p| (p, state.step));
@@ -593,8 +598,10 @@ fn run(
         state.rng = rng.state;
 
         let done = state.step;
-        // Another step as long as this one would end past the budget.
-        let out_of_time = !cfg.step_fits(wall_offset + started.elapsed().as_secs_f64(), step_s);
+        // Another step and the final evaluation, as long as the last ones, would end
+        // past the budget.
+        let used_s = wall_offset + started.elapsed().as_secs_f64();
+        let out_of_time = !cfg.step_fits(used_s, step_s + eval_s);
         let stopping = done == step_limit || stop.load(Ordering::Relaxed) || out_of_time;
         let schedule_done = match cfg.schedule {
             Schedule::Steps => done >= total,
@@ -603,10 +610,14 @@ fn run(
         stopped_early = stopping && !schedule_done;
         let eval_now =
             stopping || (cfg.eval_interval > 0 && done.is_multiple_of(cfg.eval_interval));
+        let eval_start = Instant::now();
         let val_loss = match (&val_data, eval_now) {
             (Some(v), true) => Some(evaluate(&mut model, v, b, cfg.eval_batches)?.loss),
             _ => None,
         };
+        if val_loss.is_some() {
+            eval_s = eval_start.elapsed().as_secs_f64();
+        }
         state.wallclock_s = wall_offset + started.elapsed().as_secs_f64();
         let record = LogRecord {
             step: done,

@@ -243,7 +243,7 @@ fn resume_overrides_are_changes_but_the_model_is_kept() {
 
 /// The time schedule as the training loop applies it (the learning rate of a step
 /// from the seconds used before it; stop when a step as long as the last one
-/// would end past the budget), on a simulated clock where step `k` takes
+/// would end past the budget; no evaluations), on a simulated clock where step `k` takes
 /// `step_s(k)` seconds. Returns each step's start time and learning rate, and the
 /// seconds used.
 fn simulate(cfg: &TrainConfig, step_s: impl Fn(u64) -> f64) -> (Vec<(f64, f64)>, f64) {

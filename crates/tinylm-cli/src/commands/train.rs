@@ -132,7 +132,7 @@ pub struct TrainArgs {
     #[arg(long)]
     log_interval: Option<u64>,
     /// Seconds the run may take, across resumes: it stops (evaluates, checkpoints)
-    /// when the next step would end past them.
+    /// when the next step and that evaluation would end past them.
     #[arg(long)]
     time_budget_s: Option<f64>,
     /// What the learning-rate schedule runs over: steps, or time (the time budget;
