@@ -7,7 +7,8 @@
 //! - string metadata: `format` = `tinylm`, `config` (the model config as JSON),
 //!   `optimizer` (AdamW hyper-parameters and step as JSON, with the moments), and
 //!   whatever the caller adds (the training loop stores `step`, `tokens`,
-//!   `wallclock_s`, `rng_state`, `train_config`, `train_data`, `val_data`, `tokenizer`).
+//!   `wallclock_s`, `rng_state`, `last_step_s`, `last_eval_s`, `train_config`,
+//!   `train_data`, `val_data`, `tokenizer`).
 //!
 //! Files are written to `<path>.tmp` and renamed, so a crash never leaves a torn file.
 

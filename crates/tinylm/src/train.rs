@@ -481,6 +481,10 @@ struct RunState {
     tokens: u64,
     wallclock_s: f64,
     rng: u64,
+    /// Seconds of the last step and of the last evaluation: what the next ones are
+    /// expected to take against the time budget.
+    step_s: f64,
+    eval_s: f64,
 }
 
 /// Runs training as `cfg` says. `stop` is checked after every step: when set, the
@@ -563,13 +567,11 @@ fn run(
     let mut batch = Batch::new(b, t);
     let wall_offset = state.wallclock_s;
     let (mut window_tokens, mut window_s) = (0u64, 0f64);
-    // Seconds of the last evaluation.
-    let mut eval_s = 0.0;
     let mut last = None;
     // The last checkpoint written (or resumed from) and its step.
     let mut saved = cfg.resume.clone().map(|p| (p, state.step));
     let mut stopped_early = false;
-    while state.step < step_limit && cfg.step_fits(state.wallclock_s, 0.0) {
+    while state.step < step_limit && cfg.step_fits(state.wallclock_s, state.step_s + state.eval_s) {
         let step = state.step;
         let lr = cfg.learning_rate(step, wall_offset + started.elapsed().as_secs_f64());
         let step_start = Instant::now();
@@ -590,8 +592,8 @@ fn run(
             lr,
             clip_scale(grad_norm, cfg.grad_clip, CLIP_EPS),
         );
-        let step_s = step_start.elapsed().as_secs_f64();
-        window_s += step_s;
+        state.step_s = step_start.elapsed().as_secs_f64();
+        window_s += state.step_s;
         window_tokens += (b * t) as u64;
         state.step += 1;
         state.tokens += (b * t) as u64;
@@ -601,7 +603,7 @@ fn run(
         // Another step and the final evaluation, as long as the last ones, would end
         // past the budget.
         let used_s = wall_offset + started.elapsed().as_secs_f64();
-        let out_of_time = !cfg.step_fits(used_s, step_s + eval_s);
+        let out_of_time = !cfg.step_fits(used_s, state.step_s + state.eval_s);
         let stopping = done == step_limit || stop.load(Ordering::Relaxed) || out_of_time;
         let schedule_done = match cfg.schedule {
             Schedule::Steps => done >= total,
@@ -616,7 +618,7 @@ fn run(
             _ => None,
         };
         if val_loss.is_some() {
-            eval_s = eval_start.elapsed().as_secs_f64();
+            state.eval_s = eval_start.elapsed().as_secs_f64();
         }
         state.wallclock_s = wall_offset + started.elapsed().as_secs_f64();
         let record = LogRecord {
@@ -659,10 +661,13 @@ fn run(
     }
     let last = last.ok_or_else(|| {
         Error::Config(match cfg.time_budget_s {
-            Some(budget_s) if !cfg.step_fits(state.wallclock_s, 0.0) => format!(
-                "nothing to do: the run has used its time budget ({:.1} s of time_budget_s = {budget_s})",
-                state.wallclock_s
-            ),
+            Some(budget_s) if !cfg.step_fits(state.wallclock_s, state.step_s + state.eval_s) => {
+                format!(
+                    "nothing to do: the run has used its time budget ({:.1} s of time_budget_s = {budget_s}, and a step takes {:.2} s)",
+                    state.wallclock_s,
+                    state.step_s + state.eval_s
+                )
+            }
             _ => format!(
                 "nothing to do: the run is already at step {} of {total}",
                 state.step
@@ -705,11 +710,18 @@ fn resume(cfg: &TrainConfig, path: &Path) -> Result<(Model, AdamW, RunState)> {
             path.display()
         ))
     })?;
+    // Entries that checkpoints written before the time schedule lack.
+    let seconds = |key| match ckpt.metadata.contains_key(key) {
+        true => ckpt.meta(key, path),
+        false => Ok(0.0),
+    };
     let state = RunState {
         step: ckpt.meta("step", path)?,
         tokens: ckpt.meta("tokens", path)?,
         wallclock_s: ckpt.meta("wallclock_s", path)?,
         rng: ckpt.meta("rng_state", path)?,
+        step_s: seconds("last_step_s")?,
+        eval_s: seconds("last_eval_s")?,
     };
     let model = Model::from_params(ckpt.config, ckpt.params)?;
     Ok((model, opt, state))
@@ -722,6 +734,8 @@ fn save(cfg: &TrainConfig, path: &Path, model: &Model, opt: &AdamW, s: &RunState
         ("tokens", json(s.tokens)),
         ("wallclock_s", json(s.wallclock_s)),
         ("rng_state", json(s.rng)),
+        ("last_step_s", json(s.step_s)),
+        ("last_eval_s", json(s.eval_s)),
         ("train_config", json(cfg)),
         ("train_data", json(&cfg.train_data)),
         ("val_data", json(&cfg.val_data)),

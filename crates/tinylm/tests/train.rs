@@ -322,6 +322,43 @@ fn time_schedule_ends_with_the_budget_on_a_slow_then_fast_machine() {
 }
 
 #[test]
+fn time_schedule_run_ends_on_its_budget_and_resumes_with_more_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = setup(dir.path());
+    cfg.val_data = None;
+    cfg.steps = 100;
+    cfg.schedule = Schedule::Time;
+    cfg.time_budget_s = Some(0.5);
+    let s = train(&cfg, &never(), &mut |_: &Progress| {}).unwrap();
+    assert!(!s.stopped_early);
+    // Warm-up from 0, then a decay that follows the clock.
+    let lrs: Vec<f64> = read_log(&cfg).iter().map(|r| r.lr).collect();
+    assert_eq!(lrs.len() as u64, s.steps);
+    assert_eq!(lrs[0], 0.0);
+    let peak = lrs.iter().copied().fold(0.0, f64::max);
+    let peak = lrs.iter().position(|&lr| lr == peak).unwrap();
+    assert!(lrs[..peak].windows(2).all(|w| w[0] <= w[1]), "{lrs:?}");
+    assert!(lrs[peak..].windows(2).all(|w| w[0] >= w[1]), "{lrs:?}");
+
+    // The budget is used: resuming the recorded run has nothing to do.
+    let given = serde_json::json!({ "resume": s.checkpoint });
+    let resolved = resolve_config(given, &|k| k.to_string()).unwrap();
+    assert_eq!(resolved.config.schedule, Schedule::Time);
+    let e = train(&resolved.config, &never(), &mut |_: &Progress| {}).unwrap_err();
+    assert!(e.to_string().contains("used its time budget"), "{e}");
+    // More time is a schedule change: the run goes on from the seconds it used.
+    let given = serde_json::json!({ "resume": s.checkpoint, "time_budget_s": 1.0 });
+    let resolved = resolve_config(given, &|k| k.to_string()).unwrap();
+    let changes: Vec<String> = resolved.changes.iter().map(|c| c.to_string()).collect();
+    assert_eq!(changes, ["time_budget_s 0.5 -> 1.0"]);
+    let more = train(&resolved.config, &never(), &mut |_: &Progress| {}).unwrap();
+    assert!(more.steps > s.steps && more.wallclock_s > s.wallclock_s);
+    let log = read_log(&cfg);
+    assert_eq!(log.len() as u64, more.steps);
+    assert!(log[s.steps as usize].wallclock_s > s.wallclock_s);
+}
+
+#[test]
 fn bad_resume_divergence_and_data_are_clear_errors() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = setup(dir.path());
