@@ -290,17 +290,21 @@ pub fn resolve_config(mut given: Value, name: &dyn Fn(&str) -> String) -> Result
             "expected a table of training keys, got {given}"
         )));
     }
-    let resume = match &given["resume"] {
+    // The checkpoint to resume from and the configuration it recorded.
+    let recorded = match &given["resume"] {
         Value::Null => None,
         value => {
-            Some(PathBuf::deserialize(value).map_err(|e| Error::Config(format!("resume: {e}")))?)
+            let path =
+                PathBuf::deserialize(value).map_err(|e| Error::Config(format!("resume: {e}")))?;
+            Some((recorded_config(&path)?, path))
         }
     };
-    let recorded = match &resume {
-        Some(path) => Some(recorded_config(path)?),
-        None => None,
-    };
-    let mut merged = to_value(recorded.clone().unwrap_or_default());
+    let mut merged = to_value(
+        recorded
+            .as_ref()
+            .map(|(r, _)| r.clone())
+            .unwrap_or_default(),
+    );
     if given.get("steps").is_some() && given.get("max_tokens").is_none() {
         merged["max_tokens"] = Value::Null;
     }
@@ -308,33 +312,32 @@ pub fn resolve_config(mut given: Value, name: &dyn Fn(&str) -> String) -> Result
     let config: TrainConfig =
         serde_json::from_value(merged).map_err(|e| Error::Config(e.to_string()))?;
     config.validate()?;
-    let changes = match (&recorded, &resume) {
-        (Some(recorded), Some(path)) => {
-            let changes = differences(&to_value(recorded), &to_value(&config));
-            let model: Vec<String> = changes
-                .iter()
-                .filter(|c| c.key.starts_with("model."))
-                .map(|c| {
-                    format!(
-                        "{} {} (the checkpoint's {} is {})",
-                        name(&c.key),
-                        c.value,
-                        &c.key["model.".len()..],
-                        c.recorded
-                    )
-                })
-                .collect();
-            if !model.is_empty() {
-                return Err(Error::Config(format!(
-                    "cannot resume from {}: a resumed run keeps its model, but {} would change it",
-                    path.display(),
-                    model.join(", ")
-                )));
-            }
-            changes
-        }
-        _ => Vec::new(),
+    let Some((recorded, path)) = recorded else {
+        return Ok(ResolvedConfig {
+            config,
+            changes: Vec::new(),
+        });
     };
+    let changes = differences(&to_value(recorded), &to_value(&config));
+    let model: Vec<String> = changes
+        .iter()
+        .filter_map(|c| {
+            let key = c.key.strip_prefix("model.")?;
+            Some(format!(
+                "{} {} (the checkpoint's {key} is {})",
+                name(&c.key),
+                c.value,
+                c.recorded
+            ))
+        })
+        .collect();
+    if !model.is_empty() {
+        return Err(Error::Config(format!(
+            "cannot resume from {}: a resumed run keeps its model, but {} would change it",
+            path.display(),
+            model.join(", ")
+        )));
+    }
     Ok(ResolvedConfig { config, changes })
 }
 
