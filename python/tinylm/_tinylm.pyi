@@ -128,7 +128,14 @@ def train(config: dict[str, Any] | str | os.PathLike[str]) -> pathlib.Path:
     log, loss plots, checkpoints) as ``config`` says — a dict with the training keys
     and the model under ``model``, or a ``.toml``/``.json`` file — and returns the
     run directory (``out_dir``). Progress goes to stderr; Ctrl-C stops cleanly
-    (checkpoint first) and raises ``KeyboardInterrupt``."""
+    (checkpoint first) and raises ``KeyboardInterrupt``.
+
+    With ``resume`` (a checkpoint path) the run continues with the configuration
+    the checkpoint recorded — ``tinylm.train({"resume": path})`` takes it to its
+    planned end with the same losses as a run that never stopped; the other keys
+    given override it (each change is printed to stderr), except the model's, which
+    raise ``ValueError`` naming the key. ``schedule="time"`` runs the learning-rate
+    schedule over ``time_budget_s`` instead of the steps."""
 
 
 # The submodules hold the functions typed in the package modules of the same names.
