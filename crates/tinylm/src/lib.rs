@@ -6,6 +6,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod data;
 pub mod error;
+pub mod export;
 pub mod generate;
 pub mod kernels;
 pub mod model;
@@ -13,6 +14,7 @@ pub mod optim;
 pub mod params;
 pub mod plot;
 pub mod train;
+pub mod weights;
 
 pub use config::ModelConfig;
 pub use error::{Error, Result};
