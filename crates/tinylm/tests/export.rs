@@ -390,7 +390,8 @@ fn hf_round_trip_gives_back_identical_tensors_and_tokenizer() {
 fn ablations_without_a_llama_equivalent_are_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
     let tok = tokenizer(dir.path(), 290);
-    let cases: [(fn(&mut ModelConfig), &str); 4] = [
+    type Change = fn(&mut ModelConfig);
+    let cases: [(Change, &str); 4] = [
         (|c| c.norm = Norm::Post, "norm = post"),
         (|c| c.norm = Norm::None, "norm = none"),
         (|c| c.positional = Positional::None, "positional = \"none\""),
