@@ -392,8 +392,8 @@ fn ablations_without_a_llama_equivalent_are_refused_by_name() {
     let tok = tokenizer(dir.path(), 290);
     type Change = fn(&mut ModelConfig);
     let cases: [(Change, &str); 4] = [
-        (|c| c.norm = Norm::Post, "norm = post"),
-        (|c| c.norm = Norm::None, "norm = none"),
+        (|c| c.norm = Norm::Post, "norm = \"post\""),
+        (|c| c.norm = Norm::None, "norm = \"none\""),
         (|c| c.positional = Positional::None, "positional = \"none\""),
         (|c| c.ffn = Ffn::Silu, "ffn = \"silu\""),
     ];

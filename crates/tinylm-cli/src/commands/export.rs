@@ -5,7 +5,7 @@ use anyhow::{Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
 use std::path::{Path, PathBuf};
 use tinylm::export::gguf::{self, GgufDtype};
-use tinylm::export::{hf, BpeTokenizer};
+use tinylm::export::{check_llama, hf, BpeTokenizer};
 use tinylm::weights::{self, Weights};
 
 #[derive(Args)]
@@ -84,6 +84,7 @@ pub fn run(args: ExportArgs) -> Result<()> {
 
 fn load(source: &Source) -> Result<(Weights, BpeTokenizer)> {
     let w = weights::load(&source.checkpoint, None)?;
+    check_llama(&w.config)?;
     let dir = tokenizer_dir(source.tokenizer.as_deref(), &w, &source.checkpoint)?;
     let tokenizer = BpeTokenizer::load(&dir)
         .with_context(|| format!("loading the tokenizer in {}", dir.display()))?;

@@ -25,18 +25,22 @@ pub const RMS_NORM_EPS: f64 = 1e-5;
 /// Refuses the ablations that have no Llama equivalent, naming the setting.
 pub fn check_llama(config: &ModelConfig) -> Result<()> {
     let setting = if config.norm != Norm::Pre {
-        format!("norm = {:?}", config.norm)
+        format!("norm = {}", json(&config.norm))
     } else if config.positional != Positional::Rope {
-        "positional = \"none\" (NoPE)".to_string()
+        format!("positional = {} (NoPE)", json(&config.positional))
     } else if config.ffn != Ffn::Swiglu {
-        "ffn = \"silu\"".to_string()
+        format!("ffn = {}", json(&config.ffn))
     } else {
         return Ok(());
     };
     Err(Error::Config(format!(
-        "the model has {} (lowercase in its config), which Llama cannot express: only norm = \"pre\", positional = \"rope\", ffn = \"swiglu\" (tied or not) export",
-        setting.to_lowercase()
+        "the model has {setting}, which Llama cannot express: only norm = \"pre\", positional = \"rope\", ffn = \"swiglu\" (tied or not) export"
     )))
+}
+
+/// A config value as its JSON text (`"post"`).
+fn json(value: &impl serde::Serialize) -> String {
+    serde_json::to_string(value).expect("serializes")
 }
 
 /// Moves the rows of a query or key projection `(H·D, C)` between RoPE layouts.
