@@ -60,10 +60,7 @@ pub fn export(
             "tokenizer_config.json",
             tokenizer_config_json(config, tokenizer),
         ),
-        (
-            "generation_config.json",
-            generation_config_json(config, eot),
-        ),
+        ("generation_config.json", generation_config_json(eot)),
     ];
     write_dir(out, |dir| {
         let meta = BTreeMap::from([("format".to_string(), "pt".to_string())]);
@@ -164,7 +161,7 @@ fn tokenizer_config_json(c: &ModelConfig, t: &BpeTokenizer) -> Value {
 }
 
 /// `tinylm generate`'s defaults: sampling at temperature 0.8, top-p 0.95.
-fn generation_config_json(c: &ModelConfig, eot: Option<u32>) -> Value {
+fn generation_config_json(eot: Option<u32>) -> Value {
     json!({
         "bos_token_id": eot,
         "eos_token_id": eot,
@@ -172,7 +169,6 @@ fn generation_config_json(c: &ModelConfig, eot: Option<u32>) -> Value {
         "do_sample": true,
         "temperature": 0.8,
         "top_p": 0.95,
-        "max_length": c.context_length,
     })
 }
 
