@@ -47,7 +47,7 @@ for tie in false true; do
         --out-dir "$run" --vocab-size 1024 --context-length 128 --d-model 128 --num-layers 4 \
         --num-heads 4 --d-ff 352 --tie-embeddings "$tie" --batch-size 16 --steps 150 \
         --lr-max 3e-3 --warmup-steps 10 --eval-interval 0 --eval-batches 4 --threads "$THREADS" \
-        2> /dev/null | tail -1
+        > /dev/null 2>&1
     "$TINYLM" export hf --checkpoint "$run/checkpoint.safetensors" --out "$run/hf"
     "$TINYLM" export gguf --checkpoint "$run/checkpoint.safetensors" --out "$run/model.gguf"
     "$TINYLM" forward --weights "$run/checkpoint.safetensors" --input "$TMP/ids.npy" \
