@@ -43,11 +43,11 @@ def check_transformers(args, ids, logits, text_ids, text):
     }
 
 
-def check_llama_cpp(args, ids, logits, text_ids, text):
+def check_llama_cpp(args, ids, logits, text_ids, text, gguf_path, tool="llama.cpp"):
     from llama_cpp import Llama
 
     T = ids.shape[1]
-    llm = Llama(model_path=args.gguf, n_ctx=T, n_batch=T, n_ubatch=T, logits_all=True,
+    llm = Llama(model_path=gguf_path, n_ctx=T, n_batch=T, n_ubatch=T, logits_all=True,
                 n_threads=args.threads, verbose=False)
     rows = []
     for seq in ids:
@@ -58,7 +58,7 @@ def check_llama_cpp(args, ids, logits, text_ids, text):
     cpp_ids = llm.tokenize(text.encode(), add_bos=False, special=True)
     decoded = llm.detokenize(cpp_ids, special=True).decode()
     return {
-        "tool": "llama.cpp",
+        "tool": tool,
         "logits_rel_err": rel_err(cpp_logits, logits),
         "ids_equal": cpp_ids == text_ids,
         "tokens": len(text_ids),
@@ -99,6 +99,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--hf", required=True)
     p.add_argument("--gguf", required=True)
+    p.add_argument("--gguf-f16", help="an --dtype f16 export: its llama.cpp error is printed, not checked")
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--ids", required=True, help="(B, T) ids given to tinylm forward")
     p.add_argument("--logits", required=True, help="tinylm forward's logits")
@@ -113,10 +114,13 @@ def main():
     ok = True
     results = [check_transformers(args, ids, logits, text_ids, text)]
     if not args.skip_llama_cpp:
-        results.append(check_llama_cpp(args, ids, logits, text_ids, text))
+        results.append(check_llama_cpp(args, ids, logits, text_ids, text, args.gguf))
     for r in results:
         tol = 1e-4 if r["tool"] == "transformers" else 1e-3
         ok &= r["logits_rel_err"] <= tol and r["ids_equal"] and r["decode_equal"]
+        print(json.dumps(r))
+    if args.gguf_f16 and not args.skip_llama_cpp:
+        r = check_llama_cpp(args, ids, logits, text_ids, text, args.gguf_f16, "llama.cpp f16 (not checked)")
         print(json.dumps(r))
     g = check_gguf_tensors(args)
     ok &= g["max_abs_diff"] == 0.0 and not g["unmatched"] and g["architecture"] == "llama"

@@ -50,9 +50,10 @@ for tie in false true; do
         > /dev/null 2>&1
     "$TINYLM" export hf --checkpoint "$run/checkpoint.safetensors" --out "$run/hf"
     "$TINYLM" export gguf --checkpoint "$run/checkpoint.safetensors" --out "$run/model.gguf"
+    "$TINYLM" export gguf --checkpoint "$run/checkpoint.safetensors" --out "$run/model-f16.gguf" --dtype f16
     "$TINYLM" forward --weights "$run/checkpoint.safetensors" --input "$TMP/ids.npy" \
         --logits-out "$run/logits.npy" --threads "$THREADS"
-    "$PYTHON" bench/export_check.py --hf "$run/hf" --gguf "$run/model.gguf" \
+    "$PYTHON" bench/export_check.py --hf "$run/hf" --gguf "$run/model.gguf" --gguf-f16 "$run/model-f16.gguf" \
         --checkpoint "$run/checkpoint.safetensors" --ids "$TMP/ids.npy" --logits "$run/logits.npy" \
         --text "$TMP/text.txt" --text-ids "$TMP/text.npy" --threads "$THREADS" ${CHECK_ARGS:-}
 done
