@@ -49,10 +49,10 @@ pub fn load(path: &Path, config: Option<&ModelConfig>) -> Result<Weights> {
 
 fn load_file(path: &Path, config: Option<&ModelConfig>) -> Result<Weights> {
     let mut magic = [0u8; 4];
-    let head = std::fs::File::open(path)
+    let is_gguf = std::fs::File::open(path)
         .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))
-        .map_err(|e| Error::io(path, e));
-    if head.is_ok() && &magic == b"GGUF" {
+        .is_ok_and(|()| &magic == b"GGUF");
+    if is_gguf {
         return Err(Error::Invalid(format!(
             "{}: a GGUF file is for llama.cpp and is not read back; {EXPECTED}",
             path.display()
