@@ -5,7 +5,8 @@
 # context 128, d_model 256, 4 layers, 8 heads, d_ff 704, batch 16 x 128, 2 threads.
 # The two alternate for ROUNDS rounds (default 3) so machine load hits both alike;
 # each figure is the best over the rounds. Then one full `tinylm bench` report
-# (time per kernel kind, the matrix-product peak).
+# (time per kernel kind, the matrix-product peak, the step as a share of it). The
+# CPU (model, AVX-512 or not) and the instruction set of each side come first.
 #
 #   PYTHON=.venv-bench/bin/python bench/model_step.sh
 set -euo pipefail
@@ -15,11 +16,16 @@ ROUNDS=${ROUNDS:-3}
 THREADS=${THREADS:-2}
 
 cargo build --release -q -p tinylm-cli
-TINYLM=target/release/tinylm
+TINYLM=${CARGO_TARGET_DIR:-target}/release/tinylm
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 
 echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+cpu_field() { sed -n "s/^$1[[:space:]]*: //p" /proc/cpuinfo | head -1; }
+echo "CPU: $(cpu_field 'model name') (family $(cpu_field 'cpu family'), model $(cpu_field model))," \
+    "$(grep -qw avx512f /proc/cpuinfo && echo AVX-512F || echo 'no AVX-512')"
+"$TINYLM" bench --threads 1 --steps 1 --batch-size 1 --seq-len 8 --no-peak | grep '^matrix products'
+"$PYTHON" -c 'import torch; print("PyTorch", torch.__version__, "CPU capability:", torch.backends.cpu.get_cpu_capability())'
 for round in $(seq "$ROUNDS"); do
     echo "round $round/$ROUNDS ..."
     "$TINYLM" bench --threads "$THREADS" --steps 20 --no-peak > "$TMP/tinylm.$round"

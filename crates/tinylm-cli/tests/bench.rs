@@ -47,9 +47,36 @@ fn bench_reports_throughput_and_breakdown() {
         "attention",
         "AdamW update",
         "total",
+        "matrix products: gemm's ",
     ] {
         assert!(text.contains(want), "missing {want:?} in\n{text}");
     }
+    assert!(
+        !text.contains("of the measured matrix-product peak"),
+        "{text}"
+    );
+}
+
+#[test]
+fn bench_reports_the_step_as_a_share_of_the_product_peak() {
+    let mut args = TINY[..TINY.len() - 1].to_vec(); // without --no-peak
+    args.extend(["--batch-size", "2", "--steps", "1", "--threads", "1"]);
+    let out = tinylm(&args);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    let line = text
+        .lines()
+        .find(|l| l.contains("of the measured matrix-product peak"))
+        .unwrap_or_else(|| panic!("no share of the peak in\n{text}"));
+    let share: f64 = line
+        .split("GFLOP/s = ")
+        .nth(1)
+        .and_then(|rest| rest.split('%').next())
+        .and_then(|pct| pct.parse().ok())
+        .unwrap_or_else(|| panic!("no percentage in {line:?}"));
+    assert!(share > 0.0, "{line}");
+    let isa = ["AVX-512F", "AVX2+FMA", "NEON", "scalar"];
+    assert!(isa.iter().any(|i| line.contains(i)), "{line}");
 }
 
 #[test]

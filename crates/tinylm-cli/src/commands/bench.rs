@@ -7,7 +7,7 @@ use clap::Args;
 use std::path::PathBuf;
 use std::time::Instant;
 use tinylm::config::{Ffn, ModelConfig};
-use tinylm::kernels::cpu::linear::matmul;
+use tinylm::kernels::cpu::linear::{matmul, matmul_isa};
 use tinylm::kernels::{profile::Kind, Cpu, MatMul, Profiled};
 use tinylm::optim::AdamWParams;
 use tinylm::{Model, Result as LmResult};
@@ -129,6 +129,10 @@ fn bench(c: &ModelConfig, b: usize, t: usize, args: &BenchArgs) -> Result<()> {
         rayon::current_num_threads(),
         flops * 1e-9
     );
+    println!(
+        "matrix products: gemm's {} kernels (chosen at run time for this CPU)",
+        matmul_isa()
+    );
 
     let mut model = Model::new(c.clone(), 0)?;
     let mut opt = model.new_adamw(AdamWParams {
@@ -188,7 +192,14 @@ fn bench(c: &ModelConfig, b: usize, t: usize, args: &BenchArgs) -> Result<()> {
 
     breakdown(c, model.params().to_vec(), &ids, &targets, b, t)?;
     if !args.no_peak {
-        peak(c, n);
+        let peak = peak(c, n);
+        let step = flops / best * 1e-9;
+        println!(
+            "\nwhole step (best) {step:.1} GFLOP/s = {:.0}% of the measured matrix-product peak \
+             {peak:.1} GFLOP/s ({})",
+            100.0 * step / peak,
+            matmul_isa()
+        );
     }
     Ok(())
 }
@@ -253,8 +264,9 @@ fn breakdown(
     Ok(())
 }
 
-/// GFLOP/s of the matrix-product library alone on the step's distinct shapes.
-fn peak(c: &ModelConfig, n: usize) {
+/// GFLOP/s of the matrix-product library alone on the step's distinct shapes; returns
+/// the best.
+fn peak(c: &ModelConfig, n: usize) -> f64 {
     let (d, f, v) = (c.d_model, c.d_ff, c.vocab_size);
     let shapes = [
         ("qkv      x·Wᵀ", MatMul::linear(n, d, 3 * d)),
@@ -286,6 +298,7 @@ fn peak(c: &ModelConfig, n: usize) {
         );
     }
     println!("  peak {best_overall:.1} GFLOP/s");
+    best_overall
 }
 
 /// CPU seconds this process's threads have run so far (Linux; `None` elsewhere).

@@ -5,7 +5,7 @@
 
 use super::super::{AttnShape, Float};
 use super::linear::{gemm_view, View};
-use super::{dot, max, sum_by, SharedMut};
+use super::{dot, max, sum_by, vectorized, SharedMut};
 use rayon::prelude::*;
 
 /// Queries per block: a block's products only reach the keys its last query sees,
@@ -50,18 +50,23 @@ pub fn attention_forward<F: Float>(out: &mut [F], att: &mut [F], qkv: &[F], s: A
                     false,
                 );
             }
-            for (i, row) in (i0..i1).zip(p_block.chunks_exact_mut(t)) {
-                let (visible, future) = row.split_at_mut(s.q0 + i + 1);
-                let max = max(visible);
-                for x in visible.iter_mut() {
-                    *x = (*x - max).exp();
-                }
-                let inv = F::ONE / sum_by(visible, |x| x);
-                for x in visible.iter_mut() {
-                    *x *= inv;
-                }
-                future.fill(F::ZERO);
-            }
+            vectorized(
+                #[inline(always)]
+                || {
+                    for (i, row) in (i0..i1).zip(p_block.chunks_exact_mut(t)) {
+                        let (visible, future) = row.split_at_mut(s.q0 + i + 1);
+                        let max = max(visible);
+                        for x in visible.iter_mut() {
+                            *x = (*x - max).exp();
+                        }
+                        let inv = F::ONE / sum_by(visible, |x| x);
+                        for x in visible.iter_mut() {
+                            *x *= inv;
+                        }
+                        future.fill(F::ZERO);
+                    }
+                },
+            );
             // SAFETY: head h of sequence b writes only columns h·D..(h+1)·D of
             // its own query rows of `out`: disjoint across tasks.
             unsafe {
@@ -126,18 +131,23 @@ pub fn attention_backward<F: Float>(
                     let dst = dp_block.as_mut_ptr();
                     gemm_view((rows, d, keys), dst, t, dout, view(2, true), F::ONE, false);
                 }
-                for (i, (dp, p)) in (i0..i1).zip(
-                    dp_block
-                        .chunks_exact_mut(t)
-                        .zip(p[i0 * t..i1 * t].chunks_exact(t)),
-                ) {
-                    let (visible, future) = dp.split_at_mut(i + 1);
-                    let dot = dot(visible, p);
-                    for (g, &p) in visible.iter_mut().zip(p) {
-                        *g = p * (*g - dot) * scale;
-                    }
-                    future.fill(F::ZERO);
-                }
+                vectorized(
+                    #[inline(always)]
+                    || {
+                        for (i, (dp, p)) in (i0..i1).zip(
+                            dp_block
+                                .chunks_exact_mut(t)
+                                .zip(p[i0 * t..i1 * t].chunks_exact(t)),
+                        ) {
+                            let (visible, future) = dp.split_at_mut(i + 1);
+                            let dot = dot(visible, p);
+                            for (g, &p) in visible.iter_mut().zip(p) {
+                                *g = p * (*g - dot) * scale;
+                            }
+                            future.fill(F::ZERO);
+                        }
+                    },
+                );
                 let ds_block = View::new(dp_block, t, false);
                 let ds_block_t = View::new(dp_block, t, true);
                 unsafe {

@@ -1,7 +1,7 @@
 //! Cross-entropy over the LM head's logits, fused with its gradient.
 
 use super::super::Float;
-use super::{max, sum_by};
+use super::{max, sum_by, vectorized};
 use rayon::prelude::*;
 
 /// Mean over the `N` rows of `logsumexp(logits) − logits[target]`, `logits (N, V)`,
@@ -16,24 +16,29 @@ pub fn cross_entropy<F: Float>(logits: &mut [F], targets: &[u32], grad: bool) ->
         .par_chunks_mut(v)
         .zip(targets.par_iter())
         .map(|(row, &target)| {
-            let target = target as usize;
-            let max = max(row);
-            let target_logit = row[target];
-            let sum = if grad {
-                for x in row.iter_mut() {
-                    *x = (*x - max).exp();
-                }
-                let sum = sum_by(row, |x| x);
-                let k = F::from_f64(inv_n) / sum;
-                for x in row.iter_mut() {
-                    *x *= k;
-                }
-                row[target] -= F::from_f64(inv_n);
-                sum
-            } else {
-                sum_by(row, |x| (x - max).exp())
-            };
-            (max - target_logit).to_f64() + sum.to_f64().ln()
+            vectorized(
+                #[inline(always)]
+                || {
+                    let target = target as usize;
+                    let max = max(row);
+                    let target_logit = row[target];
+                    let sum = if grad {
+                        for x in row.iter_mut() {
+                            *x = (*x - max).exp();
+                        }
+                        let sum = sum_by(row, |x| x);
+                        let k = F::from_f64(inv_n) / sum;
+                        for x in row.iter_mut() {
+                            *x *= k;
+                        }
+                        row[target] -= F::from_f64(inv_n);
+                        sum
+                    } else {
+                        sum_by(row, |x| (x - max).exp())
+                    };
+                    (max - target_logit).to_f64() + sum.to_f64().ln()
+                },
+            )
         })
         .sum();
     F::from_f64(total * inv_n)

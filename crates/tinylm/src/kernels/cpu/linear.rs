@@ -16,6 +16,34 @@ const PARALLEL_MIN_MACS: usize = 1 << 20;
 /// when one thread is slowed, and each block's packed right operand stays small.
 const PARALLEL_MAX_COLS: usize = 1024;
 
+/// The instruction set `gemm`'s kernels run with on this CPU, as `gemm` picks it at
+/// run time: AVX-512F when the `avx512` feature is built in and the CPU has it, else
+/// AVX2+FMA, else scalar code (x86-64); NEON on aarch64.
+pub fn matmul_isa() -> &'static str {
+    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+    {
+        if cfg!(feature = "avx512") && std::arch::is_x86_feature_detected!("avx512f") {
+            "AVX-512F (512-bit FMA)"
+        } else if std::arch::is_x86_feature_detected!("fma") {
+            "AVX2+FMA (256-bit FMA)"
+        } else {
+            "scalar (no FMA)"
+        }
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        if std::arch::is_aarch64_feature_detected!("neon") {
+            "NEON (128-bit FMA)"
+        } else {
+            "scalar (no NEON)"
+        }
+    }
+    #[cfg(not(any(target_arch = "x86", target_arch = "x86_64", target_arch = "aarch64")))]
+    {
+        "scalar"
+    }
+}
+
 /// A strided matrix view: element `(i, j)` at `ptr + i·rs + j·cs`.
 #[derive(Clone, Copy)]
 pub(crate) struct View<F> {

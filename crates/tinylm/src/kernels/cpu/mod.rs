@@ -212,6 +212,15 @@ impl<F> SharedMut<F> {
     }
 }
 
+/// Runs `f` compiled for the widest vector instructions this CPU has — AVX-512 (with
+/// the `avx512` feature), AVX2+FMA, NEON or the target's baseline — picked at run time
+/// by `pulp`, so the elementwise loops inside `f` vectorize at that width. `f` must be
+/// `#[inline(always)]` and do its loops itself (work it hands to rayon runs elsewhere).
+#[inline(always)]
+pub(crate) fn vectorized<R>(f: impl FnOnce() -> R) -> R {
+    pulp::Arch::new().dispatch(f)
+}
+
 /// Independent accumulators in reductions: without them a float sum is one serial
 /// chain (the compiler may not reorder it) and does not vectorize.
 const LANES: usize = 8;

@@ -2,7 +2,7 @@
 //! precision (f32 for the model).
 
 use super::super::Float;
-use super::{dot3, sum_by, CHUNK};
+use super::{dot3, sum_by, vectorized, CHUNK};
 use rayon::prelude::*;
 
 /// The SPEC's epsilon (the model always uses it).
@@ -16,14 +16,19 @@ pub fn rmsnorm_forward<F: Float>(out: &mut [F], rstd: &mut [F], x: &[F], g: &[F]
         .zip(rstd.par_chunks_mut(rows_per_task))
         .zip(x.par_chunks(c * rows_per_task))
         .for_each(|((out, rstd), x)| {
-            for ((out, r), x) in out.chunks_exact_mut(c).zip(rstd).zip(x.chunks_exact(c)) {
-                let ms = sum_by(x, |v| v * v) / F::from_f64(c as f64);
-                *r = F::ONE / (ms + F::from_f64(eps)).sqrt();
-                let s = *r;
-                for ((o, &v), &g) in out.iter_mut().zip(x).zip(g) {
-                    *o = v * s * g;
-                }
-            }
+            vectorized(
+                #[inline(always)]
+                || {
+                    for ((out, r), x) in out.chunks_exact_mut(c).zip(rstd).zip(x.chunks_exact(c)) {
+                        let ms = sum_by(x, |v| v * v) / F::from_f64(c as f64);
+                        *r = F::ONE / (ms + F::from_f64(eps)).sqrt();
+                        let s = *r;
+                        for ((o, &v), &g) in out.iter_mut().zip(x).zip(g) {
+                            *o = v * s * g;
+                        }
+                    }
+                },
+            )
         });
 }
 
@@ -46,20 +51,25 @@ pub fn rmsnorm_backward<F: Float>(
         .zip(x.par_chunks(c * rows_per_task))
         .zip(rstd.par_chunks(rows_per_task))
         .for_each(|(((dx, dout), x), rstd)| {
-            for (((dx, dout), x), &r) in dx
-                .chunks_exact_mut(c)
-                .zip(dout.chunks_exact(c))
-                .zip(x.chunks_exact(c))
-                .zip(rstd)
-            {
-                let dot = dot3(dout, g, x);
-                // mean(dout⊙g⊙x̂) · rstd, folded: x̂·mean(…)·rstd = x·r³·dot/C.
-                let k = dot * r * r / F::from_f64(c as f64);
-                for (((o, &d), &g), &x) in dx.iter_mut().zip(dout).zip(g).zip(x) {
-                    let v = r * (d * g - x * k);
-                    *o = if accumulate { *o + v } else { v };
-                }
-            }
+            vectorized(
+                #[inline(always)]
+                || {
+                    for (((dx, dout), x), &r) in dx
+                        .chunks_exact_mut(c)
+                        .zip(dout.chunks_exact(c))
+                        .zip(x.chunks_exact(c))
+                        .zip(rstd)
+                    {
+                        let dot = dot3(dout, g, x);
+                        // mean(dout⊙g⊙x̂) · rstd, folded: x̂·mean(…)·rstd = x·r³·dot/C.
+                        let k = dot * r * r / F::from_f64(c as f64);
+                        for (((o, &d), &g), &x) in dx.iter_mut().zip(dout).zip(g).zip(x) {
+                            let v = r * (d * g - x * k);
+                            *o = if accumulate { *o + v } else { v };
+                        }
+                    }
+                },
+            )
         });
     for ((dout, x), &r) in dout.chunks_exact(c).zip(x.chunks_exact(c)).zip(rstd) {
         for ((dg, &d), &x) in dg.iter_mut().zip(dout).zip(x) {

@@ -2,6 +2,7 @@
 //! head, `θ = pos / Θ^{2k/D}` from a precomputed table.
 
 use super::super::{AttnShape, Float};
+use super::vectorized;
 use rayon::prelude::*;
 
 /// `cos`, `sin` tables `(context_length, D/2)` for head dimension `d`, computed in f64.
@@ -28,17 +29,22 @@ pub fn rope<F: Float>(qkv: &mut [F], cos: &[F], sin: &[F], s: AttnShape, inverse
     qkv.par_chunks_mut(3 * c)
         .enumerate()
         .for_each(|(row, qkv)| {
-            let pos = s.q0 + row % s.tq();
-            let cos = &cos[pos * half..(pos + 1) * half];
-            let sin = &sin[pos * half..(pos + 1) * half];
-            // The q and k parts are the first 2C channels: 2H heads of D.
-            for head in qkv[..2 * c].chunks_exact_mut(s.d) {
-                for ((pair, &cs), &sn) in head.chunks_exact_mut(2).zip(cos).zip(sin) {
-                    let sn = if inverse { -sn } else { sn };
-                    let (x0, x1) = (pair[0], pair[1]);
-                    pair[0] = x0 * cs - x1 * sn;
-                    pair[1] = x0 * sn + x1 * cs;
-                }
-            }
+            vectorized(
+                #[inline(always)]
+                || {
+                    let pos = s.q0 + row % s.tq();
+                    let cos = &cos[pos * half..(pos + 1) * half];
+                    let sin = &sin[pos * half..(pos + 1) * half];
+                    // The q and k parts are the first 2C channels: 2H heads of D.
+                    for head in qkv[..2 * c].chunks_exact_mut(s.d) {
+                        for ((pair, &cs), &sn) in head.chunks_exact_mut(2).zip(cos).zip(sin) {
+                            let sn = if inverse { -sn } else { sn };
+                            let (x0, x1) = (pair[0], pair[1]);
+                            pair[0] = x0 * cs - x1 * sn;
+                            pair[1] = x0 * sn + x1 * cs;
+                        }
+                    }
+                },
+            )
         });
 }

@@ -2,7 +2,7 @@
 //! plain SiLU FFN passes no `b`).
 
 use super::super::Float;
-use super::CHUNK;
+use super::{vectorized, CHUNK};
 use rayon::prelude::*;
 
 #[inline(always)]
@@ -15,18 +15,21 @@ pub fn swiglu_forward<F: Float>(out: &mut [F], a: &[F], b: Option<&[F]>) {
     out.par_chunks_mut(CHUNK).enumerate().for_each(|(i, out)| {
         let r = i * CHUNK..i * CHUNK + out.len();
         let a = &a[r.clone()];
-        match b {
-            Some(b) => {
-                for ((o, &a), &b) in out.iter_mut().zip(a).zip(&b[r]) {
-                    *o = a * sigmoid(a) * b;
+        vectorized(
+            #[inline(always)]
+            || match b {
+                Some(b) => {
+                    for ((o, &a), &b) in out.iter_mut().zip(a).zip(&b[r]) {
+                        *o = a * sigmoid(a) * b;
+                    }
                 }
-            }
-            None => {
-                for (o, &a) in out.iter_mut().zip(a) {
-                    *o = a * sigmoid(a);
+                None => {
+                    for (o, &a) in out.iter_mut().zip(a) {
+                        *o = a * sigmoid(a);
+                    }
                 }
-            }
-        }
+            },
+        )
     });
 }
 
@@ -47,24 +50,34 @@ pub fn swiglu_backward<F: Float>(
             .enumerate()
             .for_each(|(i, (da, db))| {
                 let r = chunk_range(i, da.len());
-                for ((((da, db), &d), &a), &b) in da
-                    .iter_mut()
-                    .zip(db.iter_mut())
-                    .zip(&dout[r.clone()])
-                    .zip(&a[r.clone()])
-                    .zip(&b[r])
-                {
-                    let s = sigmoid(a);
-                    *db = d * a * s;
-                    *da = d * b * s * (F::ONE + a * (F::ONE - s));
-                }
+                vectorized(
+                    #[inline(always)]
+                    || {
+                        for ((((da, db), &d), &a), &b) in da
+                            .iter_mut()
+                            .zip(db.iter_mut())
+                            .zip(&dout[r.clone()])
+                            .zip(&a[r.clone()])
+                            .zip(&b[r])
+                        {
+                            let s = sigmoid(a);
+                            *db = d * a * s;
+                            *da = d * b * s * (F::ONE + a * (F::ONE - s));
+                        }
+                    },
+                )
             }),
         (None, None) => da.par_chunks_mut(CHUNK).enumerate().for_each(|(i, da)| {
             let r = chunk_range(i, da.len());
-            for ((da, &d), &a) in da.iter_mut().zip(&dout[r.clone()]).zip(&a[r]) {
-                let s = sigmoid(a);
-                *da = d * s * (F::ONE + a * (F::ONE - s));
-            }
+            vectorized(
+                #[inline(always)]
+                || {
+                    for ((da, &d), &a) in da.iter_mut().zip(&dout[r.clone()]).zip(&a[r]) {
+                        let s = sigmoid(a);
+                        *da = d * s * (F::ONE + a * (F::ONE - s));
+                    }
+                },
+            )
         }),
         _ => panic!("swiglu_backward: b and db must be given together"),
     }
