@@ -1,0 +1,79 @@
+//! Every CUDA kernel family compiles with NVRTC to PTX for sm_80 and sm_90 in both
+//! precisions (no GPU needed: NVRTC and the CUDA headers only; `.ci/run` installs
+//! them from PyPI).
+#![cfg(feature = "cuda")]
+
+use std::collections::BTreeSet;
+use tinylm::cuda::{nvrtc, Precision, FAMILIES};
+
+const ARCHS: [&str; 2] = ["compute_80", "compute_90"];
+
+#[test]
+fn every_cu_file_is_a_registered_family() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/kernels/cuda");
+    let on_disk: BTreeSet<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "cu"))
+        .map(|p| p.file_stem().unwrap().to_string_lossy().into_owned())
+        .collect();
+    let registered: BTreeSet<String> = FAMILIES.iter().map(|(n, _)| n.to_string()).collect();
+    assert_eq!(on_disk, registered);
+    for (name, source) in FAMILIES {
+        let file = std::fs::read_to_string(format!("{dir}/{name}.cu")).unwrap();
+        assert_eq!(&file, source, "{name}.cu differs from the embedded source");
+    }
+}
+
+#[test]
+fn every_family_compiles_for_sm80_and_sm90_in_both_precisions() {
+    let mut failures = Vec::new();
+    let mut compiled = 0;
+    for (family, source) in FAMILIES {
+        for arch in ARCHS {
+            for precision in [Precision::Bf16, Precision::Fp32] {
+                match nvrtc::compile(family, source, arch, precision) {
+                    Ok(ptx) => {
+                        // Every `extern "C" __global__` kernel is in the PTX.
+                        for kernel in kernel_names(source) {
+                            assert!(
+                                ptx.contains(&format!(".entry {kernel}(")),
+                                "{family}.cu {arch} {precision:?}: no entry {kernel} in the PTX"
+                            );
+                        }
+                        compiled += 1;
+                    }
+                    Err(e) => failures.push(e.to_string()),
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    assert_eq!(compiled, FAMILIES.len() * ARCHS.len() * 2);
+    println!(
+        "{compiled} compilations: {} families x {ARCHS:?} x bf16/fp32",
+        FAMILIES.len()
+    );
+}
+
+#[test]
+fn a_syntax_error_reports_the_nvrtc_log() {
+    let err = nvrtc::compile(
+        "broken",
+        "extern \"C\" __global__ void k(floatX* x) { x[0] = }",
+        ARCHS[0],
+        Precision::Fp32,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("broken.cu") && err.contains("error"), "{err}");
+}
+
+/// The names of the `extern "C" __global__` kernels in a source.
+fn kernel_names(source: &str) -> Vec<String> {
+    source
+        .split("extern \"C\" __global__ void ")
+        .skip(1)
+        .map(|rest| rest.split('(').next().unwrap().trim().to_string())
+        .collect()
+}
