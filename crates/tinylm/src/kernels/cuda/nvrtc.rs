@@ -137,3 +137,68 @@ pub fn compile(family: &str, source: &str, arch: &str, precision: Precision) -> 
         ))),
     }
 }
+
+/// The names of the `extern "C" __global__` kernels of a family's source.
+pub fn kernel_names(source: &str) -> Vec<&str> {
+    source
+        .split("extern \"C\" __global__ void ")
+        .skip(1)
+        .filter_map(|rest| rest.split('(').next())
+        .map(str::trim)
+        .collect()
+}
+
+/// The on-disk PTX cache: `$TINYLM_CUDA_CACHE`, else `$XDG_CACHE_HOME/tinylm/ptx`,
+/// else `~/.cache/tinylm/ptx`.
+pub fn cache_dir() -> Option<PathBuf> {
+    let env = |name: &str| std::env::var_os(name).map(PathBuf::from);
+    env("TINYLM_CUDA_CACHE")
+        .or_else(|| env("XDG_CACHE_HOME").map(|d| d.join("tinylm/ptx")))
+        .or_else(|| env("HOME").map(|d| d.join(".cache/tinylm/ptx")))
+}
+
+/// [`compile`] through the cache: the PTX of a family is stored under a key of its
+/// full source, the architecture, the precision and the NVRTC version, so an edit
+/// or another toolkit recompiles. The cache is best-effort: when it cannot be read
+/// or written, the source is compiled.
+pub fn compile_cached(
+    family: &str,
+    source: &str,
+    arch: &str,
+    precision: Precision,
+) -> Result<String> {
+    use std::hash::{Hash, Hasher};
+    if !nvrtc_available() {
+        return Err(missing_library(
+            NVRTC_LIBRARY,
+            "NVRTC, the CUDA run-time compiler",
+        ));
+    }
+    let mut version = (0, 0);
+    // SAFETY: NVRTC is loaded (checked above); writes two ints.
+    unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut version.0, &mut version.1) };
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    (family_source(family, source), arch, precision, version).hash(&mut hasher);
+    let file = format!(
+        "{family}-{arch}-{}-{:016x}.ptx",
+        precision.name(),
+        hasher.finish()
+    );
+    let path = cache_dir().map(|d| d.join(file));
+    if let Some(ptx) = path.as_ref().and_then(|p| std::fs::read_to_string(p).ok()) {
+        return Ok(ptx);
+    }
+    let ptx = compile(family, source, arch, precision)?;
+    if let Some(path) = path {
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        let written = path
+            .parent()
+            .map_or(Ok(()), std::fs::create_dir_all)
+            .and_then(|()| std::fs::write(&tmp, &ptx))
+            .and_then(|()| std::fs::rename(&tmp, &path));
+        if written.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+    }
+    Ok(ptx)
+}
