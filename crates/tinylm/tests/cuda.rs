@@ -401,7 +401,7 @@ fn cross_entropy_loss_and_gradient_match_the_cpu() {
 }
 
 #[test]
-fn adamw_and_global_norm_match_the_cpu() {
+fn adamw_and_sum_of_squares_match_the_cpu() {
     let mut rng = ChaCha8Rng::seed_from_u64(8);
     let n = 100_003;
     let hp = AdamWParams {
@@ -412,33 +412,20 @@ fn adamw_and_global_norm_match_the_cpu() {
         let cuda = gpu(precision);
         let grads = random(&mut rng, n, 0.01);
         let grads_d = put_f32(&cuda, &grads);
-        let norm_scale = cuda.alloc(2, DType::F32, "norm").unwrap();
-        let scratch = cuda
-            .alloc(
-                2 * tinylm::cuda::global_norm::NORM_BLOCKS,
-                DType::F32,
-                "scratch",
-            )
-            .unwrap();
-        let want_norm = global_norm(&[&grads]);
-        for max_norm in [0.0, want_norm / 2.0, want_norm * 2.0] {
-            cuda.global_norm(
-                norm_scale.view(),
-                grads_d.view(),
-                max_norm,
-                CLIP_EPS,
-                scratch.view(),
-            );
-            let want_scale = clip_scale(want_norm, max_norm, CLIP_EPS);
-            let got = get(&cuda, &norm_scale);
-            assert_close(
-                &got,
-                &[want_norm as f32, want_scale],
-                1e-6,
-                "global norm and clip scale",
-            );
-        }
-        // Three steps with the clipping factor on the device: bit-for-bit the CPU's.
+        let sum = cuda.alloc(1, DType::F64, "sum").unwrap();
+        let blocks = tinylm::cuda::global_norm::NORM_BLOCKS;
+        let scratch = cuda.alloc(blocks, DType::F64, "scratch").unwrap();
+        cuda.sum_squares(sum.view(), grads_d.view(), scratch.view());
+        let mut got = [0f64];
+        cuda.download(sum.view(), &mut got).unwrap();
+        let want = global_norm(&[&grads]).powi(2);
+        assert!(
+            (got[0] - want).abs() <= 1e-12 * want,
+            "sum of squares {} != {want}",
+            got[0]
+        );
+        // Three clipped steps: bit-for-bit the CPU's.
+        let scale = clip_scale(want.sqrt(), want.sqrt() / 2.0, CLIP_EPS);
         let mut params = random(&mut rng, n, 1.0);
         let (params_d, m_d, v_d) = (
             put_f32(&cuda, &params),
@@ -447,27 +434,18 @@ fn adamw_and_global_norm_match_the_cpu() {
         );
         let shadow = cuda.alloc(n, cuda.float_x(), "shadow").unwrap();
         let (mut m, mut v) = (vec![0f32; n], vec![0f32; n]);
-        let max_norm = want_norm / 2.0;
-        cuda.global_norm(
-            norm_scale.view(),
-            grads_d.view(),
-            max_norm,
-            CLIP_EPS,
-            scratch.view(),
-        );
-        let scale = get(&cuda, &norm_scale)[1];
         for step in 1..=3 {
-            let scale_d = norm_scale.slice(1..2);
+            let (p, mo, vo) = (params_d.view(), m_d.view(), v_d.view());
             cuda.adamw(
-                params_d.view(),
+                p,
                 Some(shadow.view()),
                 grads_d.view(),
-                m_d.view(),
-                v_d.view(),
+                mo,
+                vo,
                 step,
                 1e-3,
                 &hp,
-                scale_d,
+                scale,
             );
             adamw_step(&mut params, &grads, &mut m, &mut v, step, 1e-3, &hp, scale);
         }

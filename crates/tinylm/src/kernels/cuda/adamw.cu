@@ -5,19 +5,17 @@
 
 /// g ← s·g; m ← β1 m + (1−β1) g; v ← β2 v + (1−β2) g²;
 /// θ ← θ − α_t m / (sqrt(v) + ε); θ ← θ − decay·θ, with decay = lr·λ, α_t from the
-/// step number (computed by the caller in f64, as the CPU does) and the gradient
-/// scale s read from the device (`grad_scale[0]`, the clipping factor of
-/// global_norm_finish, or 1). params, grads, m, v (P) f32; when `shadow` is not
+/// step number (computed by the caller in f64, as the CPU does) and s the
+/// gradient scale (the clipping factor, or 1). params, grads, m, v (P) f32; when `shadow` is not
 /// NULL it receives the new parameters in floatX (the matmul operands).
 /// Launch: grid min(ceil(P / 256), 65535), block 256; grid-stride loop.
 extern "C" __global__ void adamw(float* params, floatX* shadow, const float* grads, float* m,
                                  float* v, size_t n, float alpha_t, float beta1, float beta2,
-                                 float eps, float decay, const float* grad_scale) {
-    const float s = *grad_scale;
+                                 float eps, float decay, float grad_scale) {
     const float one_minus_b1 = __fsub_rn(1.0f, beta1);
     const float one_minus_b2 = __fsub_rn(1.0f, beta2);
     for (size_t i = thread_index(); i < n; i += grid_stride()) {
-        const float g = __fmul_rn(grads[i], s);
+        const float g = __fmul_rn(grads[i], grad_scale);
         const float mi = __fadd_rn(__fmul_rn(beta1, m[i]), __fmul_rn(one_minus_b1, g));
         const float vi =
             __fadd_rn(__fmul_rn(beta2, v[i]), __fmul_rn(__fmul_rn(one_minus_b2, g), g));

@@ -10,8 +10,8 @@ const MAX_BLOCKS: usize = 65535;
 impl Cuda {
     /// AdamW step number `step` (from 1) on the flat buffers `params`, `grads`, `m`,
     /// `v` (f32), exactly as [`crate::optim::adamw_step`], the gradient scaled by
-    /// `grad_scale[0]` (f32, on the device). `shadow` (floatX), when given, receives
-    /// the new parameters for the matrix products.
+    /// `grad_scale` first. `shadow` (floatX), when given, receives the new
+    /// parameters for the matrix products.
     #[allow(clippy::too_many_arguments)]
     pub fn adamw(
         &self,
@@ -23,7 +23,7 @@ impl Cuda {
         step: u64,
         lr: f64,
         hp: &AdamWParams,
-        grad_scale: Dev,
+        grad_scale: f32,
     ) {
         let n = params.len;
         for (x, what) in [(params, "params"), (grads, "grads"), (m, "m"), (v, "v")] {
@@ -32,7 +32,6 @@ impl Cuda {
         if let Some(shadow) = shadow {
             expect(shadow, n, self.float_x(), "shadow");
         }
-        expect(grad_scale, 1, DType::F32, "grad_scale");
         assert!(step >= 1, "adamw: steps count from 1");
         // The same f64 → f32 arithmetic as the CPU's adamw_step.
         let t = step as i32;
@@ -53,7 +52,7 @@ impl Cuda {
             .arg(&b2)
             .arg(&eps)
             .arg(&decay);
-        args.arg(&grad_scale.ptr);
+        args.arg(&grad_scale);
         self.run(
             "adamw",
             args,

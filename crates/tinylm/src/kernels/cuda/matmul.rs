@@ -81,7 +81,7 @@ fn data_type(dtype: DType) -> sys::cudaDataType {
     match dtype {
         DType::F32 => sys::cudaDataType_t::CUDA_R_32F,
         DType::Bf16 => sys::cudaDataType_t::CUDA_R_16BF,
-        DType::U32 => panic!("matmul on token ids"),
+        DType::U32 | DType::F64 => panic!("matmul operands are f32 or bf16"),
     }
 }
 

@@ -64,6 +64,8 @@ pub enum DType {
     Bf16,
     /// Token ids.
     U32,
+    /// Reductions.
+    F64,
 }
 
 impl DType {
@@ -71,6 +73,7 @@ impl DType {
         match self {
             DType::F32 | DType::U32 => 4,
             DType::Bf16 => 2,
+            DType::F64 => 8,
         }
     }
 }
@@ -420,4 +423,8 @@ impl HostElement for f32 {
 
 impl HostElement for u32 {
     const DTYPE: DType = DType::U32;
+}
+
+impl HostElement for f64 {
+    const DTYPE: DType = DType::F64;
 }
