@@ -13,9 +13,10 @@ use numpy::PyArrayDyn;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use rayon::prelude::*;
+use tinylm::kernels::cpu as kernels;
 use tinylm::kernels::cpu::rmsnorm::{rmsnorm_forward as rmsnorm_kernel, EPS};
 use tinylm::kernels::cpu::rope::rope_tables;
-use tinylm::kernels::{AttnShape, Backend, Cpu, Float, MatMul};
+use tinylm::kernels::{AttnShape, Float, MatMul};
 use tinylm::{Model, ModelConfig};
 
 // ---------------------------------------------------------------------------
@@ -26,7 +27,7 @@ use tinylm::{Model, ModelConfig};
 fn linear_op(x: &[f32], w: &[f32], n: usize, d_in: usize, d_out: usize) -> Vec<f32> {
     let mut out = vec![0.0; n * d_out];
     if n * d_in * d_out > 0 {
-        Cpu.matmul(&mut out, x, w, MatMul::linear(n, d_in, d_out));
+        kernels::linear::matmul(&mut out, x, w, MatMul::linear(n, d_in, d_out));
     }
     out
 }
@@ -54,7 +55,7 @@ fn swiglu_op(
     let a = linear_op(x, w1, n, c, f);
     let b = linear_op(x, w3, n, c, f);
     let mut h = vec![0.0; n * f];
-    Cpu.swiglu_forward(&mut h, &a, Some(&b));
+    kernels::swiglu::swiglu_forward(&mut h, &a, Some(&b));
     linear_op(&h, w2, n, f, c)
 }
 
@@ -122,7 +123,7 @@ fn sdpa_op(
                 &q[b * n * dk..(b + 1) * n * dk],
                 &k[b * m * dk..(b + 1) * m * dk],
             );
-            Cpu.matmul(&mut scores, qb, kb, qk);
+            kernels::linear::matmul(&mut scores, qb, kb, qk);
         }
         scores.iter_mut().for_each(|s| *s *= scale);
         softmax_rows(
@@ -139,7 +140,7 @@ fn sdpa_op(
                 b_transposed: false,
                 accumulate: false,
             };
-            Cpu.matmul(out, &scores, &v[b * m * dv..(b + 1) * m * dv], pv);
+            kernels::linear::matmul(out, &scores, &v[b * m * dv..(b + 1) * m * dv], pv);
         }
     });
     out
@@ -190,12 +191,17 @@ impl Mha<'_> {
                 d,
                 q0: 0,
             };
-            Cpu.rope(&mut qkv, cos, sin, rows, false);
+            kernels::rope::rope(&mut qkv, cos, sin, rows, false);
         }
         let mut out = vec![0.0; b * t * c];
         if b * t * c > 0 {
             let mut att = vec![0.0; b * h * t * t];
-            Cpu.attention_forward(&mut out, &mut att, &qkv, AttnShape { b, t, h, d, q0: 0 });
+            kernels::attention::attention_forward(
+                &mut out,
+                &mut att,
+                &qkv,
+                AttnShape { b, t, h, d, q0: 0 },
+            );
         }
         linear_op(&out, self.wo, b * t, c, c)
     }
@@ -367,7 +373,7 @@ pub fn embedding<'py>(
     let out = detached(py, || {
         let mut out = vec![0.0; ids.len() * d];
         if d > 0 {
-            Cpu.embedding_forward(&mut out, &ids, wd);
+            kernels::embedding::embedding_forward(&mut out, &ids, wd);
         }
         Ok(out)
     })?;
@@ -402,7 +408,7 @@ pub fn silu<'py>(py: Python<'py>, x: &Bound<'py, PyAny>) -> Out<'py> {
     let xd = x.data();
     let out = detached(py, || {
         let mut out = vec![0.0; xd.len()];
-        Cpu.swiglu_forward(&mut out, xd, None);
+        kernels::swiglu::swiglu_forward(&mut out, xd, None);
         Ok(out)
     })?;
     Ok(output(py, &x.shape, out))
@@ -469,7 +475,7 @@ pub fn rope<'py>(
             q0: 0,
         };
         if rows * d > 0 {
-            Cpu.rope(&mut qkv, &cos, &sin, shape, false);
+            kernels::rope::rope(&mut qkv, &cos, &sin, shape, false);
         }
         Ok(qkv
             .chunks_exact(3 * d.max(1))
@@ -755,7 +761,7 @@ pub fn cross_entropy(
     }
     let mut scratch = logits.data().to_vec();
     detached(py, || {
-        Ok(Cpu.cross_entropy(&mut scratch, &targets, false).to_f64())
+        Ok(kernels::cross_entropy::cross_entropy(&mut scratch, &targets, false).to_f64())
     })
 }
 

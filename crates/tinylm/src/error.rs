@@ -13,6 +13,10 @@ pub enum Error {
     /// Bad input: shapes, token ids, file contents.
     #[error("{0}")]
     Invalid(String),
+    /// A compute device or its libraries failed or are missing (the message says
+    /// which, and what to do).
+    #[error("{0}")]
+    Device(String),
     #[error(transparent)]
     Tokenizer(#[from] tinylm_bpe::Error),
 }

@@ -174,7 +174,7 @@ pub fn generate<B: Backend<f32>>(
     }
     // `window` ends with the token to feed next; the cache holds all but that one.
     let mut window = start;
-    let mut cache = model.new_cache();
+    let mut cache = model.new_cache()?;
     for &id in &window[..window.len() - 1] {
         model.decode_step(&mut cache, id)?;
     }

@@ -9,6 +9,7 @@ pub mod config;
 #[path = "kernels/cuda/mod.rs"]
 pub mod cuda;
 pub mod data;
+pub mod device;
 pub mod error;
 pub mod generate;
 pub mod kernels;

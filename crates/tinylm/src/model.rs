@@ -1,6 +1,8 @@
 //! The Transformer LM: one orchestration of forward and backward over the kernel
 //! interface ([`Backend`]), llm.c style. Parameters and gradients are flat buffers in
-//! the [`ParamLayout`]; activations are allocated once per `(B, T)` and reused.
+//! the [`ParamLayout`], owned by the backend (host memory on the CPU, device memory
+//! on a GPU) for the model's whole life; activations are allocated once per `(B, T)`
+//! and reused. Only token ids go in and logits or the loss come out.
 //!
 //! Shapes: `B` sequences of `T` tokens, `N = B·T` rows, `C = d_model`, `F = d_ff`,
 //! `H` heads of `D` channels, `V = vocab_size`. One block (pre-norm, the default):
@@ -15,7 +17,8 @@
 
 use crate::config::{Ffn, ModelConfig, Norm, Positional};
 use crate::kernels::cpu::rope::rope_tables;
-use crate::kernels::{AttnShape, Backend, Cpu, Float, MatMul};
+use crate::kernels::{AdamWStep, AttnShape, Backend, BufKind, Buffer, Cpu, Float, MatMul, Span};
+use crate::optim::{AdamW, AdamWParams};
 use crate::params::ParamLayout;
 use crate::{Error, Result};
 use std::ops::Range;
@@ -25,51 +28,57 @@ use std::ops::Range;
 pub struct Model<F: Float = f32, B: Backend<F> = Cpu> {
     config: ModelConfig,
     layout: ParamLayout,
-    params: Vec<F>,
-    grads: Vec<F>,
+    params: B::Buf,
+    grads: B::Buf,
     /// RoPE tables `(context_length, D/2)`.
-    rope_cos: Vec<F>,
-    rope_sin: Vec<F>,
+    rope_cos: B::Buf,
+    rope_sin: B::Buf,
     /// Activations of the last full pass, kept for backward.
-    acts: Option<Activations<F>>,
+    acts: Option<Activations<B::Buf, B::Ids>>,
     /// Gradient scratch for backward, same `(B, T)` as `acts`.
-    grad_acts: Option<GradActivations<F>>,
+    grad_acts: Option<GradActivations<B::Buf>>,
     /// Single-token activations for [`Model::decode_step`].
-    decode_acts: Option<Activations<F>>,
+    decode_acts: Option<Activations<B::Buf, B::Ids>>,
+    /// Host copy of the last logits [`Model::forward`] or [`Model::decode_step`] returned.
+    host_logits: Vec<F>,
     /// Whether `acts` holds a `forward_loss` (logits replaced by their gradient).
     loss_ready: bool,
     backend: B,
 }
 
-/// Keys and values of every position decoded so far, per layer, for generation.
-pub struct KvCache<F: Float = f32> {
+/// Keys and values of every position decoded so far, per layer, for generation,
+/// in buffers of the model's backend.
+pub struct KvCache<Buf = Vec<f32>> {
     len: usize,
     context_length: usize,
     d_model: usize,
     /// Per layer `(context_length, 3C)`: rows of `[q | k | v]` after RoPE (the `q`
     /// part is scratch), so attention reads the cache like a full pass's `qkv`.
-    qkv: Vec<Vec<F>>,
+    qkv: Vec<Buf>,
 }
 
-impl KvCache<f32> {
-    /// An empty cache for a model of this configuration.
+impl KvCache {
+    /// An empty CPU cache for a model of this configuration.
     pub fn new(config: &ModelConfig) -> Self {
-        Self::with_config(config)
+        Self::with_backend::<f32, Cpu>(&Cpu, config).expect("host allocation")
     }
 }
 
-impl<F: Float> KvCache<F> {
-    /// An empty cache in any precision.
-    pub fn with_config(config: &ModelConfig) -> Self {
+impl<Buf: Buffer> KvCache<Buf> {
+    /// An empty cache in `backend`'s buffers.
+    pub fn with_backend<F: Float, B: Backend<F, Buf = Buf>>(
+        backend: &B,
+        config: &ModelConfig,
+    ) -> Result<Self> {
         let size = config.context_length * 3 * config.d_model;
-        KvCache {
+        Ok(KvCache {
             len: 0,
             context_length: config.context_length,
             d_model: config.d_model,
             qkv: (0..config.num_layers)
-                .map(|_| vec![F::ZERO; size])
-                .collect(),
-        }
+                .map(|_| backend.alloc(size, BufKind::Activations))
+                .collect::<Result<_>>()?,
+        })
     }
 
     /// Positions decoded so far.
@@ -93,138 +102,155 @@ impl<F: Float> KvCache<F> {
 }
 
 /// One block's activations, `N` rows. Buffers an ablation does not use are empty.
-struct LayerActs<F> {
+struct LayerActs<Buf> {
     /// `(N, C)`, `(N)`: pre-norm `ln1(x)`; post-norm `ln1(r1)` (= the FFN input).
-    ln1: Vec<F>,
-    rstd1: Vec<F>,
+    ln1: Buf,
+    rstd1: Buf,
     /// `(N, 3C)` queries (after RoPE), keys (after RoPE), values; empty when decoding
     /// (they live in the [`KvCache`]).
-    qkv: Vec<F>,
+    qkv: Buf,
     /// `(B, H, Tq, T)` attention probabilities.
-    att: Vec<F>,
+    att: Buf,
     /// `(N, C)` attention output before `output_proj`.
-    atty: Vec<F>,
+    atty: Buf,
     /// `(N, C)` first residual sum `x + attn`.
-    r1: Vec<F>,
+    r1: Buf,
     /// `(N, C)`, `(N)`: pre-norm `ln2(r1)`; post-norm keeps only `rstd2` of `ln2(r2)`.
-    ln2: Vec<F>,
-    rstd2: Vec<F>,
+    ln2: Buf,
+    rstd2: Buf,
     /// `(N, F)` `W1 x`, `W3 x` (SwiGLU only), and the gated product.
-    h1: Vec<F>,
-    h3: Vec<F>,
-    gate: Vec<F>,
+    h1: Buf,
+    h3: Buf,
+    gate: Buf,
     /// `(N, C)` second residual sum before post-norm's `ln2` (post-norm only).
-    r2: Vec<F>,
+    r2: Buf,
 }
 
 /// Everything a forward pass writes, for one `(B, T)`.
-struct Activations<F> {
+struct Activations<Buf, Ids> {
     b: usize,
     t: usize,
-    ids: Vec<u32>,
-    targets: Vec<u32>,
+    /// `(B, T)` input and target token ids.
+    ids: Ids,
+    targets: Ids,
     /// `num_layers + 1` of `(N, C)`: the embedding output and every block's output.
-    resid: Vec<Vec<F>>,
-    layers: Vec<LayerActs<F>>,
+    resid: Vec<Buf>,
+    layers: Vec<LayerActs<Buf>>,
     /// `(N, C)`, `(N)`: `ln_final` (pre-norm only).
-    lnf: Vec<F>,
-    lnf_rstd: Vec<F>,
+    lnf: Buf,
+    lnf_rstd: Buf,
     /// `(N, V)` logits, or their gradient after `forward_loss`.
-    logits: Vec<F>,
+    logits: Buf,
 }
 
 /// Backward scratch for one `(B, T)`.
-struct GradActivations<F> {
+struct GradActivations<Buf> {
     /// `(N, C)` gradient flowing down the residual stream, and a second `(N, C)`.
-    dresid: Vec<F>,
-    dtmp: Vec<F>,
+    dresid: Buf,
+    dtmp: Buf,
     /// `(N, 3C)`, `(B, H, T, T)`, `(N, C)`.
-    dqkv: Vec<F>,
-    datt: Vec<F>,
-    datty: Vec<F>,
+    dqkv: Buf,
+    datt: Buf,
+    datty: Buf,
     /// `(N, F)` each (`dh3` empty for SiLU).
-    dh1: Vec<F>,
-    dh3: Vec<F>,
-    dgate: Vec<F>,
+    dh1: Buf,
+    dh3: Buf,
+    dgate: Buf,
 }
 
-fn zeros<F: Float>(len: usize) -> Vec<F> {
-    vec![F::ZERO; len]
-}
-
-impl<F: Float> Activations<F> {
+impl<Buf: Buffer, Ids> Activations<Buf, Ids> {
     /// Buffers for `b` sequences of `t` queries attending `keys` positions
     /// (`keys = t` for a full pass, `context_length` for decoding).
-    fn new(c: &ModelConfig, b: usize, t: usize, keys: usize, decode: bool) -> Self {
+    fn new<F: Float, B: Backend<F, Buf = Buf, Ids = Ids>>(
+        be: &B,
+        c: &ModelConfig,
+        b: usize,
+        t: usize,
+        keys: usize,
+        decode: bool,
+    ) -> Result<Self> {
         let n = b * t;
         let (d, f) = (c.d_model, c.d_ff);
         let pre = c.norm == Norm::Pre;
         let post = c.norm == Norm::Post;
         let has_norm = c.norm != Norm::None;
-        let if_ = |cond: bool, len: usize| zeros(if cond { len } else { 0 });
+        let act = |len: usize| be.alloc(len, BufKind::Activations);
+        let act_if = |cond: bool, len: usize| act(if cond { len } else { 0 });
+        let stat_if = |cond: bool, len: usize| be.alloc(if cond { len } else { 0 }, BufKind::Full);
         let layers = (0..c.num_layers)
-            .map(|_| LayerActs {
-                ln1: if_(has_norm, n * d),
-                rstd1: if_(has_norm, n),
-                qkv: if_(!decode, n * 3 * d),
-                att: zeros(b * c.num_heads * t * keys),
-                atty: zeros(n * d),
-                r1: zeros(n * d),
-                ln2: if_(pre, n * d),
-                rstd2: if_(has_norm, n),
-                h1: zeros(n * f),
-                h3: if_(c.ffn == Ffn::Swiglu, n * f),
-                gate: zeros(n * f),
-                r2: if_(post, n * d),
+            .map(|_| {
+                Ok(LayerActs {
+                    ln1: act_if(has_norm, n * d)?,
+                    rstd1: stat_if(has_norm, n)?,
+                    qkv: act_if(!decode, n * 3 * d)?,
+                    att: act(b * c.num_heads * t * keys)?,
+                    atty: act(n * d)?,
+                    r1: act(n * d)?,
+                    ln2: act_if(pre, n * d)?,
+                    rstd2: stat_if(has_norm, n)?,
+                    h1: act(n * f)?,
+                    h3: act_if(c.ffn == Ffn::Swiglu, n * f)?,
+                    gate: act(n * f)?,
+                    r2: act_if(post, n * d)?,
+                })
             })
-            .collect();
-        Activations {
+            .collect::<Result<_>>()?;
+        Ok(Activations {
             b,
             t,
-            ids: vec![0; n],
-            targets: vec![0; n],
-            resid: (0..=c.num_layers).map(|_| zeros(n * d)).collect(),
+            ids: be.alloc_ids(n)?,
+            targets: be.alloc_ids(n)?,
+            resid: (0..=c.num_layers)
+                .map(|_| act(n * d))
+                .collect::<Result<_>>()?,
             layers,
-            lnf: if_(pre, n * d),
-            lnf_rstd: if_(pre, n),
-            logits: zeros(n * c.vocab_size),
-        }
+            lnf: act_if(pre, n * d)?,
+            lnf_rstd: stat_if(pre, n)?,
+            logits: act(n * c.vocab_size)?,
+        })
     }
 }
 
-impl<F: Float> GradActivations<F> {
-    fn new(c: &ModelConfig, b: usize, t: usize) -> Self {
+impl<Buf: Buffer> GradActivations<Buf> {
+    fn new<F: Float, B: Backend<F, Buf = Buf>>(
+        be: &B,
+        c: &ModelConfig,
+        b: usize,
+        t: usize,
+    ) -> Result<Self> {
         let n = b * t;
         let (d, f) = (c.d_model, c.d_ff);
-        GradActivations {
-            dresid: zeros(n * d),
-            dtmp: zeros(n * d),
-            dqkv: zeros(n * 3 * d),
-            datt: zeros(b * c.num_heads * t * t),
-            datty: zeros(n * d),
-            dh1: zeros(n * f),
-            dh3: zeros(if c.ffn == Ffn::Swiglu { n * f } else { 0 }),
-            dgate: zeros(n * f),
-        }
+        let act = |len: usize| be.alloc(len, BufKind::Activations);
+        Ok(GradActivations {
+            dresid: act(n * d)?,
+            dtmp: act(n * d)?,
+            dqkv: act(n * 3 * d)?,
+            datt: act(b * c.num_heads * t * t)?,
+            datty: act(n * d)?,
+            dh1: act(n * f)?,
+            dh3: act(if c.ffn == Ffn::Swiglu { n * f } else { 0 })?,
+            dgate: act(n * f)?,
+        })
     }
 }
 
 /// Read-only view of what every pass needs: shape, layout, parameters, RoPE tables.
-struct Weights<'a, F> {
+struct Weights<'a, Buf> {
     c: &'a ModelConfig,
     layout: &'a ParamLayout,
-    params: &'a [F],
-    cos: &'a [F],
-    sin: &'a [F],
+    params: &'a Buf,
+    cos: &'a Buf,
+    sin: &'a Buf,
 }
 
-impl<F: Float> Weights<'_, F> {
-    fn get(&self, r: &Range<usize>) -> &[F] {
-        &self.params[r.clone()]
+impl<Buf: Buffer> Weights<'_, Buf> {
+    fn get(&self, r: &Range<usize>) -> Span<'_, Buf> {
+        self.params.at(r.clone())
     }
 
-    fn gain(&self, r: &Option<Range<usize>>) -> &[F] {
-        &self.params[r.clone().expect("norm gain present when norms are on")]
+    fn gain(&self, r: &Option<Range<usize>>) -> Span<'_, Buf> {
+        self.params
+            .at(r.clone().expect("norm gain present when norms are on"))
     }
 }
 
@@ -237,9 +263,7 @@ fn qkv_range(layout: &ParamLayout, l: usize) -> Range<usize> {
 impl Model<f32> {
     /// A freshly initialized model (SPEC §2 init from `seed`).
     pub fn new(config: ModelConfig, seed: u64) -> Result<Model> {
-        config.validate()?;
-        let params = ParamLayout::new(&config).init(seed);
-        Model::with_params(config, params)
+        Model::init_with_backend(config, seed, Cpu)
     }
 
     /// A model with the given parameters (in [`ParamLayout`] order).
@@ -251,13 +275,67 @@ impl Model<f32> {
 impl<F: Float> Model<F> {
     /// A CPU model in any precision with the given parameters (in [`ParamLayout`] order).
     pub fn with_params(config: ModelConfig, params: Vec<F>) -> Result<Self> {
-        Model::with_backend(config, params, Cpu)
+        Model::with_backend(config, &params, Cpu)
+    }
+}
+
+impl<B: Backend<f32>> Model<f32, B> {
+    /// A freshly initialized model (SPEC §2 init from `seed`) run by `backend`.
+    pub fn init_with_backend(config: ModelConfig, seed: u64, backend: B) -> Result<Self> {
+        config.validate()?;
+        let params = ParamLayout::new(&config).init(seed);
+        Model::with_backend(config, &params, backend)
+    }
+
+    /// Zero AdamW moments in this model's backend.
+    pub fn new_adamw(&self, hp: AdamWParams) -> Result<AdamW<B::Buf>> {
+        let n = self.layout.total;
+        Ok(AdamW {
+            hp,
+            m: self.backend.alloc(n, BufKind::Full)?,
+            v: self.backend.alloc(n, BufKind::Full)?,
+            step: 0,
+        })
+    }
+
+    /// AdamW state from the host (a checkpoint's) into this model's backend.
+    pub fn upload_adamw(&self, host: &AdamW) -> Result<AdamW<B::Buf>> {
+        let mut opt = self.new_adamw(host.hp)?;
+        self.backend.upload(opt.m.all_mut(), &host.m)?;
+        self.backend.upload(opt.v.all_mut(), &host.v)?;
+        opt.step = host.step;
+        Ok(opt)
+    }
+
+    /// AdamW state back to the host (for a checkpoint).
+    pub fn download_adamw(&self, opt: &AdamW<B::Buf>) -> Result<AdamW> {
+        let mut host = AdamW::new(self.layout.total, opt.hp);
+        self.backend.download(opt.m.all(), &mut host.m)?;
+        self.backend.download(opt.v.all(), &mut host.v)?;
+        host.step = opt.step;
+        Ok(host)
+    }
+}
+
+impl<F: Float, B: Backend<F, Buf = Vec<F>>> Model<F, B> {
+    /// The parameters of a host-memory model.
+    pub fn params(&self) -> &[F] {
+        &self.params
+    }
+
+    pub fn params_mut(&mut self) -> &mut [F] {
+        &mut self.params
+    }
+
+    /// Gradient of the last [`Model::backward`], in the parameter layout.
+    pub fn grads(&self) -> &[F] {
+        &self.grads
     }
 }
 
 impl<F: Float, B: Backend<F>> Model<F, B> {
     /// A model run by `backend`, with the given parameters (in [`ParamLayout`] order).
-    pub fn with_backend(config: ModelConfig, params: Vec<F>, backend: B) -> Result<Self> {
+    pub fn with_backend(config: ModelConfig, params: &[F], backend: B) -> Result<Self> {
         config.validate()?;
         let layout = ParamLayout::new(&config);
         if params.len() != layout.total {
@@ -270,21 +348,27 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
         for lo in &layout.layers {
             assert!(lo.k_proj.start == lo.q_proj.end && lo.v_proj.start == lo.k_proj.end);
         }
-        let (rope_cos, rope_sin) = if config.positional == Positional::Rope {
+        let (cos, sin) = if config.positional == Positional::Rope {
             rope_tables(config.context_length, config.head_dim(), config.rope_theta)
         } else {
             (Vec::new(), Vec::new())
         };
+        let upload = |values: &[F], kind: BufKind| -> Result<B::Buf> {
+            let mut buf = backend.alloc(values.len(), kind)?;
+            backend.upload(buf.all_mut(), values)?;
+            Ok(buf)
+        };
         Ok(Model {
-            grads: vec![F::ZERO; layout.total],
+            params: upload(params, BufKind::Params)?,
+            grads: backend.alloc(layout.total, BufKind::Full)?,
+            rope_cos: upload(&cos, BufKind::Full)?,
+            rope_sin: upload(&sin, BufKind::Full)?,
             config,
             layout,
-            params,
-            rope_cos,
-            rope_sin,
             acts: None,
             grad_acts: None,
             decode_acts: None,
+            host_logits: Vec::new(),
             loss_ready: false,
             backend,
         })
@@ -303,37 +387,75 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
         &self.layout
     }
 
-    pub fn params(&self) -> &[F] {
-        &self.params
+    /// A host copy of the parameters (in [`ParamLayout`] order).
+    pub fn download_params(&self) -> Result<Vec<F>> {
+        let mut host = vec![F::ZERO; self.layout.total];
+        self.backend.download(self.params.all(), &mut host)?;
+        Ok(host)
     }
 
-    pub fn params_mut(&mut self) -> &mut [F] {
-        &mut self.params
+    /// Replaces every parameter (in [`ParamLayout`] order).
+    pub fn upload_params(&mut self, params: &[F]) -> Result<()> {
+        if params.len() != self.layout.total {
+            return Err(Error::Invalid(format!(
+                "parameter buffer has {} values, the configuration needs {}",
+                params.len(),
+                self.layout.total
+            )));
+        }
+        self.backend.upload(self.params.all_mut(), params)
     }
 
-    /// Gradient of the last [`Model::backward`], in the parameter layout.
-    pub fn grads(&self) -> &[F] {
-        &self.grads
+    /// A host copy of the gradient of the last [`Model::backward`].
+    pub fn download_grads(&self) -> Result<Vec<F>> {
+        let mut host = vec![F::ZERO; self.layout.total];
+        self.backend.download(self.grads.all(), &mut host)?;
+        Ok(host)
     }
 
-    /// Parameters to update and the gradient to update them with.
-    pub fn params_and_grads_mut(&mut self) -> (&mut [F], &[F]) {
-        (&mut self.params, &self.grads)
+    /// The global L2 norm of the gradient of the last [`Model::backward`].
+    pub fn grad_norm(&self) -> Result<f64> {
+        let sum = self.backend.sum_squares(self.grads.all());
+        self.backend.sync()?;
+        Ok(sum.sqrt())
+    }
+
+    /// One AdamW update (SPEC §3) of every parameter from the last gradient,
+    /// multiplied by `grad_scale` first (the clipping factor).
+    pub fn adamw_step(&mut self, opt: &mut AdamW<B::Buf>, lr: f64, grad_scale: f32) {
+        opt.step += 1;
+        let step = AdamWStep {
+            lr,
+            t: opt.step,
+            hp: opt.hp,
+            grad_scale,
+        };
+        self.backend.adamw(
+            self.params.all_mut(),
+            self.grads.all(),
+            opt.m.all_mut(),
+            opt.v.all_mut(),
+            &step,
+        );
     }
 
     /// An empty KV cache for [`Model::decode_step`].
-    pub fn new_cache(&self) -> KvCache<F> {
-        KvCache::with_config(&self.config)
+    pub fn new_cache(&self) -> Result<KvCache<B::Buf>> {
+        KvCache::with_backend(&self.backend, &self.config)
     }
 
     /// Logits `(B, T, V)` for token ids `(B, T)`, `1 ≤ T ≤ context_length`.
     pub fn forward(&mut self, ids: &[u32], b: usize, t: usize) -> Result<&[F]> {
         self.check_tokens(ids, b, t, "token id")?;
-        let acts = self.prepare(b, t);
-        acts.ids.copy_from_slice(ids);
+        self.prepare(b, t)?;
+        let acts = self.acts.as_mut().expect("prepared");
+        self.backend.upload_ids(&mut acts.ids, ids)?;
         self.loss_ready = false;
         self.run_forward();
-        Ok(&self.acts.as_ref().expect("prepared").logits)
+        let logits = &self.acts.as_ref().expect("prepared").logits;
+        self.host_logits.resize(logits.len(), F::ZERO);
+        self.backend.download(logits.all(), &mut self.host_logits)?;
+        Ok(&self.host_logits)
     }
 
     /// Mean cross-entropy over the `B·T` positions of predicting `targets (B, T)`
@@ -342,20 +464,22 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
     pub fn forward_loss(&mut self, ids: &[u32], targets: &[u32], b: usize, t: usize) -> Result<F> {
         self.check_tokens(ids, b, t, "token id")?;
         self.check_tokens(targets, b, t, "target id")?;
-        let acts = self.prepare(b, t);
-        acts.ids.copy_from_slice(ids);
-        acts.targets.copy_from_slice(targets);
+        self.prepare(b, t)?;
+        let acts = self.acts.as_mut().expect("prepared");
+        self.backend.upload_ids(&mut acts.ids, ids)?;
+        self.backend.upload_ids(&mut acts.targets, targets)?;
         self.run_forward();
         let acts = self.acts.as_mut().expect("prepared");
         let loss = self
             .backend
-            .cross_entropy(&mut acts.logits, &acts.targets, true);
+            .cross_entropy(acts.logits.all_mut(), &acts.targets, true);
+        self.backend.sync()?;
         self.loss_ready = true;
         Ok(loss)
     }
 
-    /// The gradient of the last [`Model::forward_loss`] into [`Model::grads`]
-    /// (overwritten, not accumulated).
+    /// The gradient of the last [`Model::forward_loss`] into the model's gradient
+    /// buffer (overwritten, not accumulated).
     pub fn backward(&mut self) -> Result<()> {
         if !self.loss_ready {
             return Err(Error::Invalid(
@@ -363,14 +487,14 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
             ));
         }
         self.loss_ready = false;
-        let acts = self.acts.as_mut().expect("loss_ready implies activations");
+        let acts = self.acts.as_ref().expect("loss_ready implies activations");
         let (b, t) = (acts.b, acts.t);
         if self
             .grad_acts
             .as_ref()
             .is_none_or(|g| g.dresid.len() != b * t * self.config.d_model)
         {
-            self.grad_acts = Some(GradActivations::new(&self.config, b, t));
+            self.grad_acts = Some(GradActivations::new(&self.backend, &self.config, b, t)?);
         }
         let w = Weights {
             c: &self.config,
@@ -386,7 +510,7 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
 
     /// Appends `token` at position `cache.len()` and returns the logits `(V)` for the
     /// next token, attending to everything in the cache.
-    pub fn decode_step(&mut self, cache: &mut KvCache<F>, token: u32) -> Result<&[F]> {
+    pub fn decode_step(&mut self, cache: &mut KvCache<B::Buf>, token: u32) -> Result<&[F]> {
         let c = &self.config;
         if cache.qkv.len() != c.num_layers
             || cache.d_model != c.d_model
@@ -408,10 +532,12 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
                 cache.len, c.vocab_size
             )));
         }
-        let acts = self
-            .decode_acts
-            .get_or_insert_with(|| Activations::new(c, 1, 1, c.context_length, true));
-        acts.ids[0] = token;
+        if self.decode_acts.is_none() {
+            let acts = Activations::new(&self.backend, c, 1, 1, c.context_length, true)?;
+            self.decode_acts = Some(acts);
+        }
+        let acts = self.decode_acts.as_mut().expect("allocated above");
+        self.backend.upload_ids(&mut acts.ids, &[token])?;
         let w = Weights {
             c,
             layout: &self.layout,
@@ -421,7 +547,10 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
         };
         forward_pass(&self.backend, &w, acts, Some(cache));
         cache.len += 1;
-        Ok(&acts.logits)
+        self.host_logits.resize(c.vocab_size, F::ZERO);
+        self.backend
+            .download(acts.logits.all(), &mut self.host_logits)?;
+        Ok(&self.host_logits)
     }
 
     /// Rejects ids outside the vocabulary (naming the position) and bad shapes.
@@ -456,12 +585,21 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
         Ok(())
     }
 
-    /// The activations for `(b, t)`, reallocated only when the shape changes.
-    fn prepare(&mut self, b: usize, t: usize) -> &mut Activations<F> {
+    /// Allocates the activations for `(b, t)` when the shape changes.
+    fn prepare(&mut self, b: usize, t: usize) -> Result<()> {
         if self.acts.as_ref().is_none_or(|a| (a.b, a.t) != (b, t)) {
-            self.acts = Some(Activations::new(&self.config, b, t, t, false));
+            // Free the old shape's buffers before allocating the new ones.
+            self.acts = None;
+            self.acts = Some(Activations::new(
+                &self.backend,
+                &self.config,
+                b,
+                t,
+                t,
+                false,
+            )?);
         }
-        self.acts.as_mut().expect("just set")
+        Ok(())
     }
 
     fn run_forward(&mut self) {
@@ -482,9 +620,9 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
 /// to the cache (the caller advances `len`) and attention reads the whole cache.
 fn forward_pass<F: Float, B: Backend<F>>(
     be: &B,
-    w: &Weights<F>,
-    acts: &mut Activations<F>,
-    mut cache: Option<&mut KvCache<F>>,
+    w: &Weights<B::Buf>,
+    acts: &mut Activations<B::Buf, B::Ids>,
+    mut cache: Option<&mut KvCache<B::Buf>>,
 ) {
     let c = w.c;
     let (b, t) = (acts.b, acts.t);
@@ -492,105 +630,114 @@ fn forward_pass<F: Float, B: Backend<F>>(
     let (pre, post) = (c.norm == Norm::Pre, c.norm == Norm::Post);
     let swiglu = c.ffn == Ffn::Swiglu;
     be.embedding_forward(
-        &mut acts.resid[0],
+        acts.resid[0].all_mut(),
         &acts.ids,
         w.get(&w.layout.token_embeddings),
     );
     for (l, la) in acts.layers.iter_mut().enumerate() {
         let lo = &w.layout.layers[l];
         let (before, after) = acts.resid.split_at_mut(l + 1);
-        let (x, out) = (&before[l][..], &mut after[0][..]);
-        let attn_in: &[F] = if pre {
-            be.rmsnorm_forward(&mut la.ln1, &mut la.rstd1, x, w.gain(&lo.ln1));
-            &la.ln1
+        let (x, out) = (before[l].all(), &mut after[0]);
+        let attn_in = if pre {
+            be.rmsnorm_forward(la.ln1.all_mut(), la.rstd1.all_mut(), x, w.gain(&lo.ln1));
+            la.ln1.all()
         } else {
             x
         };
-        let (qkv, shape) = match cache.as_deref_mut() {
-            Some(kv) => {
-                let pos = kv.len;
-                let shape = AttnShape {
-                    b: 1,
-                    t: pos + 1,
-                    h,
-                    d: c.head_dim(),
-                    q0: pos,
-                };
-                (&mut kv.qkv[l][..(pos + 1) * 3 * d], shape)
-            }
-            None => {
-                let shape = AttnShape {
-                    b,
-                    t,
-                    h,
-                    d: c.head_dim(),
-                    q0: 0,
-                };
-                (&mut la.qkv[..], shape)
-            }
+        let q0 = cache.as_ref().map_or(0, |kv| kv.len);
+        let shape = AttnShape {
+            b,
+            t: q0 + t,
+            h,
+            d: c.head_dim(),
+            q0,
         };
-        let new_rows = &mut qkv[shape.q0 * 3 * d..];
+        // `(B, T, 3C)` rows of the pass (full) or of the whole cache (decoding).
+        let qkv = match cache.as_deref_mut() {
+            Some(kv) => &mut kv.qkv[l],
+            None => &mut la.qkv,
+        };
+        let rows = 3 * d * q0..3 * d * (q0 + n);
         be.matmul(
-            new_rows,
+            qkv.at_mut(rows.clone()),
             attn_in,
             w.get(&qkv_range(w.layout, l)),
             MatMul::linear(n, d, 3 * d),
         );
         if c.positional == Positional::Rope {
-            be.rope(new_rows, w.cos, w.sin, shape, false);
+            be.rope(qkv.at_mut(rows), w.cos.all(), w.sin.all(), shape, false);
         }
-        let att = &mut la.att[..b * h * shape.tq() * shape.t];
-        be.attention_forward(&mut la.atty, att, qkv, shape);
-        be.copy(&mut la.r1, x);
+        be.attention_forward(
+            la.atty.all_mut(),
+            la.att.at_mut(0..b * h * shape.tq() * shape.t),
+            qkv.at(0..3 * d * shape.t * b),
+            shape,
+        );
+        be.copy(la.r1.all_mut(), x);
         be.matmul(
-            &mut la.r1,
-            &la.atty,
+            la.r1.all_mut(),
+            la.atty.all(),
             w.get(&lo.output_proj),
             MatMul::linear(n, d, d).accumulating(),
         );
-        let y: &[F] = if post {
-            be.rmsnorm_forward(&mut la.ln1, &mut la.rstd1, &la.r1, w.gain(&lo.ln1));
-            &la.ln1
+        let y = if post {
+            be.rmsnorm_forward(
+                la.ln1.all_mut(),
+                la.rstd1.all_mut(),
+                la.r1.all(),
+                w.gain(&lo.ln1),
+            );
+            la.ln1.all()
         } else {
-            &la.r1
+            la.r1.all()
         };
-        let ffn_in: &[F] = if pre {
-            be.rmsnorm_forward(&mut la.ln2, &mut la.rstd2, y, w.gain(&lo.ln2));
-            &la.ln2
+        let ffn_in = if pre {
+            be.rmsnorm_forward(la.ln2.all_mut(), la.rstd2.all_mut(), y, w.gain(&lo.ln2));
+            la.ln2.all()
         } else {
             y
         };
-        be.matmul(&mut la.h1, ffn_in, w.get(&lo.w1), MatMul::linear(n, d, f));
-        if let Some(w3) = &lo.w3 {
-            be.matmul(&mut la.h3, ffn_in, w.get(w3), MatMul::linear(n, d, f));
-        }
-        be.swiglu_forward(&mut la.gate, &la.h1, swiglu.then_some(&la.h3[..]));
-        let r2: &mut [F] = if post { &mut la.r2 } else { out };
-        be.copy(r2, y);
         be.matmul(
-            r2,
-            &la.gate,
+            la.h1.all_mut(),
+            ffn_in,
+            w.get(&lo.w1),
+            MatMul::linear(n, d, f),
+        );
+        if let Some(w3) = &lo.w3 {
+            be.matmul(la.h3.all_mut(), ffn_in, w.get(w3), MatMul::linear(n, d, f));
+        }
+        be.swiglu_forward(la.gate.all_mut(), la.h1.all(), swiglu.then(|| la.h3.all()));
+        let r2 = if post { &mut la.r2 } else { &mut *out };
+        be.copy(r2.all_mut(), y);
+        be.matmul(
+            r2.all_mut(),
+            la.gate.all(),
             w.get(&lo.w2),
             MatMul::linear(n, f, d).accumulating(),
         );
         if post {
-            be.rmsnorm_forward(out, &mut la.rstd2, &la.r2, w.gain(&lo.ln2));
+            be.rmsnorm_forward(
+                out.all_mut(),
+                la.rstd2.all_mut(),
+                la.r2.all(),
+                w.gain(&lo.ln2),
+            );
         }
     }
-    let last = &acts.resid[c.num_layers];
-    let hidden: &[F] = if pre {
+    let last = acts.resid[c.num_layers].all();
+    let hidden = if pre {
         be.rmsnorm_forward(
-            &mut acts.lnf,
-            &mut acts.lnf_rstd,
+            acts.lnf.all_mut(),
+            acts.lnf_rstd.all_mut(),
             last,
             w.gain(&w.layout.ln_final),
         );
-        &acts.lnf
+        acts.lnf.all()
     } else {
         last
     };
     be.matmul(
-        &mut acts.logits,
+        acts.logits.all_mut(),
         hidden,
         w.get(&w.layout.lm_head),
         MatMul::linear(n, d, c.vocab_size),
@@ -601,10 +748,10 @@ fn forward_pass<F: Float, B: Backend<F>>(
 /// `∂loss/∂logits`: every parameter's gradient into `grads` (overwritten).
 fn backward_pass<F: Float, B: Backend<F>>(
     be: &B,
-    w: &Weights<F>,
-    acts: &Activations<F>,
-    g: &mut GradActivations<F>,
-    grads: &mut [F],
+    w: &Weights<B::Buf>,
+    acts: &Activations<B::Buf, B::Ids>,
+    g: &mut GradActivations<B::Buf>,
+    grads: &mut B::Buf,
 ) {
     let c = w.c;
     let (b, t) = (acts.b, acts.t);
@@ -612,33 +759,38 @@ fn backward_pass<F: Float, B: Backend<F>>(
     let (pre, post) = (c.norm == Norm::Pre, c.norm == Norm::Post);
     let layout = w.layout;
     let gain_range = |r: &Option<Range<usize>>| r.clone().expect("norm gain present");
-    grads.fill(F::ZERO);
+    be.fill_zero(grads.all_mut());
 
     // LM head (and ln_final): dresid = ∂loss/∂(last block's output).
-    let last = &acts.resid[c.num_layers];
-    let hidden: &[F] = if pre { &acts.lnf } else { last };
+    let last = acts.resid[c.num_layers].all();
+    let hidden = if pre { acts.lnf.all() } else { last };
     be.matmul(
-        &mut grads[layout.lm_head.clone()],
-        &acts.logits,
+        grads.at_mut(layout.lm_head.clone()),
+        acts.logits.all(),
         hidden,
         MatMul::linear_dw(n, d, v),
     );
     let head = w.get(&layout.lm_head);
     if pre {
-        be.matmul(&mut g.dtmp, &acts.logits, head, MatMul::linear_dx(n, d, v));
+        be.matmul(
+            g.dtmp.all_mut(),
+            acts.logits.all(),
+            head,
+            MatMul::linear_dx(n, d, v),
+        );
         be.rmsnorm_backward(
-            &mut g.dresid,
-            &mut grads[gain_range(&layout.ln_final)],
-            &g.dtmp,
+            g.dresid.all_mut(),
+            grads.at_mut(gain_range(&layout.ln_final)),
+            g.dtmp.all(),
             last,
             w.gain(&layout.ln_final),
-            &acts.lnf_rstd,
+            acts.lnf_rstd.all(),
             false,
         );
     } else {
         be.matmul(
-            &mut g.dresid,
-            &acts.logits,
+            g.dresid.all_mut(),
+            acts.logits.all(),
             head,
             MatMul::linear_dx(n, d, v),
         );
@@ -646,48 +798,53 @@ fn backward_pass<F: Float, B: Backend<F>>(
 
     for l in (0..c.num_layers).rev() {
         let (lo, la) = (&layout.layers[l], &acts.layers[l]);
-        let x = &acts.resid[l];
+        let x = acts.resid[l].all();
         // Here dresid = ∂/∂out; post-norm: through ln2 to ∂/∂r2.
         if post {
             be.rmsnorm_backward(
-                &mut g.dtmp,
-                &mut grads[gain_range(&lo.ln2)],
-                &g.dresid,
-                &la.r2,
+                g.dtmp.all_mut(),
+                grads.at_mut(gain_range(&lo.ln2)),
+                g.dresid.all(),
+                la.r2.all(),
                 w.gain(&lo.ln2),
-                &la.rstd2,
+                la.rstd2.all(),
                 false,
             );
             std::mem::swap(&mut g.dresid, &mut g.dtmp);
         }
         // r2 = y + gate W2ᵀ
         be.matmul(
-            &mut g.dgate,
-            &g.dresid,
+            g.dgate.all_mut(),
+            g.dresid.all(),
             w.get(&lo.w2),
             MatMul::linear_dx(n, f, d),
         );
         be.matmul(
-            &mut grads[lo.w2.clone()],
-            &g.dresid,
-            &la.gate,
+            grads.at_mut(lo.w2.clone()),
+            g.dresid.all(),
+            la.gate.all(),
             MatMul::linear_dw(n, f, d),
         );
-        let h3 = lo.w3.as_ref().map(|_| &la.h3[..]);
-        let dh3 = lo.w3.as_ref().map(|_| &mut g.dh3[..]);
-        be.swiglu_backward(&mut g.dh1, dh3, &g.dgate, &la.h1, h3);
-        let y: &[F] = if post { &la.ln1 } else { &la.r1 };
-        let ffn_in: &[F] = if pre { &la.ln2 } else { y };
+        let swiglu = lo.w3.is_some();
+        be.swiglu_backward(
+            g.dh1.all_mut(),
+            swiglu.then(|| g.dh3.all_mut()),
+            g.dgate.all(),
+            la.h1.all(),
+            swiglu.then(|| la.h3.all()),
+        );
+        let y = if post { la.ln1.all() } else { la.r1.all() };
+        let ffn_in = if pre { la.ln2.all() } else { y };
         be.matmul(
-            &mut grads[lo.w1.clone()],
-            &g.dh1,
+            grads.at_mut(lo.w1.clone()),
+            g.dh1.all(),
             ffn_in,
             MatMul::linear_dw(n, d, f),
         );
         if let Some(w3) = &lo.w3 {
             be.matmul(
-                &mut grads[w3.clone()],
-                &g.dh3,
+                grads.at_mut(w3.clone()),
+                g.dh3.all(),
                 ffn_in,
                 MatMul::linear_dw(n, d, f),
             );
@@ -699,45 +856,45 @@ fn backward_pass<F: Float, B: Backend<F>>(
         } else {
             (&mut g.dresid, dx.accumulating())
         };
-        be.matmul(dffn_in, &g.dh1, w.get(&lo.w1), first);
+        be.matmul(dffn_in.all_mut(), g.dh1.all(), w.get(&lo.w1), first);
         if let Some(w3) = &lo.w3 {
-            be.matmul(dffn_in, &g.dh3, w.get(w3), dx.accumulating());
+            be.matmul(dffn_in.all_mut(), g.dh3.all(), w.get(w3), dx.accumulating());
         }
         if pre {
             be.rmsnorm_backward(
-                &mut g.dresid,
-                &mut grads[gain_range(&lo.ln2)],
-                &g.dtmp,
-                &la.r1,
+                g.dresid.all_mut(),
+                grads.at_mut(gain_range(&lo.ln2)),
+                g.dtmp.all(),
+                la.r1.all(),
                 w.gain(&lo.ln2),
-                &la.rstd2,
+                la.rstd2.all(),
                 true,
             );
         }
         // Post-norm: y = ln1(r1).
         if post {
             be.rmsnorm_backward(
-                &mut g.dtmp,
-                &mut grads[gain_range(&lo.ln1)],
-                &g.dresid,
-                &la.r1,
+                g.dtmp.all_mut(),
+                grads.at_mut(gain_range(&lo.ln1)),
+                g.dresid.all(),
+                la.r1.all(),
                 w.gain(&lo.ln1),
-                &la.rstd1,
+                la.rstd1.all(),
                 false,
             );
             std::mem::swap(&mut g.dresid, &mut g.dtmp);
         }
         // r1 = x + atty W_oᵀ
         be.matmul(
-            &mut g.datty,
-            &g.dresid,
+            g.datty.all_mut(),
+            g.dresid.all(),
             w.get(&lo.output_proj),
             MatMul::linear_dx(n, d, d),
         );
         be.matmul(
-            &mut grads[lo.output_proj.clone()],
-            &g.dresid,
-            &la.atty,
+            grads.at_mut(lo.output_proj.clone()),
+            g.dresid.all(),
+            la.atty.all(),
             MatMul::linear_dw(n, d, d),
         );
         let shape = AttnShape {
@@ -747,37 +904,49 @@ fn backward_pass<F: Float, B: Backend<F>>(
             d: c.head_dim(),
             q0: 0,
         };
-        be.attention_backward(&mut g.dqkv, &mut g.datt, &g.datty, &la.qkv, &la.att, shape);
+        be.attention_backward(
+            g.dqkv.all_mut(),
+            g.datt.all_mut(),
+            g.datty.all(),
+            la.qkv.all(),
+            la.att.all(),
+            shape,
+        );
         if c.positional == Positional::Rope {
-            be.rope(&mut g.dqkv, w.cos, w.sin, shape, true);
+            be.rope(g.dqkv.all_mut(), w.cos.all(), w.sin.all(), shape, true);
         }
-        let attn_in: &[F] = if pre { &la.ln1 } else { x };
+        let attn_in = if pre { la.ln1.all() } else { x };
         let qkv_w = qkv_range(layout, l);
         be.matmul(
-            &mut grads[qkv_w.clone()],
-            &g.dqkv,
+            grads.at_mut(qkv_w.clone()),
+            g.dqkv.all(),
             attn_in,
             MatMul::linear_dw(n, d, 3 * d),
         );
         let dx = MatMul::linear_dx(n, d, 3 * d);
         if pre {
-            be.matmul(&mut g.dtmp, &g.dqkv, w.get(&qkv_w), dx);
+            be.matmul(g.dtmp.all_mut(), g.dqkv.all(), w.get(&qkv_w), dx);
             be.rmsnorm_backward(
-                &mut g.dresid,
-                &mut grads[gain_range(&lo.ln1)],
-                &g.dtmp,
+                g.dresid.all_mut(),
+                grads.at_mut(gain_range(&lo.ln1)),
+                g.dtmp.all(),
                 x,
                 w.gain(&lo.ln1),
-                &la.rstd1,
+                la.rstd1.all(),
                 true,
             );
         } else {
-            be.matmul(&mut g.dresid, &g.dqkv, w.get(&qkv_w), dx.accumulating());
+            be.matmul(
+                g.dresid.all_mut(),
+                g.dqkv.all(),
+                w.get(&qkv_w),
+                dx.accumulating(),
+            );
         }
     }
     be.embedding_backward(
-        &mut grads[layout.token_embeddings.clone()],
-        &g.dresid,
+        grads.at_mut(layout.token_embeddings.clone()),
+        g.dresid.all(),
         &acts.ids,
     );
 }
@@ -827,11 +996,11 @@ mod tests {
             };
             let mut model = Model::new(c, 0).unwrap();
             let ids: Vec<u32> = (0..3 * 16).map(|i| i % 32).collect();
-            let step = |model: &mut Model| {
+            let mut opt = model.new_adamw(Default::default()).unwrap();
+            let mut step = |model: &mut Model| {
                 model.forward_loss(&ids, &ids, 3, 16).unwrap();
                 model.backward().unwrap();
-                let (p, g) = model.params_and_grads_mut();
-                p.iter_mut().zip(g).for_each(|(p, g)| *p -= 0.01 * g);
+                model.adamw_step(&mut opt, 0.01, 1.0);
             };
             step(&mut model);
             let before = buffers(&model);

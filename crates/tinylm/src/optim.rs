@@ -6,6 +6,7 @@
 //! runs in fixed-size chunks on rayon; reductions sum the chunks in order, so the
 //! results are bit-identical whatever the number of threads.
 
+use crate::kernels::Float;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
@@ -32,13 +33,13 @@ impl Default for AdamWParams {
     }
 }
 
-/// AdamW state: first and second moments mirroring the parameter buffer, and the
-/// number of steps taken.
+/// AdamW state: first and second moments mirroring the parameter buffer (host
+/// vectors, or a backend's buffers while a model trains), and the number of steps taken.
 #[derive(Clone, Debug, PartialEq)]
-pub struct AdamW {
+pub struct AdamW<M = Vec<f32>> {
     pub hp: AdamWParams,
-    pub m: Vec<f32>,
-    pub v: Vec<f32>,
+    pub m: M,
+    pub v: M,
     pub step: u64,
 }
 
@@ -53,7 +54,7 @@ impl AdamW {
         }
     }
 
-    /// One update of the whole buffer with learning rate `lr`; gradients are
+    /// One update of a host buffer with learning rate `lr`; gradients are
     /// multiplied by `grad_scale` first (the clipping factor of [`clip_scale`]).
     pub fn update(&mut self, params: &mut [f32], grads: &[f32], lr: f64, grad_scale: f32) {
         self.step += 1;
@@ -74,11 +75,11 @@ impl AdamW {
 /// `g ← s·g`; `m ← β1 m + (1−β1) g`; `v ← β2 v + (1−β2) g²`;
 /// `α_t = α sqrt(1−β2^t)/(1−β1^t)`; `θ ← θ − α_t m/(sqrt(v)+ε)`; `θ ← θ − αλθ`.
 #[allow(clippy::too_many_arguments)]
-pub fn adamw_step(
-    param: &mut [f32],
-    grad: &[f32],
-    m: &mut [f32],
-    v: &mut [f32],
+pub fn adamw_step<F: Float>(
+    param: &mut [F],
+    grad: &[F],
+    m: &mut [F],
+    v: &mut [F],
     step: u64,
     lr: f64,
     hp: &AdamWParams,
@@ -91,9 +92,11 @@ pub fn adamw_step(
     );
     assert!(step >= 1, "adamw_step: steps count from 1");
     let t = step as i32;
-    let alpha_t = (lr * (1.0 - hp.beta2.powi(t)).sqrt() / (1.0 - hp.beta1.powi(t))) as f32;
-    let (b1, b2, eps) = (hp.beta1 as f32, hp.beta2 as f32, hp.eps as f32);
-    let decay = (lr * hp.weight_decay) as f32;
+    let alpha_t = F::from_f64(lr * (1.0 - hp.beta2.powi(t)).sqrt() / (1.0 - hp.beta1.powi(t)));
+    let f = F::from_f64;
+    let (b1, b2, eps) = (f(hp.beta1), f(hp.beta2), f(hp.eps));
+    let decay = f(lr * hp.weight_decay);
+    let (one, grad_scale) = (F::ONE, F::from_f64(grad_scale as f64));
     param
         .par_chunks_mut(CHUNK)
         .zip(grad.par_chunks(CHUNK))
@@ -102,8 +105,8 @@ pub fn adamw_step(
         .for_each(|(((p, g), m), v)| {
             for i in 0..p.len() {
                 let g = g[i] * grad_scale;
-                m[i] = b1 * m[i] + (1.0 - b1) * g;
-                v[i] = b2 * v[i] + (1.0 - b2) * g * g;
+                m[i] = b1 * m[i] + (one - b1) * g;
+                v[i] = b2 * v[i] + (one - b2) * g * g;
                 let theta = p[i] - alpha_t * m[i] / (v[i].sqrt() + eps);
                 p[i] = theta - decay * theta;
             }
@@ -144,14 +147,21 @@ pub fn lr_cosine_schedule(it: u64, max_lr: f64, min_lr: f64, warmup: u64, cycle:
 
 /// The global L2 norm of several arrays taken together (sum of squares in `f64`).
 pub fn global_norm(arrays: &[&[f32]]) -> f64 {
-    let partial: Vec<f64> = arrays
-        .iter()
-        .flat_map(|a| a.chunks(CHUNK))
-        .collect::<Vec<_>>()
+    chunked_sum_squares(arrays.iter().flat_map(|a| a.chunks(CHUNK)).collect()).sqrt()
+}
+
+/// `Σ x²` of one array in `f64`, the same sum whatever the number of threads.
+pub fn sum_squares<F: Float>(x: &[F]) -> f64 {
+    chunked_sum_squares(x.chunks(CHUNK).collect())
+}
+
+/// Sums of squares of `chunks` in parallel, added in order.
+fn chunked_sum_squares<F: Float>(chunks: Vec<&[F]>) -> f64 {
+    let partial: Vec<f64> = chunks
         .par_iter()
-        .map(|c| c.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>())
+        .map(|c| c.iter().map(|&x| x.to_f64() * x.to_f64()).sum::<f64>())
         .collect();
-    partial.iter().sum::<f64>().sqrt()
+    partial.iter().sum()
 }
 
 /// The SPEC's ε of gradient clipping.

@@ -17,8 +17,10 @@
 
 use crate::checkpoint::{self, check_same_config};
 use crate::data::{Batch, SplitMix64, TokenDataset};
+use crate::device::{run_on, BackendTask, Device, Precision};
+use crate::kernels::Backend;
 use crate::model::Model;
-use crate::optim::{clip_scale, global_norm, lr_cosine_schedule, AdamW, AdamWParams, CLIP_EPS};
+use crate::optim::{clip_scale, lr_cosine_schedule, AdamW, AdamWParams, CLIP_EPS};
 use crate::plot::write_loss_plot;
 use crate::{Error, ModelConfig, Result};
 use serde::{Deserialize, Serialize};
@@ -76,6 +78,10 @@ pub struct TrainConfig {
     pub time_budget_s: Option<f64>,
     /// Continue from this checkpoint.
     pub resume: Option<PathBuf>,
+    /// Where the model trains: `cpu`, `cuda`, `cuda:N` or `auto`.
+    pub device: Device,
+    /// GPU arithmetic (`bf16` mixed precision or `fp32`); the CPU always uses f32.
+    pub precision: Precision,
 }
 
 impl Default for TrainConfig {
@@ -106,6 +112,8 @@ impl Default for TrainConfig {
             log_interval: 10,
             time_budget_s: None,
             resume: None,
+            device: Device::Cpu,
+            precision: Precision::Bf16,
         }
     }
 }
@@ -222,8 +230,8 @@ impl EvalResult {
 
 /// Mean loss over the first `max_batches` batches (0: all) of `B` consecutive
 /// validation windows of the model's context length.
-pub fn evaluate(
-    model: &mut Model,
+pub fn evaluate<B: Backend<f32>>(
+    model: &mut Model<f32, B>,
     data: &TokenDataset,
     batch_size: usize,
     max_batches: usize,
@@ -267,18 +275,34 @@ pub fn train(
     on_step: &mut (dyn FnMut(&Progress) + Send),
 ) -> Result<TrainSummary> {
     cfg.validate()?;
+    let task = TrainTask { cfg, stop, on_step };
     if cfg.threads == 0 {
-        return run(cfg, stop, on_step);
+        return run_on(cfg.device, cfg.precision, task);
     }
     rayon::ThreadPoolBuilder::new()
         .num_threads(cfg.threads)
         .build()
         .map_err(|e| Error::Config(format!("cannot start {} threads: {e}", cfg.threads)))?
-        .install(|| run(cfg, stop, on_step))
+        .install(|| run_on(cfg.device, cfg.precision, task))
 }
 
-fn run(
+/// A training run, on whichever backend its device names.
+struct TrainTask<'a, 'f> {
+    cfg: &'a TrainConfig,
+    stop: &'a AtomicBool,
+    on_step: &'a mut (dyn FnMut(&Progress) + Send + 'f),
+}
+
+impl BackendTask for TrainTask<'_, '_> {
+    type Output = TrainSummary;
+    fn run<B: Backend<f32>>(self, backend: B) -> Result<TrainSummary> {
+        run(self.cfg, backend, self.stop, self.on_step)
+    }
+}
+
+fn run<B: Backend<f32>>(
     cfg: &TrainConfig,
+    backend: B,
     stop: &AtomicBool,
     on_step: &mut (dyn FnMut(&Progress) + Send),
 ) -> Result<TrainSummary> {
@@ -312,18 +336,16 @@ fn run(
     }
 
     let (mut model, mut opt, mut state) = match &cfg.resume {
-        Some(path) => resume(cfg, path)?,
-        None => (
-            Model::new(cfg.model.clone(), cfg.seed)?,
-            AdamW::new(
-                crate::params::ParamLayout::new(&cfg.model).total,
-                cfg.adamw(),
-            ),
-            RunState {
+        Some(path) => resume(cfg, path, backend)?,
+        None => {
+            let model = Model::init_with_backend(cfg.model.clone(), cfg.seed, backend)?;
+            let opt = model.new_adamw(cfg.adamw())?;
+            let state = RunState {
                 rng: cfg.seed,
                 ..RunState::default()
-            },
-        ),
+            };
+            (model, opt, state)
+        }
     };
     opt.hp = cfg.adamw();
     let mut history = read_history(&log_path, state.step)?;
@@ -349,17 +371,11 @@ fn run(
             return Err(diverged(step, "loss", loss as f64, &saved));
         }
         model.backward()?;
-        let (params, grads) = model.params_and_grads_mut();
-        let grad_norm = global_norm(&[grads]);
+        let grad_norm = model.grad_norm()?;
         if !grad_norm.is_finite() {
             return Err(diverged(step, "gradient norm", grad_norm, &saved));
         }
-        opt.update(
-            params,
-            grads,
-            lr,
-            clip_scale(grad_norm, cfg.grad_clip, CLIP_EPS),
-        );
+        model.adamw_step(&mut opt, lr, clip_scale(grad_norm, cfg.grad_clip, CLIP_EPS));
         window_s += step_start.elapsed().as_secs_f64();
         window_tokens += (b * t) as u64;
         state.step += 1;
@@ -449,11 +465,14 @@ fn diverged(step: u64, what: &str, value: f64, saved: &Option<(PathBuf, u64)>) -
     ))
 }
 
+/// A model, its optimizer state and where the run stands.
+type Resumed<B> = (Model<f32, B>, AdamW<<B as Backend<f32>>::Buf>, RunState);
+
 /// Loads `path` for resuming: the same model config, weights, AdamW state and run state.
-fn resume(cfg: &TrainConfig, path: &Path) -> Result<(Model, AdamW, RunState)> {
+fn resume<B: Backend<f32>>(cfg: &TrainConfig, path: &Path, backend: B) -> Result<Resumed<B>> {
     let ckpt = checkpoint::load(path)?;
     check_same_config(path, &ckpt.config, &cfg.model)?;
-    let opt = ckpt.optimizer.clone().ok_or_else(|| {
+    let opt = ckpt.optimizer.as_ref().ok_or_else(|| {
         Error::Invalid(format!(
             "{}: no optimizer state (optim.m.*, optim.v.*) to resume from",
             path.display()
@@ -465,12 +484,19 @@ fn resume(cfg: &TrainConfig, path: &Path) -> Result<(Model, AdamW, RunState)> {
         wallclock_s: ckpt.meta("wallclock_s", path)?,
         rng: ckpt.meta("rng_state", path)?,
     };
-    let model = Model::from_params(ckpt.config, ckpt.params)?;
+    let model = Model::with_backend(ckpt.config, &ckpt.params, backend)?;
+    let opt = model.upload_adamw(opt)?;
     Ok((model, opt, state))
 }
 
 /// Writes the checkpoint with the run's metadata.
-fn save(cfg: &TrainConfig, path: &Path, model: &Model, opt: &AdamW, s: &RunState) -> Result<()> {
+fn save<B: Backend<f32>>(
+    cfg: &TrainConfig,
+    path: &Path,
+    model: &Model<f32, B>,
+    opt: &AdamW<B::Buf>,
+    s: &RunState,
+) -> Result<()> {
     let meta: BTreeMap<String, String> = [
         ("step", json(s.step)),
         ("tokens", json(s.tokens)),
@@ -484,7 +510,9 @@ fn save(cfg: &TrainConfig, path: &Path, model: &Model, opt: &AdamW, s: &RunState
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
     .collect();
-    checkpoint::save(path, model.config(), model.params(), Some(opt), &meta)
+    let params = model.download_params()?;
+    let opt = model.download_adamw(opt)?;
+    checkpoint::save(path, model.config(), &params, Some(&opt), &meta)
 }
 
 /// A value as JSON text.

@@ -54,7 +54,7 @@ fn kv_cache_logits_equal_the_full_forward() {
         let mut model = Model::new(c.clone(), 3).unwrap();
         let x = ids(t, v, 1);
         let full = model.forward(&x, 1, t).unwrap().to_vec();
-        let mut cache = model.new_cache();
+        let mut cache = model.new_cache().unwrap();
         for (pos, &id) in x.iter().enumerate() {
             let step = model.decode_step(&mut cache, id).unwrap();
             let want = &full[pos * v..(pos + 1) * v];

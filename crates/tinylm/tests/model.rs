@@ -286,7 +286,8 @@ fn overfits_one_batch() {
     for step in 1..=300 {
         loss = model.forward_loss(&ids, &targets, b, t).unwrap();
         model.backward().unwrap();
-        let (params, grads) = model.params_and_grads_mut();
+        let grads = model.grads().to_vec();
+        let params = model.params_mut();
         let corr = (1.0 - b2.powi(step)).sqrt() / (1.0 - b1.powi(step));
         for i in 0..n {
             m[i] = b1 * m[i] + (1.0 - b1) * grads[i];
@@ -339,7 +340,7 @@ fn bad_input_is_an_error_not_a_panic() {
     other.num_layers = 1;
     let mut cache = KvCache::new(&other);
     assert!(model.decode_step(&mut cache, 0).is_err());
-    let mut cache = model.new_cache();
+    let mut cache = model.new_cache().unwrap();
     let e = msg(model.decode_step(&mut cache, 99).map(|_| ()));
     assert!(e.contains("99") && e.contains("position 0"), "{e}");
 }

@@ -9,7 +9,7 @@ use std::time::Instant;
 use tinylm::config::{Ffn, ModelConfig};
 use tinylm::kernels::cpu::linear::matmul;
 use tinylm::kernels::{profile::Kind, Cpu, MatMul, Profiled};
-use tinylm::optim::{AdamW, AdamWParams};
+use tinylm::optim::AdamWParams;
 use tinylm::{Model, Result as LmResult};
 
 #[derive(Args, Debug)]
@@ -131,19 +131,15 @@ fn bench(c: &ModelConfig, b: usize, t: usize, args: &BenchArgs) -> Result<()> {
     );
 
     let mut model = Model::new(c.clone(), 0)?;
-    let mut opt = AdamW::new(
-        model.params().len(),
-        AdamWParams {
-            beta2: 0.95,
-            weight_decay: 0.1,
-            ..AdamWParams::default()
-        },
-    );
+    let mut opt = model.new_adamw(AdamWParams {
+        beta2: 0.95,
+        weight_decay: 0.1,
+        ..AdamWParams::default()
+    })?;
     let mut step = |model: &mut Model| -> LmResult<f32> {
         let loss = model.forward_loss(&ids, &targets, b, t)?;
         model.backward()?;
-        let (params, grads) = model.params_and_grads_mut();
-        opt.update(params, grads, 1e-3, 1.0);
+        model.adamw_step(&mut opt, 1e-3, 1.0);
         Ok(loss)
     };
     for _ in 0..2 {
@@ -206,8 +202,8 @@ fn breakdown(
     b: usize,
     t: usize,
 ) -> Result<()> {
-    let mut model = Model::with_backend(c.clone(), params, Profiled::new(Cpu))?;
-    let mut opt = AdamW::new(model.params().len(), AdamWParams::default());
+    let mut model = Model::with_backend(c.clone(), &params, Profiled::new(Cpu))?;
+    let mut opt = model.new_adamw(AdamWParams::default())?;
     let steps = 5;
     let mut total = 0.0;
     let mut opt_time = 0.0;
@@ -220,8 +216,7 @@ fn breakdown(
         model.forward_loss(ids, targets, b, t)?;
         model.backward()?;
         let opt_start = Instant::now();
-        let (params, grads) = model.params_and_grads_mut();
-        opt.update(params, grads, 1e-3, 1.0);
+        model.adamw_step(&mut opt, 1e-3, 1.0);
         opt_time += opt_start.elapsed().as_secs_f64();
         total += start.elapsed().as_secs_f64();
     }

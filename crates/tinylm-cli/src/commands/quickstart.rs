@@ -386,12 +386,11 @@ fn time_one_step(config: &ModelConfig, batch_size: usize, seed: u64) -> Result<f
     let ids: Vec<u32> = (0..n)
         .map(|i| ((i * 7919) % config.vocab_size) as u32)
         .collect();
-    let mut opt = tinylm::optim::AdamW::new(model.params().len(), Default::default());
+    let mut opt = model.new_adamw(Default::default())?;
     let mut step = |model: &mut Model| -> Result<()> {
         model.forward_loss(&ids, &ids, batch_size, config.context_length)?;
         model.backward()?;
-        let (params, grads) = model.params_and_grads_mut();
-        opt.update(params, grads, 1e-3, 1.0);
+        model.adamw_step(&mut opt, 1e-3, 1.0);
         Ok(())
     };
     step(&mut model)?;

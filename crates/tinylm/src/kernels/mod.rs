@@ -10,9 +10,9 @@
 //! [`Backend`] is the whole interface: [`model`](crate::model) runs forward and
 //! backward only through it. The CPU backend ([`cpu::Cpu`]) implements it for any
 //! [`Float`] (`f32` for real work, `f64` for the finite-difference gradient checks);
-//! [`Profiled`] wraps any backend to time its kernels. The methods take plain
-//! slices, so a CUDA backend implements them over buffers both sides can address
-//! (unified memory) without touching the orchestration.
+//! [`Profiled`] wraps any backend to time its kernels. The methods take spans of
+//! buffers the backend owns ([`Backend::Buf`]: a `Vec` on the CPU, device memory on
+//! a GPU), so the orchestration is written once for every backend.
 
 pub mod cpu;
 pub mod profile;
@@ -20,8 +20,11 @@ pub mod profile;
 pub use cpu::Cpu;
 pub use profile::Profiled;
 
+use crate::optim::AdamWParams;
+use crate::Result;
 use std::fmt::Debug;
 use std::iter::Sum;
+use std::ops::Range;
 use std::ops::{Add, AddAssign, Div, Mul, MulAssign, Neg, Sub, SubAssign};
 
 /// The element type of parameters and activations: `f32`, or `f64` in gradient checks.
@@ -241,74 +244,273 @@ impl AttnShape {
     }
 }
 
-/// The kernels one backend provides. Shapes: `N` rows of `C` channels etc. (see the
-/// module doc); every buffer is row-major and exactly the size its shape says.
+/// How a backend stores a buffer it allocates. The orchestration names the role; a
+/// mixed-precision backend picks the element type from it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BufKind {
+    /// The parameters: `F` master values. A mixed-precision backend also keeps a
+    /// low-precision copy for matrix-product operands, refreshed by every write
+    /// ([`Backend::upload`], [`Backend::adamw`]).
+    Params,
+    /// Activations and their gradients (bf16 under mixed precision).
+    Activations,
+    /// Always full precision: parameter gradients, AdamW moments, RMSNorm
+    /// statistics, RoPE tables.
+    Full,
+}
+
+/// A buffer a backend owns: a host `Vec` on the CPU, device memory on a GPU.
+pub trait Buffer: Send + Sync {
+    /// Number of values.
+    fn len(&self) -> usize;
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The whole buffer.
+    fn all(&self) -> Span<'_, Self> {
+        Span {
+            buf: self,
+            start: 0,
+            len: self.len(),
+        }
+    }
+
+    /// Values `range` of the buffer.
+    fn at(&self, range: Range<usize>) -> Span<'_, Self> {
+        assert!(range.start <= range.end && range.end <= self.len());
+        Span {
+            buf: self,
+            start: range.start,
+            len: range.end - range.start,
+        }
+    }
+
+    fn all_mut(&mut self) -> SpanMut<'_, Self> {
+        let len = self.len();
+        SpanMut {
+            buf: self,
+            start: 0,
+            len,
+        }
+    }
+
+    fn at_mut(&mut self, range: Range<usize>) -> SpanMut<'_, Self> {
+        assert!(range.start <= range.end && range.end <= self.len());
+        SpanMut {
+            buf: self,
+            start: range.start,
+            len: range.end - range.start,
+        }
+    }
+}
+
+impl<T: Send + Sync> Buffer for Vec<T> {
+    fn len(&self) -> usize {
+        Vec::len(self)
+    }
+}
+
+/// Values `start..start + len` of a backend buffer, read-only.
+pub struct Span<'a, B: ?Sized> {
+    pub buf: &'a B,
+    pub start: usize,
+    pub len: usize,
+}
+
+impl<B: ?Sized> Clone for Span<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<B: ?Sized> Copy for Span<'_, B> {}
+
+/// Values `start..start + len` of a backend buffer, to write.
+pub struct SpanMut<'a, B: ?Sized> {
+    pub buf: &'a mut B,
+    pub start: usize,
+    pub len: usize,
+}
+
+impl<B: ?Sized> SpanMut<'_, B> {
+    /// A shorter-lived mutable span over the same values.
+    pub fn reborrow(&mut self) -> SpanMut<'_, B> {
+        SpanMut {
+            buf: self.buf,
+            start: self.start,
+            len: self.len,
+        }
+    }
+}
+
+impl<'a, T> Span<'a, Vec<T>> {
+    /// The host values.
+    pub fn slice(self) -> &'a [T] {
+        &self.buf[self.start..self.start + self.len]
+    }
+}
+
+impl<'a, T> SpanMut<'a, Vec<T>> {
+    /// The host values.
+    pub fn slice(self) -> &'a mut [T] {
+        &mut self.buf[self.start..self.start + self.len]
+    }
+}
+
+/// One AdamW update's scalars (SPEC §3), step `t` counting from 1; gradients are
+/// multiplied by `grad_scale` (the clipping factor) first.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamWStep {
+    pub lr: f64,
+    pub t: u64,
+    pub hp: AdamWParams,
+    pub grad_scale: f32,
+}
+
+/// The kernels one backend provides, over buffers it owns ([`Backend::Buf`]).
+/// Shapes: `N` rows of `C` channels etc. (see the module doc); every span is
+/// row-major and exactly the size its shape says.
+///
+/// Kernels may run asynchronously (a GPU stream): they return nothing, and a
+/// backend that can fail keeps the first failure for [`Backend::sync`]. Values
+/// reach the host only through [`Backend::download`], [`Backend::cross_entropy`]
+/// and [`Backend::sum_squares`], which wait for the kernels before them.
 pub trait Backend<F: Float>: Sync {
+    /// A buffer of `F` values (in the precision its [`BufKind`] says).
+    type Buf: Buffer;
+    /// A buffer of token ids.
+    type Ids: Send + Sync;
+
+    /// A zeroed buffer of `len` values.
+    fn alloc(&self, len: usize, kind: BufKind) -> Result<Self::Buf>;
+    /// A buffer of `len` token ids.
+    fn alloc_ids(&self, len: usize) -> Result<Self::Ids>;
+    /// `dst = src` from the host.
+    fn upload(&self, dst: SpanMut<Self::Buf>, src: &[F]) -> Result<()>;
+    /// `dst = src` from the host; `src.len()` ids are written.
+    fn upload_ids(&self, dst: &mut Self::Ids, src: &[u32]) -> Result<()>;
+    /// `dst = src` to the host (waits for the kernels writing `src`).
+    fn download(&self, src: Span<Self::Buf>, dst: &mut [F]) -> Result<()>;
+    /// Waits for every kernel launched so far; the first failure since the last call.
+    fn sync(&self) -> Result<()>;
+
     /// `out = a·b` or `out += a·b` (see [`MatMul`]).
-    fn matmul(&self, out: &mut [F], a: &[F], b: &[F], shape: MatMul);
+    fn matmul(
+        &self,
+        out: SpanMut<Self::Buf>,
+        a: Span<Self::Buf>,
+        b: Span<Self::Buf>,
+        shape: MatMul,
+    );
 
     /// `dst = src`.
-    fn copy(&self, dst: &mut [F], src: &[F]);
+    fn copy(&self, dst: SpanMut<Self::Buf>, src: Span<Self::Buf>);
+    /// `dst = 0`.
+    fn fill_zero(&self, dst: SpanMut<Self::Buf>);
 
-    /// `out (N, C) = table[ids]`, `table (V, C)`.
-    fn embedding_forward(&self, out: &mut [F], ids: &[u32], table: &[F]);
+    /// `out (N, C) = table[ids]`, `table (V, C)`; `N` = `out.len / C`.
+    fn embedding_forward(&self, out: SpanMut<Self::Buf>, ids: &Self::Ids, table: Span<Self::Buf>);
     /// `dtable (V, C) += scatter(dout (N, C))` at rows `ids (N)`.
-    fn embedding_backward(&self, dtable: &mut [F], dout: &[F], ids: &[u32]);
+    fn embedding_backward(
+        &self,
+        dtable: SpanMut<Self::Buf>,
+        dout: Span<Self::Buf>,
+        ids: &Self::Ids,
+    );
 
     /// `out (N, C) = x / sqrt(mean(x²) + 1e-5) ⊙ g`; keeps `rstd (N)` for backward.
-    fn rmsnorm_forward(&self, out: &mut [F], rstd: &mut [F], x: &[F], g: &[F]);
+    fn rmsnorm_forward(
+        &self,
+        out: SpanMut<Self::Buf>,
+        rstd: SpanMut<Self::Buf>,
+        x: Span<Self::Buf>,
+        g: Span<Self::Buf>,
+    );
     /// `dx (N, C) (+)= ∂/∂x`, `dg (C) += ∂/∂g` for the gradient `dout (N, C)`;
     /// `dx` is accumulated into when `accumulate`, else overwritten.
     #[allow(clippy::too_many_arguments)]
     fn rmsnorm_backward(
         &self,
-        dx: &mut [F],
-        dg: &mut [F],
-        dout: &[F],
-        x: &[F],
-        g: &[F],
-        rstd: &[F],
+        dx: SpanMut<Self::Buf>,
+        dg: SpanMut<Self::Buf>,
+        dout: Span<Self::Buf>,
+        x: Span<Self::Buf>,
+        g: Span<Self::Buf>,
+        rstd: Span<Self::Buf>,
         accumulate: bool,
     );
 
     /// SwiGLU `out = SiLU(a) ⊙ b`, or plain `out = SiLU(a)` when `b` is `None`;
     /// all `(N, F)`.
-    fn swiglu_forward(&self, out: &mut [F], a: &[F], b: Option<&[F]>);
+    fn swiglu_forward(
+        &self,
+        out: SpanMut<Self::Buf>,
+        a: Span<Self::Buf>,
+        b: Option<Span<Self::Buf>>,
+    );
     /// `da`, `db` (overwritten) from `dout`; `db`/`b` are `None` together for SiLU.
     fn swiglu_backward(
         &self,
-        da: &mut [F],
-        db: Option<&mut [F]>,
-        dout: &[F],
-        a: &[F],
-        b: Option<&[F]>,
+        da: SpanMut<Self::Buf>,
+        db: Option<SpanMut<Self::Buf>>,
+        dout: Span<Self::Buf>,
+        a: Span<Self::Buf>,
+        b: Option<Span<Self::Buf>>,
     );
 
     /// Rotates the query and key parts of the new rows `qkv (B, Tq, 3C)` in place by
     /// RoPE (adjacent pairs; row `i` is at position `q0 + i`), or by the inverse
     /// rotation — the backward pass — when `inverse`. `cos`, `sin`: `(context_length, D/2)`.
-    fn rope(&self, qkv: &mut [F], cos: &[F], sin: &[F], shape: AttnShape, inverse: bool);
+    fn rope(
+        &self,
+        qkv: SpanMut<Self::Buf>,
+        cos: Span<Self::Buf>,
+        sin: Span<Self::Buf>,
+        shape: AttnShape,
+        inverse: bool,
+    );
 
     /// Causal softmax attention: `out (B, Tq, C)` from `qkv (B, T, 3C)` = rows
     /// `[q | k | v]`, query row `i` (position `q0 + i`) attending keys `0..=q0+i`;
     /// keeps the probabilities `att (B, H, Tq, T)`.
-    fn attention_forward(&self, out: &mut [F], att: &mut [F], qkv: &[F], shape: AttnShape);
+    fn attention_forward(
+        &self,
+        out: SpanMut<Self::Buf>,
+        att: SpanMut<Self::Buf>,
+        qkv: Span<Self::Buf>,
+        shape: AttnShape,
+    );
     /// `dqkv (B, T, 3C)` (overwritten) from `dout (B, T, C)`; `datt (B, H, T, T)` is
     /// scratch. Full passes only (`q0 = 0`).
     #[allow(clippy::too_many_arguments)]
     fn attention_backward(
         &self,
-        dqkv: &mut [F],
-        datt: &mut [F],
-        dout: &[F],
-        qkv: &[F],
-        att: &[F],
+        dqkv: SpanMut<Self::Buf>,
+        datt: SpanMut<Self::Buf>,
+        dout: Span<Self::Buf>,
+        qkv: Span<Self::Buf>,
+        att: Span<Self::Buf>,
         shape: AttnShape,
     );
 
     /// Mean cross-entropy of `logits (N, V)` against `targets (N)`; with `grad`, the
     /// logits are overwritten in the same pass by `∂loss/∂logits = (softmax − onehot)/N`.
-    fn cross_entropy(&self, logits: &mut [F], targets: &[u32], grad: bool) -> F;
+    fn cross_entropy(&self, logits: SpanMut<Self::Buf>, targets: &Self::Ids, grad: bool) -> F;
+
+    /// `Σ x²` in `f64`, the same sum whatever the number of threads.
+    fn sum_squares(&self, x: Span<Self::Buf>) -> f64;
+
+    /// One AdamW update of `params` from `grads`, moments `m`, `v` (all the same length).
+    fn adamw(
+        &self,
+        params: SpanMut<Self::Buf>,
+        grads: Span<Self::Buf>,
+        m: SpanMut<Self::Buf>,
+        v: SpanMut<Self::Buf>,
+        step: &AdamWStep,
+    );
 }
 
 #[cfg(test)]

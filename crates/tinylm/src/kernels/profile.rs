@@ -1,6 +1,7 @@
 //! A backend wrapper that times every kernel call by kind: where a step's time goes.
 
-use super::{AttnShape, Backend, Float, MatMul};
+use super::{AdamWStep, AttnShape, Backend, BufKind, Float, MatMul, Span, SpanMut};
+use crate::Result;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
@@ -15,10 +16,11 @@ pub enum Kind {
     Embedding,
     CrossEntropy,
     Residual,
+    Optimizer,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 8] = [
+    pub const ALL: [Kind; 9] = [
         Kind::Matmul,
         Kind::Attention,
         Kind::Norm,
@@ -27,6 +29,7 @@ impl Kind {
         Kind::Embedding,
         Kind::CrossEntropy,
         Kind::Residual,
+        Kind::Optimizer,
     ];
 
     pub fn name(self) -> &'static str {
@@ -39,6 +42,7 @@ impl Kind {
             Kind::Embedding => "embedding",
             Kind::CrossEntropy => "cross-entropy",
             Kind::Residual => "residual copies",
+            Kind::Optimizer => "AdamW, gradient norm",
         }
     }
 }
@@ -48,7 +52,7 @@ impl Kind {
 #[derive(Default)]
 pub struct Profiled<B> {
     pub inner: B,
-    nanos: [AtomicU64; 8],
+    nanos: [AtomicU64; 9],
     matmul_flops: AtomicU64,
 }
 
@@ -96,40 +100,77 @@ impl<B> Profiled<B> {
 }
 
 impl<F: Float, B: Backend<F>> Backend<F> for Profiled<B> {
-    fn matmul(&self, out: &mut [F], a: &[F], b: &[F], shape: MatMul) {
+    type Buf = B::Buf;
+    type Ids = B::Ids;
+
+    fn alloc(&self, len: usize, kind: BufKind) -> Result<B::Buf> {
+        self.inner.alloc(len, kind)
+    }
+
+    fn alloc_ids(&self, len: usize) -> Result<B::Ids> {
+        self.inner.alloc_ids(len)
+    }
+
+    fn upload(&self, dst: SpanMut<B::Buf>, src: &[F]) -> Result<()> {
+        self.inner.upload(dst, src)
+    }
+
+    fn upload_ids(&self, dst: &mut B::Ids, src: &[u32]) -> Result<()> {
+        self.inner.upload_ids(dst, src)
+    }
+
+    fn download(&self, src: Span<B::Buf>, dst: &mut [F]) -> Result<()> {
+        self.inner.download(src, dst)
+    }
+
+    fn sync(&self) -> Result<()> {
+        self.inner.sync()
+    }
+
+    fn matmul(&self, out: SpanMut<B::Buf>, a: Span<B::Buf>, b: Span<B::Buf>, shape: MatMul) {
         self.matmul_flops
             .fetch_add(shape.flops(), Ordering::Relaxed);
         self.time(Kind::Matmul, || self.inner.matmul(out, a, b, shape))
     }
 
-    fn copy(&self, dst: &mut [F], src: &[F]) {
+    fn copy(&self, dst: SpanMut<B::Buf>, src: Span<B::Buf>) {
         self.time(Kind::Residual, || self.inner.copy(dst, src))
     }
 
-    fn embedding_forward(&self, out: &mut [F], ids: &[u32], table: &[F]) {
+    fn fill_zero(&self, dst: SpanMut<B::Buf>) {
+        self.time(Kind::Optimizer, || self.inner.fill_zero(dst))
+    }
+
+    fn embedding_forward(&self, out: SpanMut<B::Buf>, ids: &B::Ids, table: Span<B::Buf>) {
         self.time(Kind::Embedding, || {
             self.inner.embedding_forward(out, ids, table)
         })
     }
 
-    fn embedding_backward(&self, dtable: &mut [F], dout: &[F], ids: &[u32]) {
+    fn embedding_backward(&self, dtable: SpanMut<B::Buf>, dout: Span<B::Buf>, ids: &B::Ids) {
         self.time(Kind::Embedding, || {
             self.inner.embedding_backward(dtable, dout, ids)
         })
     }
 
-    fn rmsnorm_forward(&self, out: &mut [F], rstd: &mut [F], x: &[F], g: &[F]) {
+    fn rmsnorm_forward(
+        &self,
+        out: SpanMut<B::Buf>,
+        rstd: SpanMut<B::Buf>,
+        x: Span<B::Buf>,
+        g: Span<B::Buf>,
+    ) {
         self.time(Kind::Norm, || self.inner.rmsnorm_forward(out, rstd, x, g))
     }
 
     fn rmsnorm_backward(
         &self,
-        dx: &mut [F],
-        dg: &mut [F],
-        dout: &[F],
-        x: &[F],
-        g: &[F],
-        rstd: &[F],
+        dx: SpanMut<B::Buf>,
+        dg: SpanMut<B::Buf>,
+        dout: Span<B::Buf>,
+        x: Span<B::Buf>,
+        g: Span<B::Buf>,
+        rstd: Span<B::Buf>,
         accumulate: bool,
     ) {
         self.time(Kind::Norm, || {
@@ -138,30 +179,43 @@ impl<F: Float, B: Backend<F>> Backend<F> for Profiled<B> {
         })
     }
 
-    fn swiglu_forward(&self, out: &mut [F], a: &[F], b: Option<&[F]>) {
+    fn swiglu_forward(&self, out: SpanMut<B::Buf>, a: Span<B::Buf>, b: Option<Span<B::Buf>>) {
         self.time(Kind::Swiglu, || self.inner.swiglu_forward(out, a, b))
     }
 
     fn swiglu_backward(
         &self,
-        da: &mut [F],
-        db: Option<&mut [F]>,
-        dout: &[F],
-        a: &[F],
-        b: Option<&[F]>,
+        da: SpanMut<B::Buf>,
+        db: Option<SpanMut<B::Buf>>,
+        dout: Span<B::Buf>,
+        a: Span<B::Buf>,
+        b: Option<Span<B::Buf>>,
     ) {
         self.time(Kind::Swiglu, || {
             self.inner.swiglu_backward(da, db, dout, a, b)
         })
     }
 
-    fn rope(&self, qkv: &mut [F], cos: &[F], sin: &[F], shape: AttnShape, inverse: bool) {
+    fn rope(
+        &self,
+        qkv: SpanMut<B::Buf>,
+        cos: Span<B::Buf>,
+        sin: Span<B::Buf>,
+        shape: AttnShape,
+        inverse: bool,
+    ) {
         self.time(Kind::Rope, || {
             self.inner.rope(qkv, cos, sin, shape, inverse)
         })
     }
 
-    fn attention_forward(&self, out: &mut [F], att: &mut [F], qkv: &[F], shape: AttnShape) {
+    fn attention_forward(
+        &self,
+        out: SpanMut<B::Buf>,
+        att: SpanMut<B::Buf>,
+        qkv: Span<B::Buf>,
+        shape: AttnShape,
+    ) {
         self.time(Kind::Attention, || {
             self.inner.attention_forward(out, att, qkv, shape)
         })
@@ -169,11 +223,11 @@ impl<F: Float, B: Backend<F>> Backend<F> for Profiled<B> {
 
     fn attention_backward(
         &self,
-        dqkv: &mut [F],
-        datt: &mut [F],
-        dout: &[F],
-        qkv: &[F],
-        att: &[F],
+        dqkv: SpanMut<B::Buf>,
+        datt: SpanMut<B::Buf>,
+        dout: Span<B::Buf>,
+        qkv: Span<B::Buf>,
+        att: Span<B::Buf>,
         shape: AttnShape,
     ) {
         self.time(Kind::Attention, || {
@@ -182,9 +236,26 @@ impl<F: Float, B: Backend<F>> Backend<F> for Profiled<B> {
         })
     }
 
-    fn cross_entropy(&self, logits: &mut [F], targets: &[u32], grad: bool) -> F {
+    fn cross_entropy(&self, logits: SpanMut<B::Buf>, targets: &B::Ids, grad: bool) -> F {
         self.time(Kind::CrossEntropy, || {
             self.inner.cross_entropy(logits, targets, grad)
+        })
+    }
+
+    fn sum_squares(&self, x: Span<B::Buf>) -> f64 {
+        self.time(Kind::Optimizer, || self.inner.sum_squares(x))
+    }
+
+    fn adamw(
+        &self,
+        params: SpanMut<B::Buf>,
+        grads: Span<B::Buf>,
+        m: SpanMut<B::Buf>,
+        v: SpanMut<B::Buf>,
+        step: &AdamWStep,
+    ) {
+        self.time(Kind::Optimizer, || {
+            self.inner.adamw(params, grads, m, v, step)
         })
     }
 }

@@ -9,83 +9,188 @@ pub mod rmsnorm;
 pub mod rope;
 pub mod swiglu;
 
-use super::{AttnShape, Backend, Float, MatMul};
+use super::{AdamWStep, AttnShape, Backend, BufKind, Float, MatMul, Span, SpanMut};
+use crate::{optim, Result};
 
 /// The CPU backend (stateless; threads come from the global rayon pool).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Cpu;
 
 impl<F: Float> Backend<F> for Cpu {
-    fn matmul(&self, out: &mut [F], a: &[F], b: &[F], shape: MatMul) {
-        linear::matmul(out, a, b, shape);
+    type Buf = Vec<F>;
+    type Ids = Vec<u32>;
+
+    fn alloc(&self, len: usize, _kind: BufKind) -> Result<Vec<F>> {
+        Ok(vec![F::ZERO; len])
     }
 
-    fn copy(&self, dst: &mut [F], src: &[F]) {
-        dst.copy_from_slice(src);
+    fn alloc_ids(&self, len: usize) -> Result<Vec<u32>> {
+        Ok(vec![0; len])
     }
 
-    fn embedding_forward(&self, out: &mut [F], ids: &[u32], table: &[F]) {
-        embedding::embedding_forward(out, ids, table);
+    fn upload(&self, dst: SpanMut<Vec<F>>, src: &[F]) -> Result<()> {
+        dst.slice().copy_from_slice(src);
+        Ok(())
     }
 
-    fn embedding_backward(&self, dtable: &mut [F], dout: &[F], ids: &[u32]) {
-        embedding::embedding_backward(dtable, dout, ids);
+    fn upload_ids(&self, dst: &mut Vec<u32>, src: &[u32]) -> Result<()> {
+        dst[..src.len()].copy_from_slice(src);
+        Ok(())
     }
 
-    fn rmsnorm_forward(&self, out: &mut [F], rstd: &mut [F], x: &[F], g: &[F]) {
-        rmsnorm::rmsnorm_forward(out, rstd, x, g, rmsnorm::EPS);
+    fn download(&self, src: Span<Vec<F>>, dst: &mut [F]) -> Result<()> {
+        dst.copy_from_slice(src.slice());
+        Ok(())
+    }
+
+    fn sync(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn matmul(&self, out: SpanMut<Vec<F>>, a: Span<Vec<F>>, b: Span<Vec<F>>, shape: MatMul) {
+        linear::matmul(out.slice(), a.slice(), b.slice(), shape);
+    }
+
+    fn copy(&self, dst: SpanMut<Vec<F>>, src: Span<Vec<F>>) {
+        dst.slice().copy_from_slice(src.slice());
+    }
+
+    fn fill_zero(&self, dst: SpanMut<Vec<F>>) {
+        dst.slice().fill(F::ZERO);
+    }
+
+    fn embedding_forward(&self, out: SpanMut<Vec<F>>, ids: &Vec<u32>, table: Span<Vec<F>>) {
+        embedding::embedding_forward(out.slice(), ids, table.slice());
+    }
+
+    fn embedding_backward(&self, dtable: SpanMut<Vec<F>>, dout: Span<Vec<F>>, ids: &Vec<u32>) {
+        embedding::embedding_backward(dtable.slice(), dout.slice(), ids);
+    }
+
+    fn rmsnorm_forward(
+        &self,
+        out: SpanMut<Vec<F>>,
+        rstd: SpanMut<Vec<F>>,
+        x: Span<Vec<F>>,
+        g: Span<Vec<F>>,
+    ) {
+        rmsnorm::rmsnorm_forward(
+            out.slice(),
+            rstd.slice(),
+            x.slice(),
+            g.slice(),
+            rmsnorm::EPS,
+        );
     }
 
     fn rmsnorm_backward(
         &self,
-        dx: &mut [F],
-        dg: &mut [F],
-        dout: &[F],
-        x: &[F],
-        g: &[F],
-        rstd: &[F],
+        dx: SpanMut<Vec<F>>,
+        dg: SpanMut<Vec<F>>,
+        dout: Span<Vec<F>>,
+        x: Span<Vec<F>>,
+        g: Span<Vec<F>>,
+        rstd: Span<Vec<F>>,
         accumulate: bool,
     ) {
-        rmsnorm::rmsnorm_backward(dx, dg, dout, x, g, rstd, accumulate);
+        rmsnorm::rmsnorm_backward(
+            dx.slice(),
+            dg.slice(),
+            dout.slice(),
+            x.slice(),
+            g.slice(),
+            rstd.slice(),
+            accumulate,
+        );
     }
 
-    fn swiglu_forward(&self, out: &mut [F], a: &[F], b: Option<&[F]>) {
-        swiglu::swiglu_forward(out, a, b);
+    fn swiglu_forward(&self, out: SpanMut<Vec<F>>, a: Span<Vec<F>>, b: Option<Span<Vec<F>>>) {
+        swiglu::swiglu_forward(out.slice(), a.slice(), b.map(Span::slice));
     }
 
     fn swiglu_backward(
         &self,
-        da: &mut [F],
-        db: Option<&mut [F]>,
-        dout: &[F],
-        a: &[F],
-        b: Option<&[F]>,
+        da: SpanMut<Vec<F>>,
+        db: Option<SpanMut<Vec<F>>>,
+        dout: Span<Vec<F>>,
+        a: Span<Vec<F>>,
+        b: Option<Span<Vec<F>>>,
     ) {
-        swiglu::swiglu_backward(da, db, dout, a, b);
+        swiglu::swiglu_backward(
+            da.slice(),
+            db.map(SpanMut::slice),
+            dout.slice(),
+            a.slice(),
+            b.map(Span::slice),
+        );
     }
 
-    fn rope(&self, qkv: &mut [F], cos: &[F], sin: &[F], shape: AttnShape, inverse: bool) {
-        rope::rope(qkv, cos, sin, shape, inverse);
+    fn rope(
+        &self,
+        qkv: SpanMut<Vec<F>>,
+        cos: Span<Vec<F>>,
+        sin: Span<Vec<F>>,
+        shape: AttnShape,
+        inverse: bool,
+    ) {
+        rope::rope(qkv.slice(), cos.slice(), sin.slice(), shape, inverse);
     }
 
-    fn attention_forward(&self, out: &mut [F], att: &mut [F], qkv: &[F], shape: AttnShape) {
-        attention::attention_forward(out, att, qkv, shape);
+    fn attention_forward(
+        &self,
+        out: SpanMut<Vec<F>>,
+        att: SpanMut<Vec<F>>,
+        qkv: Span<Vec<F>>,
+        shape: AttnShape,
+    ) {
+        attention::attention_forward(out.slice(), att.slice(), qkv.slice(), shape);
     }
 
     fn attention_backward(
         &self,
-        dqkv: &mut [F],
-        datt: &mut [F],
-        dout: &[F],
-        qkv: &[F],
-        att: &[F],
+        dqkv: SpanMut<Vec<F>>,
+        datt: SpanMut<Vec<F>>,
+        dout: Span<Vec<F>>,
+        qkv: Span<Vec<F>>,
+        att: Span<Vec<F>>,
         shape: AttnShape,
     ) {
-        attention::attention_backward(dqkv, datt, dout, qkv, att, shape);
+        attention::attention_backward(
+            dqkv.slice(),
+            datt.slice(),
+            dout.slice(),
+            qkv.slice(),
+            att.slice(),
+            shape,
+        );
     }
 
-    fn cross_entropy(&self, logits: &mut [F], targets: &[u32], grad: bool) -> F {
-        cross_entropy::cross_entropy(logits, targets, grad)
+    fn cross_entropy(&self, logits: SpanMut<Vec<F>>, targets: &Vec<u32>, grad: bool) -> F {
+        cross_entropy::cross_entropy(logits.slice(), targets, grad)
+    }
+
+    fn sum_squares(&self, x: Span<Vec<F>>) -> f64 {
+        optim::sum_squares(x.slice())
+    }
+
+    fn adamw(
+        &self,
+        params: SpanMut<Vec<F>>,
+        grads: Span<Vec<F>>,
+        m: SpanMut<Vec<F>>,
+        v: SpanMut<Vec<F>>,
+        step: &AdamWStep,
+    ) {
+        optim::adamw_step(
+            params.slice(),
+            grads.slice(),
+            m.slice(),
+            v.slice(),
+            step.t,
+            step.lr,
+            &step.hp,
+            step.grad_scale,
+        );
     }
 }
 

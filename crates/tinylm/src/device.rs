@@ -1,0 +1,190 @@
+//! Where a model runs: `cpu`, `cuda`, `cuda:N` or `auto`, and in which precision.
+//!
+//! Every command that runs a model is written once, generic over the [`Backend`],
+//! as a [`BackendTask`]; [`run_on`] builds the backend the device names and runs
+//! the task on it. The CUDA backend exists in builds with the cargo feature `cuda`;
+//! other builds refuse `cuda` with a line that says how to get it.
+
+use crate::kernels::{Backend, Cpu};
+use crate::{Error, Result};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+
+/// A compute device, as written on the command line.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum Device {
+    #[default]
+    Cpu,
+    /// GPU number `N` (`cuda` is `cuda:0`).
+    Cuda(usize),
+    /// CUDA when a usable GPU is present, else the CPU.
+    Auto,
+}
+
+impl FromStr for Device {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        let bad = || {
+            Error::Config(format!(
+                "unknown device '{s}': expected cpu, cuda, cuda:N (N a GPU number) or auto"
+            ))
+        };
+        match s {
+            "cpu" => Ok(Device::Cpu),
+            "cuda" => Ok(Device::Cuda(0)),
+            "auto" => Ok(Device::Auto),
+            _ => s
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(Device::Cuda)
+                .ok_or_else(bad),
+        }
+    }
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Device::Cpu => write!(f, "cpu"),
+            Device::Cuda(n) => write!(f, "cuda:{n}"),
+            Device::Auto => write!(f, "auto"),
+        }
+    }
+}
+
+impl TryFrom<String> for Device {
+    type Error = Error;
+    fn try_from(s: String) -> Result<Self> {
+        s.parse()
+    }
+}
+
+impl From<Device> for String {
+    fn from(d: Device) -> String {
+        d.to_string()
+    }
+}
+
+/// Arithmetic of a GPU run. The CPU always computes in `f32`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    /// bf16 activations and matrix-product operands; f32 master weights, AdamW
+    /// moments, normalization statistics, softmax and loss.
+    #[default]
+    Bf16,
+    /// f32 everywhere: the CPU engine's results, for exact comparison.
+    Fp32,
+}
+
+impl FromStr for Precision {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "bf16" => Ok(Precision::Bf16),
+            "fp32" => Ok(Precision::Fp32),
+            _ => Err(Error::Config(format!(
+                "unknown precision '{s}': expected bf16 or fp32"
+            ))),
+        }
+    }
+}
+
+impl fmt::Display for Precision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Precision::Bf16 => "bf16",
+            Precision::Fp32 => "fp32",
+        })
+    }
+}
+
+/// Work that runs on any backend (a training run, a forward pass, generation).
+pub trait BackendTask {
+    type Output;
+    fn run<B: Backend<f32>>(self, backend: B) -> Result<Self::Output>;
+}
+
+/// Runs `task` on the backend `device` names, in `precision` on a GPU.
+pub fn run_on<T: BackendTask>(device: Device, precision: Precision, task: T) -> Result<T::Output> {
+    match resolve(device)? {
+        Device::Cpu => task.run(Cpu),
+        Device::Cuda(ordinal) => run_on_cuda(ordinal, precision, task),
+        Device::Auto => unreachable!("resolved above"),
+    }
+}
+
+/// `auto` becomes `cuda:0` when a usable GPU is present, else `cpu`.
+pub fn resolve(device: Device) -> Result<Device> {
+    Ok(match device {
+        Device::Auto if cuda_available() => Device::Cuda(0),
+        Device::Auto => Device::Cpu,
+        d => d,
+    })
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_available() -> bool {
+    crate::kernels::cuda::Cuda::is_available()
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_available() -> bool {
+    false
+}
+
+#[cfg(feature = "cuda")]
+fn run_on_cuda<T: BackendTask>(ordinal: usize, precision: Precision, task: T) -> Result<T::Output> {
+    task.run(crate::kernels::cuda::Cuda::new(ordinal, precision)?)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn run_on_cuda<T: BackendTask>(ordinal: usize, _: Precision, _: T) -> Result<T::Output> {
+    Err(Error::Device(format!(
+        "device cuda:{ordinal}: this tinylm was built without CUDA support; \
+         rebuild it with `cargo build --release --features cuda`"
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn devices_parse_and_print() {
+        for (text, device) in [
+            ("cpu", Device::Cpu),
+            ("cuda", Device::Cuda(0)),
+            ("cuda:3", Device::Cuda(3)),
+            ("auto", Device::Auto),
+        ] {
+            assert_eq!(text.parse::<Device>().unwrap(), device);
+        }
+        assert_eq!(Device::Cuda(0).to_string(), "cuda:0");
+        for bad in ["gpu", "cuda:", "cuda:x", "CPU", ""] {
+            let err = bad.parse::<Device>().unwrap_err().to_string();
+            assert!(err.contains(&format!("'{bad}'")), "{err}");
+        }
+        assert_eq!("fp32".parse::<Precision>().unwrap(), Precision::Fp32);
+        assert!("fp16".parse::<Precision>().is_err());
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    #[test]
+    fn cuda_without_the_feature_is_a_clear_error() {
+        struct Nothing;
+        impl BackendTask for Nothing {
+            type Output = ();
+            fn run<B: Backend<f32>>(self, _: B) -> Result<()> {
+                Ok(())
+            }
+        }
+        let err = run_on(Device::Cuda(1), Precision::Bf16, Nothing).unwrap_err();
+        assert!(err.to_string().contains("--features cuda"), "{err}");
+        assert!(run_on(Device::Auto, Precision::Bf16, Nothing).is_ok());
+    }
+}
