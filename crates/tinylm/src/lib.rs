@@ -4,10 +4,6 @@
 pub mod accounting;
 pub mod checkpoint;
 pub mod config;
-/// The CUDA backend (feature `cuda`); its kernels sit beside the CPU ones.
-#[cfg(feature = "cuda")]
-#[path = "kernels/cuda/mod.rs"]
-pub mod cuda;
 pub mod data;
 pub mod device;
 pub mod error;

@@ -7,8 +7,8 @@
 
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use tinylm::cuda::{Cuda, DType, DeviceBuffer, Precision};
 use tinylm::kernels::cpu;
+use tinylm::kernels::cuda::{Cuda, DType, DeviceBuffer, Precision};
 use tinylm::kernels::{AttnShape, MatMul};
 use tinylm::optim::{adamw_step, clip_scale, global_norm, AdamWParams, CLIP_EPS};
 
@@ -207,7 +207,11 @@ fn rmsnorm_forward_and_backward_match_the_cpu() {
         assert_close(&get(&cuda, &out), &want, tol, "rmsnorm out");
         assert_close(&get(&cuda, &rstd), &want_rstd, 1e-5, "rmsnorm rstd");
         let scratch = cuda
-            .alloc(tinylm::cuda::rmsnorm::ROW_BLOCKS * c, DType::F32, "scratch")
+            .alloc(
+                tinylm::kernels::cuda::rmsnorm::ROW_BLOCKS * c,
+                DType::F32,
+                "scratch",
+            )
             .unwrap();
         for accumulate in [false, true] {
             let (dx_d, dg_d, dout_d) = (
@@ -312,7 +316,7 @@ fn attention_forward_backward_and_decode_match_the_cpu() {
             let qkv_d = put_x(&cuda, &qkv);
             let out = cuda.alloc(b * tq * c, cuda.float_x(), "out").unwrap();
             let att = cuda.alloc(b * h * tq * t, cuda.float_x(), "att").unwrap();
-            let scratch_len = tinylm::cuda::attention::attention_scratch_len(s);
+            let scratch_len = tinylm::kernels::cuda::attention::attention_scratch_len(s);
             let scratch = cuda.alloc(scratch_len, cuda.float_x(), "scratch").unwrap();
             cuda.attention_forward(out.view(), att.view(), qkv_d.view(), s, scratch.view());
             let (mut want, mut want_att) = (vec![0f32; b * tq * c], vec![0f32; b * h * tq * t]);
@@ -413,7 +417,7 @@ fn adamw_and_sum_of_squares_match_the_cpu() {
         let grads = random(&mut rng, n, 0.01);
         let grads_d = put_f32(&cuda, &grads);
         let sum = cuda.alloc(1, DType::F64, "sum").unwrap();
-        let blocks = tinylm::cuda::global_norm::NORM_BLOCKS;
+        let blocks = tinylm::kernels::cuda::global_norm::NORM_BLOCKS;
         let scratch = cuda.alloc(blocks, DType::F64, "scratch").unwrap();
         cuda.sum_squares(sum.view(), grads_d.view(), scratch.view());
         let mut got = [0f64];

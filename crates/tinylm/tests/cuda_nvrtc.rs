@@ -4,7 +4,7 @@
 #![cfg(feature = "cuda")]
 
 use std::collections::BTreeSet;
-use tinylm::cuda::{nvrtc, Precision, FAMILIES};
+use tinylm::kernels::cuda::{nvrtc, Precision, FAMILIES};
 
 const ARCHS: [&str; 2] = ["compute_80", "compute_90"];
 

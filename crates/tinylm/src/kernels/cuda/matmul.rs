@@ -55,9 +55,9 @@ impl Blas {
     pub fn new(stream: &Arc<CudaStream>, capability: (i32, i32)) -> Result<Blas> {
         let handle = lt::create_handle().map_err(|e| blas_error("creating a handle", e))?;
         let size = if capability.0 >= 9 { 32 << 20 } else { 4 << 20 };
-        let workspace = stream.alloc_zeros::<u8>(size).map_err(|e| {
-            Error::Invalid(format!("cuBLASLt workspace of {} MiB: {e}", size >> 20))
-        })?;
+        let workspace = stream
+            .alloc_zeros::<u8>(size)
+            .map_err(|e| Error::Device(format!("cuBLASLt workspace of {} MiB: {e}", size >> 20)))?;
         Ok(Blas {
             handle,
             workspace,
@@ -74,7 +74,7 @@ impl Drop for Blas {
 }
 
 fn blas_error(what: &str, e: lt::CublasError) -> Error {
-    Error::Invalid(format!("cuBLASLt error {what}: {e}"))
+    Error::Device(format!("cuBLASLt error {what}: {e}"))
 }
 
 fn data_type(dtype: DType) -> sys::cudaDataType {

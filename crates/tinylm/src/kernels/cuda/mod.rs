@@ -12,6 +12,7 @@
 
 pub mod adamw;
 pub mod attention;
+pub mod backend;
 pub mod convert;
 pub mod cross_entropy;
 pub mod embedding;
@@ -22,6 +23,7 @@ pub mod rmsnorm;
 pub mod rope;
 pub mod swiglu;
 
+pub use backend::CudaBuf;
 pub use nvrtc::Precision;
 
 use crate::{Error, Result};
@@ -80,7 +82,9 @@ impl DType {
 
 /// A device allocation of `len` elements of `dtype`, freed on drop.
 pub struct DeviceBuffer {
-    bytes: CudaSlice<u8>,
+    /// The allocation, freed (stream-ordered) when the buffer is dropped.
+    _memory: CudaSlice<u8>,
+    ptr: CUdeviceptr,
     len: usize,
     dtype: DType,
 }
@@ -110,10 +114,8 @@ impl DeviceBuffer {
             "device slice {range:?} out of a buffer of {}",
             self.len
         );
-        let stream = self.bytes.stream().clone();
-        let (base, _sync) = self.bytes.device_ptr(&stream);
         Dev {
-            ptr: base + (range.start * self.dtype.size()) as CUdeviceptr,
+            ptr: self.ptr + (range.start * self.dtype.size()) as CUdeviceptr,
             len: range.end - range.start,
             dtype: self.dtype,
         }
@@ -156,6 +158,8 @@ pub struct Cuda {
     kernels: HashMap<&'static str, CudaFunction>,
     blas: matmul::Blas,
     error: Mutex<Option<Error>>,
+    /// Work space of the kernels that need it, grown on first use.
+    scratch: Mutex<HashMap<backend::Scratch, DeviceBuffer>>,
     device_name: String,
     capability: (i32, i32),
 }
@@ -178,10 +182,10 @@ impl Cuda {
         }
         let count = CudaContext::device_count().map_err(|e| driver_error("cuInit", e))?;
         if count == 0 {
-            return Err(Error::Invalid("no CUDA device found".into()));
+            return Err(Error::Device("no CUDA device found".into()));
         }
         if ordinal >= count as usize {
-            return Err(Error::Invalid(format!(
+            return Err(Error::Device(format!(
                 "cuda:{ordinal} does not exist: this machine has {count} CUDA device(s), \
                  cuda:0 to cuda:{}",
                 count - 1
@@ -196,7 +200,7 @@ impl Cuda {
             .compute_capability()
             .map_err(|e| driver_error("reading the compute capability", e))?;
         if precision == Precision::Bf16 && capability.0 < 8 {
-            return Err(Error::Invalid(format!(
+            return Err(Error::Device(format!(
                 "{device_name} (cuda:{ordinal}) has compute capability {}.{}: bf16 needs 8.0 \
                  (Ampere) or newer; use --precision fp32",
                 capability.0, capability.1
@@ -225,9 +229,20 @@ impl Cuda {
             kernels,
             blas,
             error: Mutex::new(None),
+            scratch: Mutex::new(HashMap::new()),
             device_name,
             capability,
         })
+    }
+
+    /// Whether a CUDA device can be opened: the driver and cuBLASLt load and at least
+    /// one GPU is present (NVRTC and the headers are checked by [`Cuda::new`]).
+    pub fn is_available() -> bool {
+        // SAFETY: only tries to load the libraries.
+        let libraries = unsafe {
+            cudarc::driver::sys::is_culib_present() && cudarc::cublaslt::sys::is_culib_present()
+        };
+        libraries && CudaContext::device_count().is_ok_and(|n| n > 0)
     }
 
     pub fn precision(&self) -> Precision {
@@ -260,14 +275,20 @@ impl Cuda {
         let size = len * dtype.size();
         let bytes = self.stream.alloc_zeros::<u8>(size.max(1)).map_err(|e| {
             let free = self.ctx.mem_get_info().map(|(free, _)| free).unwrap_or(0);
-            Error::Invalid(format!(
+            Error::Device(format!(
                 "{what}: could not allocate {:.1} MiB on {} ({} MiB free): {e}",
                 size as f64 / (1 << 20) as f64,
                 self.describe(),
                 free >> 20
             ))
         })?;
-        Ok(DeviceBuffer { bytes, len, dtype })
+        let ptr = bytes.device_ptr(&self.stream).0;
+        Ok(DeviceBuffer {
+            ptr,
+            _memory: bytes,
+            len,
+            dtype,
+        })
     }
 
     /// Queues a copy of `src` into `dst` (f32 or u32 on both sides). Returns when
@@ -346,7 +367,7 @@ impl Cuda {
         if let Err(e) = result {
             let mut slot = self.error.lock().expect("error lock");
             if slot.is_none() {
-                *slot = Some(Error::Invalid(format!("CUDA {what}: {e}")));
+                *slot = Some(Error::Device(format!("CUDA {what}: {e}")));
             }
         }
     }
@@ -409,7 +430,7 @@ pub(crate) fn int(x: usize) -> i32 {
 }
 
 fn driver_error(what: &str, e: DriverError) -> Error {
-    Error::Invalid(format!("CUDA error {what}: {e}"))
+    Error::Device(format!("CUDA error {what}: {e}"))
 }
 
 /// A host element type that crosses to the device as is.

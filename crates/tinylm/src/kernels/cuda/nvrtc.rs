@@ -1,27 +1,9 @@
 //! Run-time compilation of the kernel families with NVRTC: where the CUDA headers
 //! are, the options, and the one call that turns a family into PTX.
 
+pub use crate::device::Precision;
 use crate::{Error, Result};
 use std::path::{Path, PathBuf};
-
-/// The activation and matmul-operand precision (`--precision`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Precision {
-    /// bf16 activations and matmul operands, f32 master weights, moments and
-    /// statistics (needs compute capability 8.0).
-    Bf16,
-    /// Everything in f32: for exact comparison with the CPU.
-    Fp32,
-}
-
-impl Precision {
-    pub fn name(self) -> &'static str {
-        match self {
-            Precision::Bf16 => "bf16",
-            Precision::Fp32 => "fp32",
-        }
-    }
-}
 
 /// The NVRTC library cudarc loads (CUDA 13).
 pub const NVRTC_LIBRARY: &str = "libnvrtc.so.13";
@@ -61,7 +43,7 @@ pub fn cuda_include_dir() -> Result<PathBuf> {
         .cloned()
         .ok_or_else(|| {
             let tried: Vec<String> = candidates.iter().map(|d| d.display().to_string()).collect();
-            Error::Invalid(format!(
+            Error::Device(format!(
                 "cuda_bf16.h not found (tried {}): set TINYLM_CUDA_INCLUDE to the CUDA \
                  include directory, or pip install \"nvidia-cuda-runtime==13.0.*\" into the \
                  active virtual environment",
@@ -78,7 +60,7 @@ pub fn nvrtc_available() -> bool {
 
 /// The error for a missing library: its file name and the `LD_LIBRARY_PATH` hint.
 pub fn missing_library(file: &str, what: &str) -> Error {
-    Error::Invalid(format!(
+    Error::Device(format!(
         "{file} could not be loaded ({what}): install the CUDA 13 runtime libraries and \
          put their directory on LD_LIBRARY_PATH (e.g. /usr/local/cuda/lib64)"
     ))
@@ -126,14 +108,14 @@ pub fn compile(family: &str, source: &str, arch: &str, precision: Precision) -> 
     };
     match cudarc::nvrtc::compile_ptx_with_opts(family_source(family, source), options) {
         Ok(ptx) => Ok(ptx.to_src()),
-        Err(cudarc::nvrtc::CompileError::CompileError { log, .. }) => Err(Error::Invalid(format!(
+        Err(cudarc::nvrtc::CompileError::CompileError { log, .. }) => Err(Error::Device(format!(
             "NVRTC could not compile {family}.cu for {arch} ({}):\n{}",
-            precision.name(),
+            precision,
             log.to_string_lossy()
         ))),
-        Err(e) => Err(Error::Invalid(format!(
+        Err(e) => Err(Error::Device(format!(
             "NVRTC failed on {family}.cu for {arch} ({}): {e:?}",
-            precision.name()
+            precision
         ))),
     }
 }
@@ -178,12 +160,14 @@ pub fn compile_cached(
     // SAFETY: NVRTC is loaded (checked above); writes two ints.
     unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut version.0, &mut version.1) };
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    (family_source(family, source), arch, precision, version).hash(&mut hasher);
-    let file = format!(
-        "{family}-{arch}-{}-{:016x}.ptx",
-        precision.name(),
-        hasher.finish()
-    );
+    (
+        family_source(family, source),
+        arch,
+        precision.to_string(),
+        version,
+    )
+        .hash(&mut hasher);
+    let file = format!("{family}-{arch}-{}-{:016x}.ptx", precision, hasher.finish());
     let path = cache_dir().map(|d| d.join(file));
     if let Some(ptx) = path.as_ref().and_then(|p| std::fs::read_to_string(p).ok()) {
         return Ok(ptx);
