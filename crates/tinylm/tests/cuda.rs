@@ -7,10 +7,18 @@
 
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+use tinylm::checkpoint;
+use tinylm::config::{Ffn, ModelConfig, Norm, Positional};
+use tinylm::device::Device;
 use tinylm::kernels::cpu;
 use tinylm::kernels::cuda::{Cuda, DType, DeviceBuffer, Precision};
 use tinylm::kernels::{AttnShape, MatMul};
 use tinylm::optim::{adamw_step, clip_scale, global_norm, AdamWParams, CLIP_EPS};
+use tinylm::params::ParamLayout;
+use tinylm::train::{train, LogRecord, Progress, TrainConfig};
+use tinylm::Model;
 
 const PRECISIONS: [Precision; 2] = [Precision::Fp32, Precision::Bf16];
 
@@ -467,4 +475,242 @@ fn adamw_and_sum_of_squares_match_the_cpu() {
             "adamw shadow",
         );
     }
+}
+
+// ---- The whole model on the GPU against the CPU engine.
+
+fn model_config(norm: Norm, positional: Positional, ffn: Ffn, tie_embeddings: bool) -> ModelConfig {
+    ModelConfig {
+        vocab_size: 67,
+        context_length: 40,
+        d_model: 24,
+        num_layers: 2,
+        num_heads: 3,
+        d_ff: 40,
+        rope_theta: 50.0,
+        norm,
+        positional,
+        ffn,
+        tie_embeddings,
+    }
+}
+
+/// Every ablation: pre-, post- and no norm, RoPE or NoPE, SwiGLU or SiLU (tied).
+fn ablations() -> Vec<ModelConfig> {
+    let mut all = Vec::new();
+    for norm in [Norm::Pre, Norm::Post, Norm::None] {
+        for positional in [Positional::Rope, Positional::None] {
+            for (ffn, tied) in [(Ffn::Swiglu, false), (Ffn::Silu, true)] {
+                all.push(model_config(norm, positional, ffn, tied));
+            }
+        }
+    }
+    all
+}
+
+/// Parameters with the gains moved off 1 so the norms' gains matter.
+fn model_params(c: &ModelConfig, seed: u64) -> Vec<f32> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut p = ParamLayout::new(c).init(seed);
+    p.iter_mut()
+        .for_each(|x| *x += 0.2 * (rng.random::<f32>() - 0.5));
+    p
+}
+
+#[test]
+fn whole_model_logits_loss_and_every_gradient_match_the_cpu_for_every_ablation() {
+    let mut rng = ChaCha8Rng::seed_from_u64(9);
+    let (b, t) = (3, 33);
+    for precision in PRECISIONS {
+        let tol = tolerance(precision);
+        for c in ablations() {
+            let p = model_params(&c, 11);
+            let ids = random_ids(&mut rng, b * t, c.vocab_size);
+            let targets = random_ids(&mut rng, b * t, c.vocab_size);
+            let mut cpu = Model::from_params(c.clone(), p.clone()).unwrap();
+            let mut gpu_model = Model::with_backend(c.clone(), &p, gpu(precision)).unwrap();
+            let what = format!("{precision:?} {c:?}");
+            let want = cpu.forward(&ids, b, t).unwrap().to_vec();
+            let got = gpu_model.forward(&ids, b, t).unwrap().to_vec();
+            assert_close(&got, &want, tol, &format!("{what} logits"));
+            let want_loss = cpu.forward_loss(&ids, &targets, b, t).unwrap();
+            let got_loss = gpu_model.forward_loss(&ids, &targets, b, t).unwrap();
+            assert_close(&[got_loss], &[want_loss], tol, &format!("{what} loss"));
+            cpu.backward().unwrap();
+            gpu_model.backward().unwrap();
+            let got = gpu_model.download_grads().unwrap();
+            let layout = ParamLayout::new(&c);
+            for ((name, _, want), (_, _, got)) in layout
+                .tensors(cpu.grads())
+                .into_iter()
+                .zip(layout.tensors(&got))
+            {
+                assert_close(got, want, tol, &format!("{what} gradient of {name}"));
+            }
+        }
+    }
+}
+
+#[test]
+fn kv_cache_decoding_on_the_gpu_matches_its_full_forward() {
+    let mut rng = ChaCha8Rng::seed_from_u64(10);
+    for precision in PRECISIONS {
+        for c in ablations() {
+            let t = c.context_length;
+            let p = model_params(&c, 7);
+            let ids = random_ids(&mut rng, t, c.vocab_size);
+            let mut model = Model::with_backend(c.clone(), &p, gpu(precision)).unwrap();
+            let full = model.forward(&ids, 1, t).unwrap().to_vec();
+            let mut cache = model.new_cache().unwrap();
+            for (pos, &id) in ids.iter().enumerate() {
+                let step = model.decode_step(&mut cache, id).unwrap().to_vec();
+                let want = &full[pos * c.vocab_size..(pos + 1) * c.vocab_size];
+                let what = format!("{precision:?} {c:?} decode position {pos}");
+                assert_close(&step, want, tolerance(precision), &what);
+            }
+            assert!(
+                model.decode_step(&mut cache, 0).is_err(),
+                "a full cache is an error"
+            );
+        }
+    }
+}
+
+fn training_config(dir: &Path, steps: u64) -> TrainConfig {
+    // Byte-level text with structure: "the dog sees a red ball." and so on.
+    let words = [
+        "the dog ", "a cat ", "sees ", "likes ", "a red ", "the big ", "ball. ", "tree.\n",
+    ];
+    let mut rng = ChaCha8Rng::seed_from_u64(12);
+    let text: String = (0..40_000)
+        .map(|_| words[rng.random_range(0..words.len())])
+        .collect();
+    let ids: Vec<u16> = text.bytes().map(u16::from).collect();
+    let (train_ids, val_ids) = ids.split_at(ids.len() * 9 / 10);
+    let write = |name: &str, ids: &[u16]| {
+        let path = dir.join(name);
+        tinylm_bpe::npy::write(&path, &[ids.len()], ids).unwrap();
+        path
+    };
+    TrainConfig {
+        model: ModelConfig {
+            vocab_size: 256,
+            context_length: 64,
+            d_model: 64,
+            num_layers: 2,
+            num_heads: 4,
+            d_ff: 128,
+            ..ModelConfig::tinystories()
+        },
+        train_data: write("train.npy", train_ids),
+        val_data: Some(write("val.npy", val_ids)),
+        out_dir: dir.join("run"),
+        batch_size: 16,
+        steps,
+        lr_max: 3e-3,
+        lr_min: 3e-4,
+        warmup_steps: 10,
+        eval_interval: 0,
+        eval_batches: 4,
+        checkpoint_interval: 0,
+        log_interval: 1,
+        threads: 2,
+        ..TrainConfig::default()
+    }
+}
+
+fn train_losses(cfg: &TrainConfig) -> Vec<f64> {
+    train(cfg, &AtomicBool::new(false), &mut |_: &Progress| {}).unwrap();
+    std::fs::read_to_string(cfg.out_dir.join("log.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<LogRecord>(l).unwrap())
+        .filter(|r| r.train_loss.is_finite())
+        .map(|r| r.train_loss)
+        .collect()
+}
+
+#[test]
+fn a_200_step_run_on_the_gpu_tracks_the_cpu_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = training_config(dir.path(), 200);
+    cfg.out_dir = dir.path().join("cpu");
+    let cpu_losses = train_losses(&cfg);
+    assert_eq!(cpu_losses.len(), 200);
+    // fp32: every step within 1% of the CPU's; bf16: the last 20 steps' mean within 3%.
+    for (precision, per_step, tail) in [
+        (Precision::Fp32, 1e-2, 1e-2),
+        (Precision::Bf16, f64::INFINITY, 3e-2),
+    ] {
+        cfg.out_dir = dir.path().join(precision.to_string());
+        cfg.device = Device::Cuda(0);
+        cfg.precision = precision;
+        let gpu_losses = train_losses(&cfg);
+        assert_eq!(gpu_losses.len(), 200);
+        for (step, (g, c)) in gpu_losses.iter().zip(&cpu_losses).enumerate() {
+            assert!(
+                (g - c).abs() <= per_step * c,
+                "{precision} step {step}: GPU loss {g}, CPU {c}"
+            );
+        }
+        let mean = |l: &[f64]| l[l.len() - 20..].iter().sum::<f64>() / 20.0;
+        let (g, c) = (mean(&gpu_losses), mean(&cpu_losses));
+        println!(
+            "{precision}: last-20 mean loss GPU {g:.4}, CPU {c:.4} (first {:.4})",
+            cpu_losses[0]
+        );
+        assert!(
+            (g - c).abs() <= tail * c,
+            "{precision}: last-20 mean loss GPU {g}, CPU {c}"
+        );
+        assert!(
+            g < 0.6 * gpu_losses[0],
+            "{precision}: the loss did not fall"
+        );
+    }
+}
+
+#[test]
+fn a_checkpoint_moves_between_gpu_and_cpu_bit_for_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = training_config(dir.path(), 10);
+    cfg.device = Device::Cuda(0);
+    cfg.precision = Precision::Fp32;
+    cfg.out_dir = dir.path().join("gpu");
+    let summary = train(&cfg, &AtomicBool::new(false), &mut |_: &Progress| {}).unwrap();
+    let saved = checkpoint::load(&summary.checkpoint).unwrap();
+    // The saved parameters go to the GPU and back unchanged, in both precisions
+    // (bf16 keeps f32 master weights).
+    for precision in PRECISIONS {
+        let model = Model::with_backend(cfg.model.clone(), &saved.params, gpu(precision)).unwrap();
+        assert!(
+            model.download_params().unwrap() == saved.params,
+            "{precision}: parameters changed"
+        );
+        let opt = model
+            .upload_adamw(saved.optimizer.as_ref().unwrap())
+            .unwrap();
+        assert_eq!(
+            &model.download_adamw(&opt).unwrap(),
+            saved.optimizer.as_ref().unwrap()
+        );
+    }
+    // Resumed on the CPU and on the GPU for ten more steps, the runs agree.
+    let mut resumed = Vec::new();
+    for device in [Device::Cpu, Device::Cuda(0)] {
+        cfg.steps = 20;
+        cfg.device = device;
+        cfg.resume = Some(summary.checkpoint.clone());
+        cfg.out_dir = dir.path().join(format!("resumed-{device}"));
+        std::fs::create_dir_all(&cfg.out_dir).unwrap();
+        resumed.push(train_losses(&cfg));
+    }
+    let (on_cpu, on_gpu) = (&resumed[0], &resumed[1]);
+    assert_eq!(on_cpu.len(), on_gpu.len());
+    assert_close(
+        &on_gpu.iter().map(|&x| x as f32).collect::<Vec<_>>(),
+        &on_cpu.iter().map(|&x| x as f32).collect::<Vec<_>>(),
+        1e-4,
+        "losses resumed from a GPU checkpoint, GPU vs CPU",
+    );
 }
