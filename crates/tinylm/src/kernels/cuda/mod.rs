@@ -174,7 +174,7 @@ impl Cuda {
         if !unsafe { cudarc::driver::sys::is_culib_present() } {
             return Err(nvrtc::missing_library(
                 DRIVER_LIBRARY,
-                "the NVIDIA driver; is a GPU driver installed?",
+                "the NVIDIA driver: is a GPU and its driver installed?",
             ));
         }
         if !unsafe { cudarc::cublaslt::sys::is_culib_present() } {

@@ -61,8 +61,9 @@ pub fn nvrtc_available() -> bool {
 /// The error for a missing library: its file name and the `LD_LIBRARY_PATH` hint.
 pub fn missing_library(file: &str, what: &str) -> Error {
     Error::Device(format!(
-        "{file} could not be loaded ({what}): install the CUDA 13 runtime libraries and \
-         put their directory on LD_LIBRARY_PATH (e.g. /usr/local/cuda/lib64)"
+        "{file} ({what}) could not be loaded: install it and put its directory on \
+         LD_LIBRARY_PATH (the CUDA 13 libraries are in /usr/local/cuda/lib64, or in the \
+         nvidia/cu13/lib of the pip wheels nvidia-cuda-nvrtc and nvidia-cublas)"
     ))
 }
 
