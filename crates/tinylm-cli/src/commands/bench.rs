@@ -7,7 +7,7 @@ use clap::Args;
 use std::path::PathBuf;
 use std::time::Instant;
 use tinylm::config::{Ffn, ModelConfig};
-use tinylm::device::{resolve, run_on, BackendTask, Device, Precision};
+use tinylm::device::{resolve, run_on, BackendTask, Device};
 use tinylm::kernels::cpu::linear::matmul;
 use tinylm::kernels::{profile::Kind, Backend, Cpu, MatMul, Profiled};
 use tinylm::optim::AdamWParams;
@@ -45,12 +45,8 @@ pub struct BenchArgs {
     /// Skip the matrix-product peak measurement.
     #[arg(long)]
     no_peak: bool,
-    /// Where the step runs: cpu, cuda, cuda:N or auto.
-    #[arg(long, default_value = "cpu")]
-    device: Device,
-    /// GPU arithmetic: bf16 (mixed precision) or fp32.
-    #[arg(long, default_value = "bf16")]
-    precision: Precision,
+    #[command(flatten)]
+    device: super::DeviceArgs,
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
@@ -137,9 +133,9 @@ fn bench(c: &ModelConfig, b: usize, t: usize, args: &BenchArgs) -> Result<()> {
         flops * 1e-9
     );
 
-    let device = resolve(args.device)?;
+    let device = resolve(args.device.device)?;
     if device != Device::Cpu {
-        println!("device: {device}, precision {}", args.precision);
+        println!("device: {device}, precision {}", args.device.precision);
     }
     let timed = TimedSteps {
         c,
@@ -149,7 +145,7 @@ fn bench(c: &ModelConfig, b: usize, t: usize, args: &BenchArgs) -> Result<()> {
         t,
         steps: args.steps,
     };
-    let (mut times, loss, cpu_per_step, params) = run_on(device, args.precision, timed)?;
+    let (mut times, loss, cpu_per_step, params) = run_on(device, args.device.precision, timed)?;
     times.sort_by(f64::total_cmp);
     let (best, median) = (times[0], times[times.len() / 2]);
     println!(

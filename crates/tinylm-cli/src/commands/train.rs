@@ -132,6 +132,12 @@ pub struct TrainArgs {
     /// Stop (evaluate, checkpoint) after this many seconds.
     #[arg(long)]
     time_budget_s: Option<f64>,
+    /// Where to train: cpu, cuda, cuda:N or auto [default: cpu].
+    #[arg(long)]
+    device: Option<String>,
+    /// GPU arithmetic: bf16 (mixed precision) or fp32 [default: bf16].
+    #[arg(long)]
+    precision: Option<String>,
 }
 
 impl TrainArgs {
@@ -178,6 +184,8 @@ impl TrainArgs {
             ),
             ("log_interval", self.log_interval.map(Value::from)),
             ("time_budget_s", self.time_budget_s.map(Value::from)),
+            ("device", string(&self.device)),
+            ("precision", string(&self.precision)),
         ]
         .into_iter()
         .filter_map(|(k, v)| v.map(|v| (k, v)))
