@@ -47,8 +47,21 @@ pub struct Blas {
 unsafe impl Send for Blas {}
 unsafe impl Sync for Blas {}
 
-/// `(m, k, n, a_transposed, b_transposed)`, the batch, operand and output types.
-type Key = ((usize, usize, usize, bool, bool), Batch, DType, DType);
+/// `(m, k, n, a_transposed, b_transposed)`, the batch, operand and output types,
+/// and the alignments of `b`, `a`, `out` (cuBLAS's A, B, C = D).
+type Key = (
+    (usize, usize, usize, bool, bool),
+    Batch,
+    DType,
+    DType,
+    [u32; 3],
+);
+
+/// The largest power of two (at most 256) dividing a device address: cuBLASLt
+/// picks only algorithms that work at that alignment (its default assumes 256).
+fn alignment(ptr: u64) -> u32 {
+    1 << ptr.trailing_zeros().min(8)
+}
 
 impl Blas {
     /// A handle and NVIDIA's recommended workspace: 32 MiB on Hopper, 4 MiB before.
@@ -215,11 +228,13 @@ impl Cuda {
         let layout_c = Layout::new(out.dtype, n, m, batch.count, batch.stride_out)?;
         let desc = Desc::new(transa, transb)?;
         let blas = &self.blas;
+        let aligned = [alignment(b.ptr), alignment(a.ptr), alignment(out.ptr)];
         let key = (
             (m, k, n, shape.a_transposed, shape.b_transposed),
             batch,
             a.dtype,
             out.dtype,
+            aligned,
         );
         let cached = blas.algos.lock().expect("algo cache").get(&key).copied();
         let algo = match cached {
@@ -227,14 +242,45 @@ impl Cuda {
             None => {
                 let pref = lt::create_matmul_pref().map_err(|e| blas_error("preference", e))?;
                 let size = blas.workspace.len();
+                use sys::cublasLtMatmulPreferenceAttributes_t as Pref;
+                let set_alignment = |attr, bytes: &u32| {
+                    // SAFETY: a uint32 attribute of its size on a live preference.
+                    unsafe {
+                        lt::set_matmul_pref_attribute(pref, attr, (bytes as *const u32).cast(), 4)
+                    }
+                };
                 // SAFETY: every handle is live; the attribute is a usize.
                 let heuristic = unsafe {
                     lt::set_matmul_pref_attribute(
                         pref,
-                        sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                        Pref::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                         (&size as *const usize).cast(),
                         std::mem::size_of::<usize>(),
                     )
+                    .and_then(|()| {
+                        set_alignment(
+                            Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                            &aligned[0],
+                        )
+                    })
+                    .and_then(|()| {
+                        set_alignment(
+                            Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                            &aligned[1],
+                        )
+                    })
+                    .and_then(|()| {
+                        set_alignment(
+                            Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                            &aligned[2],
+                        )
+                    })
+                    .and_then(|()| {
+                        set_alignment(
+                            Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                            &aligned[2],
+                        )
+                    })
                     .and_then(|()| {
                         lt::get_matmul_algo_heuristic(
                             blas.handle,
