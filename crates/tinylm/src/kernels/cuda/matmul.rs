@@ -205,6 +205,9 @@ impl Cuda {
             "matmul operands smaller than {shape:?} x {batch:?}"
         );
         assert_eq!(a.dtype, b.dtype, "matmul operand types");
+        if m * n * batch.count == 0 {
+            return;
+        }
         let result = self.try_matmul(out, a, b, shape, batch, alpha);
         self.check("matmul", result);
     }

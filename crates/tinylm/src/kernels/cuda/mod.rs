@@ -295,6 +295,9 @@ impl Cuda {
     /// `src` may be reused (pageable memory is staged by the driver).
     pub fn upload<T: HostElement>(&self, dst: Dev, src: &[T]) {
         assert_eq!((dst.len, dst.dtype), (src.len(), T::DTYPE), "upload size");
+        if src.is_empty() {
+            return;
+        }
         // SAFETY: `dst` points into a live buffer of this backend of `src.len()` T.
         let result = unsafe {
             cudarc::driver::result::memcpy_htod_async(dst.ptr, src, self.stream.cu_stream())
@@ -306,6 +309,9 @@ impl Cuda {
     /// work, if any.
     pub fn download<T: HostElement>(&self, src: Dev, dst: &mut [T]) -> Result<()> {
         assert_eq!((src.len, src.dtype), (dst.len(), T::DTYPE), "download size");
+        if dst.is_empty() {
+            return self.synchronize();
+        }
         // SAFETY: `src` points into a live buffer of this backend of `dst.len()` T.
         let result = unsafe {
             cudarc::driver::result::memcpy_dtoh_async(dst, src.ptr, self.stream.cu_stream())
@@ -317,6 +323,9 @@ impl Cuda {
     /// Queues `dst = src` (same length and type).
     pub fn copy(&self, dst: Dev, src: Dev) {
         assert_eq!((dst.len, dst.dtype), (src.len, src.dtype), "copy size");
+        if src.len == 0 {
+            return;
+        }
         // SAFETY: both point into live buffers of this backend of that size.
         let result = unsafe {
             cudarc::driver::result::memcpy_dtod_async(
@@ -331,6 +340,9 @@ impl Cuda {
 
     /// Queues `dst = 0`.
     pub fn zero(&self, dst: Dev) {
+        if dst.len == 0 {
+            return;
+        }
         // SAFETY: `dst` points into a live buffer of this backend of that size.
         let result = unsafe {
             cudarc::driver::result::memset_d8_async(
