@@ -77,3 +77,27 @@ fn kernel_names(source: &str) -> Vec<String> {
         .map(|rest| rest.split('(').next().unwrap().trim().to_string())
         .collect()
 }
+
+/// Opening a device is one clear error when something is missing (CI has no driver
+/// and no GPU), and works where everything is there.
+#[test]
+fn opening_a_device_names_what_is_missing() {
+    use tinylm::kernels::cuda::Cuda;
+    let opened = Cuda::new(0, Precision::Bf16);
+    if Cuda::is_available() {
+        let cuda = opened.expect("a usable GPU opens");
+        let err = Cuda::new(1000, Precision::Fp32).err().expect("no GPU 1000");
+        assert!(
+            err.to_string().contains("cuda:1000 does not exist"),
+            "{err}"
+        );
+        println!("opened {}", cuda.describe());
+    } else {
+        let err = opened.err().expect("no usable GPU").to_string();
+        let names_it = ["libcuda.so.1", "libcublasLt.so.13", "no CUDA device"]
+            .iter()
+            .any(|missing| err.contains(missing));
+        assert!(names_it && !err.contains('\n'), "{err}");
+        println!("{err}");
+    }
+}
