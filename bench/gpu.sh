@@ -61,12 +61,15 @@ fi
 echo "== $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo 'nvidia-smi not found')"
 echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
 
+# Every part runs even when an earlier one fails; the exit status says if any did.
+status=0
 echo "== NVRTC: every kernel family for sm_80 and sm_90"
-"$BIN/test-cuda_nvrtc"
+"$BIN/test-cuda_nvrtc" || status=1
 echo "== numeric suite: the CUDA backend against the CPU engine"
-"$BIN/test-cuda" --test-threads 1 --nocapture
-echo "== tinylm bench --device cuda (CS336 TinyStories model)"
+"$BIN/test-cuda" --test-threads 1 --nocapture || status=1
+echo "== tinylm bench --device cuda (CS336 TinyStories model, batch 128 x 256)"
 for precision in bf16 fp32; do
     "$BIN/tinylm" bench --device cuda --precision "$precision" --config bench/configs/tinystories.json \
-        --batch-size 128 --steps 50 --no-peak
+        --batch-size 128 --steps 50 --no-peak || status=1
 done
+exit "$status"

@@ -180,7 +180,9 @@ impl Cuda {
         if !unsafe { cudarc::cublaslt::sys::is_culib_present() } {
             return Err(nvrtc::missing_library(CUBLASLT_LIBRARY, "cuBLASLt"));
         }
-        let count = CudaContext::device_count().map_err(|e| driver_error("cuInit", e))?;
+        let count = CudaContext::device_count().map_err(|e| {
+            Error::Device(format!("no CUDA device: the driver could not start ({e})"))
+        })?;
         if count == 0 {
             return Err(Error::Device("no CUDA device found".into()));
         }
@@ -235,13 +237,13 @@ impl Cuda {
         })
     }
 
-    /// Whether a CUDA device can be opened: the driver and cuBLASLt load and at least
-    /// one GPU is present (NVRTC and the headers are checked by [`Cuda::new`]).
+    /// Whether a CUDA device can be opened: the driver, NVRTC and cuBLASLt load and
+    /// at least one GPU is present (the bf16 headers are checked by [`Cuda::new`]).
     pub fn is_available() -> bool {
         // SAFETY: only tries to load the libraries.
         let libraries = unsafe {
             cudarc::driver::sys::is_culib_present() && cudarc::cublaslt::sys::is_culib_present()
-        };
+        } && nvrtc::nvrtc_available();
         libraries && CudaContext::device_count().is_ok_and(|n| n > 0)
     }
 
