@@ -16,22 +16,24 @@
 /// Launch: grid ceil(parts·B·T·C / 256), block 256; one thread per element.
 extern "C" __global__ void attention_heads(floatX* heads, floatX* rows, int b, int t, int h,
                                            int d, int parts, int to_heads) {
-    const size_t c = (size_t)h * d;
-    const size_t per_part = (size_t)b * t * c;
-    const size_t i = thread_index();
+    // 32-bit index arithmetic (the caller checks parts·B·T·C < 2^32): a 64-bit
+    // division costs several times a 32-bit one, and there are four per element.
+    const unsigned int c = h * d;
+    const unsigned int per_part = b * t * c;
+    const unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= parts * per_part) {
         return;
     }
     // i indexes heads: (part, b, head, t, d).
-    const size_t part = i / per_part;
-    size_t rest = i % per_part;
-    const int dd = rest % d;
+    const unsigned int part = i / per_part;
+    unsigned int rest = i % per_part;
+    const unsigned int dd = rest % d;
     rest /= d;
-    const int tt = rest % t;
+    const unsigned int tt = rest % t;
     rest /= t;
-    const int head = rest % h;
-    const size_t bb = rest / h;
-    const size_t r = ((bb * t + tt) * parts + part) * c + (size_t)head * d + dd;
+    const unsigned int head = rest % h;
+    const unsigned int bb = rest / h;
+    const unsigned int r = ((bb * t + tt) * parts + part) * c + head * d + dd;
     if (to_heads) {
         heads[i] = rows[r];
     } else {

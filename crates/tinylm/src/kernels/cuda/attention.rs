@@ -2,7 +2,7 @@
 //! attention over heads split out of the fused `qkv` rows (see the `.cu` file).
 
 use super::matmul::Batch;
-use super::{expect, int, per_element, per_row_warp, Cuda, Dev};
+use super::{expect, expect_u32, int, per_element, per_row_warp, Cuda, Dev};
 use crate::kernels::{AttnShape, MatMul};
 use cudarc::driver::PushKernelArg;
 
@@ -26,6 +26,7 @@ impl Cuda {
         let len = parts * s.b * t * s.c();
         expect(heads, len, self.float_x(), "attention heads");
         expect(rows, len, self.float_x(), "attention rows");
+        expect_u32(len, "attention heads");
         let (b, t_, h, d, parts_, to) = (
             int(s.b),
             int(t),

@@ -5,12 +5,13 @@
 /// Launch: grid ceil(N·C / 256), block 256; one thread per output element.
 extern "C" __global__ void embedding_forward(floatX* out, const unsigned int* ids,
                                              const float* table, int n, int c) {
-    const size_t i = thread_index();
-    if (i >= (size_t)n * c) {
+    // 32-bit index arithmetic (the caller checks N·C < 2^32).
+    const unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (unsigned int)n * c) {
         return;
     }
-    const size_t row = i / c;
-    const size_t col = i % c;
+    const unsigned int row = i / c;
+    const unsigned int col = i % c;
     out[i] = to_x(table[(size_t)ids[row] * c + col]);
 }
 
@@ -19,11 +20,11 @@ extern "C" __global__ void embedding_forward(floatX* out, const unsigned int* id
 /// Launch: grid ceil(N·C / 256), block 256; one thread per element of dout.
 extern "C" __global__ void embedding_backward(float* dtable, const floatX* dout,
                                               const unsigned int* ids, int n, int c) {
-    const size_t i = thread_index();
-    if (i >= (size_t)n * c) {
+    const unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (unsigned int)n * c) {
         return;
     }
-    const size_t row = i / c;
-    const size_t col = i % c;
+    const unsigned int row = i / c;
+    const unsigned int col = i % c;
     atomicAdd(&dtable[(size_t)ids[row] * c + col], to_f32(dout[i]));
 }

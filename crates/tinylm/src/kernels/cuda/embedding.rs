@@ -1,6 +1,6 @@
 //! Launches of `embedding.cu`.
 
-use super::{expect, int, per_element, Cuda, DType, Dev};
+use super::{expect, expect_u32, int, per_element, Cuda, DType, Dev};
 use cudarc::driver::PushKernelArg;
 
 impl Cuda {
@@ -10,6 +10,7 @@ impl Cuda {
         expect(out, n * c, self.float_x(), "embedding out");
         expect(ids, n, DType::U32, "embedding ids");
         expect(table, c, DType::F32, "embedding table");
+        expect_u32(n * c, "embedding out");
         let (n_, c_) = (int(n), int(c));
         let mut args = self.kernel("embedding_forward");
         args.arg(&out.ptr)
@@ -26,6 +27,7 @@ impl Cuda {
         expect(dout, n * c, self.float_x(), "embedding dout");
         expect(ids, n, DType::U32, "embedding ids");
         expect(dtable, c, DType::F32, "embedding dtable");
+        expect_u32(n * c, "embedding dout");
         let (n_, c_) = (int(n), int(c));
         let mut args = self.kernel("embedding_backward");
         args.arg(&dtable.ptr)

@@ -438,6 +438,14 @@ pub(crate) fn expect(x: Dev, len: usize, dtype: DType, what: &str) {
     );
 }
 
+/// Asserts that a kernel indexing `len` elements with 32-bit arithmetic can.
+pub(crate) fn expect_u32(len: usize, what: &str) {
+    assert!(
+        u32::try_from(len).is_ok(),
+        "{what}: {len} elements exceed the kernel's 32-bit indexing"
+    );
+}
+
 /// A shape argument as the kernels' `int`.
 pub(crate) fn int(x: usize) -> i32 {
     i32::try_from(x).expect("shape fits a CUDA int")

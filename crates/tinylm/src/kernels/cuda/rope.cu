@@ -7,18 +7,19 @@
 /// Launch: grid ceil(B·Tq·2H·D/2 / 256), block 256; one thread per rotated pair.
 extern "C" __global__ void rope(floatX* qkv, const float* cos, const float* sin, int rows,
                                 int tq, int q0, int h, int d, int inverse) {
-    const int half = d / 2;
-    const size_t pairs_per_row = (size_t)2 * h * half;
-    const size_t i = thread_index();
-    if (i >= (size_t)rows * pairs_per_row) {
+    // 32-bit index arithmetic (the caller checks B·Tq·3C < 2^32).
+    const unsigned int half = d / 2;
+    const unsigned int pairs_per_row = 2 * h * half;
+    const unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows * pairs_per_row) {
         return;
     }
-    const size_t row = i / pairs_per_row;
-    const int pair = i % pairs_per_row;
+    const unsigned int row = i / pairs_per_row;
+    const unsigned int pair = i % pairs_per_row;
     // The q and k parts are the first 2C channels: 2H heads of D.
-    const int head = pair / half;
-    const int k = pair % half;
-    const int pos = q0 + row % tq;
+    const unsigned int head = pair / half;
+    const unsigned int k = pair % half;
+    const unsigned int pos = q0 + row % tq;
     const float cs = cos[pos * half + k];
     const float sn = inverse ? -sin[pos * half + k] : sin[pos * half + k];
     floatX* p = qkv + row * 3 * h * d + head * d + 2 * k;

@@ -1,6 +1,6 @@
 //! Launches of `rope.cu`.
 
-use super::{expect, int, per_element, Cuda, DType, Dev};
+use super::{expect, expect_u32, int, per_element, Cuda, DType, Dev};
 use crate::kernels::AttnShape;
 use cudarc::driver::PushKernelArg;
 
@@ -13,6 +13,7 @@ impl Cuda {
         expect(qkv, rows * 3 * s.c(), self.float_x(), "rope qkv");
         expect(cos, s.t * s.d / 2, DType::F32, "rope cos");
         expect(sin, s.t * s.d / 2, DType::F32, "rope sin");
+        expect_u32(rows * 3 * s.c(), "rope qkv");
         let (rows_, tq, q0, h, d, inv) = (
             int(rows),
             int(s.tq()),
