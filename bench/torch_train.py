@@ -10,7 +10,9 @@ gives the training config and the number of steps taken) and `init.safetensors`
 
 - batches: SplitMix64 seeded with the training seed; each batch draws its B start
   indices with rejection sampling below `n − T` (crates/tinylm/src/data.rs);
-- step k (from 0): learning rate `lr_cosine_schedule(k)`, gradient clipping to the
+- step k (from 0): learning rate `lr_cosine_schedule(k)` — or, for a run whose
+  schedule follows the clock (`schedule = "time"`, as `tinylm quickstart` trains),
+  the learning rate tinylm's `log.jsonl` gives step k+1 — gradient clipping to the
   global norm `M` by `M/(norm + 1e-6)`, AdamW step k+1 exactly as SPEC §3 and
   crates/tinylm/src/optim.rs (`θ ← θ − α_t m/(√v + ε)`, then `θ ← θ(1 − αλ)`);
 - validation: windows of T+1 tokens at 0, T, 2T, …, batches of B consecutive
@@ -143,6 +145,18 @@ def main():
     total = math.ceil(cfg["max_tokens"] / (b * t)) if cfg.get("max_tokens") else cfg["steps"]
     cycle = cfg["cosine_steps"] if cfg.get("cosine_steps") is not None else total
     steps = args.steps or json.loads(meta["step"])
+    if cfg.get("schedule") == "time":
+        with open(os.path.join(args.run, "log.jsonl")) as f:
+            logged_lr = {r["step"]: r["lr"] for r in map(json.loads, f)}
+        missing = [k for k in range(1, steps + 1) if k not in logged_lr]
+        if missing:
+            sys.exit(f"{args.run}/log.jsonl: no learning rate for step {missing[0]} (log_interval must be 1)")
+
+        def learning_rate(k):
+            return logged_lr[k + 1]
+    else:
+        def learning_rate(k):
+            return lr_cosine_schedule(k, cfg["lr_max"], cfg["lr_min"], cfg["warmup_steps"], cycle)
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -167,7 +181,7 @@ def main():
     window_tokens, window_s, tokens = 0, 0.0, 0
     train_s = 0.0
     for k in range(steps):
-        lr = lr_cosine_schedule(k, cfg["lr_max"], cfg["lr_min"], cfg["warmup_steps"], cycle)
+        lr = learning_rate(k)
         step_start = time.perf_counter()
         x, y = fill_random(train, rng, b, t)
         logits = fwd(x)

@@ -133,10 +133,17 @@ def train(config: dict[str, Any] | str | os.PathLike[str]) -> pathlib.Path:
     """Runs the training loop (AdamW, cosine schedule, clipping, validation, JSONL
     log, loss plots, checkpoints) as ``config`` says — a dict with the training keys
     and the model under ``model``, or a ``.toml``/``.json`` file — and returns the
-    run directory (``out_dir``). The keys ``device`` (``cpu``, ``cuda``, ``cuda:N``,
-    ``auto``) and ``precision`` (``bf16``, ``fp32``) choose where it trains. Progress
-    goes to stderr; Ctrl-C stops cleanly (checkpoint first) and raises
-    ``KeyboardInterrupt``."""
+    run directory (``out_dir``). Progress goes to stderr; Ctrl-C stops cleanly
+    (checkpoint first) and raises ``KeyboardInterrupt``.
+
+    With ``resume`` (a checkpoint path) the run continues with the configuration
+    the checkpoint recorded — ``tinylm.train({"resume": path})`` takes it to its
+    planned end with the same losses as a run that never stopped; the other keys
+    given override it (each change is printed to stderr), except the model's, which
+    raise ``ValueError`` naming the key. ``schedule="time"`` runs the learning-rate
+    schedule over ``time_budget_s`` instead of the steps. The keys ``device``
+    (``cpu``, ``cuda``, ``cuda:N``, ``auto``) and ``precision`` (``bf16``, ``fp32``)
+    choose where it trains."""
 
 
 # The submodules hold the functions typed in the package modules of the same names.

@@ -141,6 +141,41 @@ def test_train_and_from_pretrained(tmp_path):
         tinylm.train(dict(config, stepz=3))
 
 
+def test_train_resume_continues_the_recorded_run(tmp_path):
+    tokens = RNG.integers(0, 40, size=4000).astype(np.uint16)
+    np.save(tmp_path / "train.npy", tokens)
+    config = {
+        "model": CONFIG,
+        "train_data": str(tmp_path / "train.npy"),
+        "batch_size": 4,
+        "steps": 12,
+        "cosine_steps": 12,
+        "warmup_steps": 2,
+        "checkpoint_interval": 0,
+        "log_interval": 1,
+        "threads": 1,
+    }
+
+    def log(run):
+        return [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+
+    straight = tinylm.train(dict(config, out_dir=str(tmp_path / "straight")))
+    # The same run cut after step 5 (its schedule still ends at step 12), then
+    # resumed with only the steps changed: the losses of the run that never stopped.
+    half = tinylm.train(dict(config, out_dir=str(tmp_path / "half"), steps=5))
+    ckpt = half / "checkpoint.safetensors"
+    assert log(half)[-1]["step"] == 5
+    assert tinylm.train({"resume": ckpt, "steps": 12}) == half
+    assert log(half) == [dict(r, wallclock_s=h["wallclock_s"], tokens_per_s=h["tokens_per_s"])
+                         for r, h in zip(log(straight), log(half))]
+    assert len(log(half)) == 12
+    # The recorded run is at its end; the model cannot change.
+    with pytest.raises(ValueError, match="nothing to do"):
+        tinylm.train({"resume": ckpt})
+    with pytest.raises(ValueError, match="'model.d_model' 32 \\(the checkpoint's d_model is 16\\)"):
+        tinylm.train({"resume": ckpt, "steps": 20, "model": {"d_model": 32}})
+
+
 def test_device_argument():
     with pytest.raises(ValueError, match="unknown device 'gpu'"):
         tinylm.TransformerLM(CONFIG, device="gpu")

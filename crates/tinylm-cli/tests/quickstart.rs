@@ -100,6 +100,18 @@ fn quickstart_trains_evaluates_and_samples_then_generate_streams() {
         "training loss did not fall:\n{log}"
     );
     assert!(records.last().unwrap()["val_loss"].as_f64().is_some());
+    // The report states the steps and tokens trained, as the log has them.
+    let last = records.last().unwrap();
+    let report = format!(
+        "trained {} steps, {} tokens in",
+        last["step"], last["tokens"]
+    );
+    assert!(stdout.contains(&report), "{report} missing from\n{stdout}");
+    // The learning-rate schedule ran over the time budget.
+    let ckpt = tinylm::checkpoint::load(&run.join("checkpoint.safetensors")).unwrap();
+    let cfg: tinylm::train::TrainConfig = ckpt.meta("train_config", &run).unwrap();
+    assert_eq!(cfg.schedule, tinylm::train::Schedule::Time);
+    assert_eq!(cfg.time_budget_s, Some(0.15 * 60.0));
 
     // Greedy generation from the checkpoint (its tokenizer recorded inside) is
     // deterministic and continues the prompt.

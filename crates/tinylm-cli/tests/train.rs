@@ -1,8 +1,9 @@
 //! `tinylm train` and `tinylm eval` end to end: config file plus flags, outputs,
-//! Ctrl-C, and errors (exit code 2).
+//! resume with the recorded configuration, Ctrl-C, and errors (exit code 2).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use tinylm_bpe::npy;
 
@@ -93,7 +94,7 @@ fn train_then_eval() {
     // The full validation pass of the last training step matches.
     assert!(loss < 5.0, "{line}");
 
-    // Resuming with another model shape: exit 2 naming the key.
+    // Resuming with another model shape: exit 2 naming the flag and the key.
     let out = tinylm(&[
         "train",
         "--config",
@@ -104,7 +105,7 @@ fn train_then_eval() {
         "64",
     ]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(text(&out).contains("d_model"), "{}", text(&out));
+    assert!(text(&out).contains("--d-model") && text(&out).contains("d_model"));
     // Resuming with the same configuration continues from step 20.
     let out = tinylm(&[
         "train", "--config", config, "--resume", ckpt, "--steps", "25",
@@ -112,6 +113,140 @@ fn train_then_eval() {
     assert!(out.status.success(), "{}", text(&out));
     let log = std::fs::read_to_string(dir.path().join("run/log.jsonl")).unwrap();
     assert_eq!(log.lines().count(), 25);
+}
+
+fn log_of(run: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(run.join("log.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn resume_with_no_flags_continues_the_run_bit_for_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = setup(dir.path());
+    let config = config.to_str().unwrap();
+    let flags = |out: &str| {
+        let out = dir.path().join(out);
+        let out = out.to_str().unwrap().to_string();
+        [
+            "--config",
+            config,
+            "--steps",
+            "24",
+            "--seed",
+            "5",
+            "--out-dir",
+        ]
+        .map(String::from)
+        .into_iter()
+        .chain([out])
+        .collect::<Vec<String>>()
+    };
+    let train = |extra: &[String]| {
+        let mut args = vec!["train".to_string()];
+        args.extend_from_slice(extra);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        tinylm(&args)
+    };
+    let out = train(&flags("straight"));
+    assert!(out.status.success(), "{}", text(&out));
+
+    // The same run, stopped after step 10 as Ctrl-C stops it (the handler sets the
+    // flag the loop reads after each step), with the configuration the CLI resolves.
+    let mut print = flags("resumed");
+    print.push("--print-config".into());
+    let out = train(&print);
+    assert!(out.status.success(), "{}", text(&out));
+    let cfg: tinylm::train::TrainConfig = serde_json::from_slice(&out.stdout).unwrap();
+    let stop = AtomicBool::new(false);
+    let first = tinylm::train::train(&cfg, &stop, &mut |p| {
+        if p.record.step == 9 {
+            stop.store(true, Ordering::Relaxed);
+        }
+    })
+    .unwrap();
+    assert_eq!((first.steps, first.stopped_early), (10, true));
+
+    // Resume with no other flag: the recorded run continues to its planned end.
+    let ckpt = first.checkpoint.to_str().unwrap().to_string();
+    let out = train(&["--resume".into(), ckpt.clone()]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("with its recorded configuration") && !text(&out).contains("changed"),
+        "{}",
+        text(&out)
+    );
+    let (straight, resumed) = (log_of(&dir.path().join("straight")), log_of(&cfg.out_dir));
+    assert_eq!(resumed.len(), 24);
+    let losses = |log: &[serde_json::Value]| -> Vec<String> {
+        let keys = [
+            "step",
+            "tokens",
+            "train_loss",
+            "val_loss",
+            "lr",
+            "grad_norm",
+        ];
+        log.iter()
+            .map(|r| keys.map(|k| r[k].to_string()).join(" "))
+            .collect()
+    };
+    assert_eq!(losses(&straight), losses(&resumed));
+    let load = |run: &str| {
+        tinylm::checkpoint::load(&dir.path().join(run).join("checkpoint.safetensors")).unwrap()
+    };
+    let (a, b) = (load("straight"), load("resumed"));
+    assert_eq!(a.params, b.params);
+    assert_eq!(a.optimizer, b.optimizer);
+
+    // The run is at its end: resuming again has nothing to do.
+    let out = train(&["--resume".into(), ckpt.clone()]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("nothing to do"), "{}", text(&out));
+
+    // A flag that changes the model is refused, named; nothing is written.
+    let log_before = std::fs::read(cfg.out_dir.join("log.jsonl")).unwrap();
+    for (flags, named) in [
+        (
+            vec!["--d-model", "64"],
+            "--d-model 64 (the checkpoint's d_model is 32)",
+        ),
+        (vec!["--tie-embeddings", "true"], "--tie-embeddings true"),
+        (vec!["--preset", "tinystories"], "of --preset tinystories"),
+    ] {
+        let mut args = vec!["--resume".to_string(), ckpt.clone()];
+        args.extend(flags.iter().map(|f| f.to_string()));
+        let out = train(&args);
+        assert_eq!(out.status.code(), Some(2), "{flags:?}: {}", text(&out));
+        assert!(text(&out).contains(named), "{flags:?}: {}", text(&out));
+        assert!(text(&out).contains("keeps its model"), "{}", text(&out));
+    }
+    assert_eq!(
+        std::fs::read(cfg.out_dir.join("log.jsonl")).unwrap(),
+        log_before
+    );
+
+    // A schedule change is allowed and printed: 6 more steps at another peak rate.
+    let out = train(&[
+        "--resume".into(),
+        ckpt,
+        "--steps".into(),
+        "30".into(),
+        "--lr-max".into(),
+        "0.005".into(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("changed: lr_max 0.01 -> 0.005, steps 24 -> 30"),
+        "{stdout}"
+    );
+    let log = log_of(&cfg.out_dir);
+    assert_eq!(log.len(), 30);
+    assert_eq!(losses(&log[..24]), losses(&straight));
 }
 
 #[test]
@@ -178,7 +313,11 @@ fn ctrl_c_saves_a_checkpoint() {
         .success());
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "{}", text(&out));
-    assert!(text(&out).contains("resume with"), "{}", text(&out));
+    assert!(
+        text(&out).contains("resume with: tinylm train --resume"),
+        "{}",
+        text(&out)
+    );
     let ckpt = tinylm::checkpoint::load(&dir.path().join("run/checkpoint.safetensors")).unwrap();
     let step: u64 = ckpt.meta("step", Path::new("ckpt")).unwrap();
     assert!((5..1_000_000).contains(&step), "{step}");

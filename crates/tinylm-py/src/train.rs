@@ -1,16 +1,18 @@
 //! `tinylm.train`: the training loop of `tinylm::train`, with its log, plots and
 //! checkpoints in the run directory; progress lines on stderr; Ctrl-C stops the run
 //! cleanly (evaluation and checkpoint first) and then raises `KeyboardInterrupt`.
+//! A config with `resume` continues that checkpoint's run with the configuration it
+//! recorded, the config's other keys overriding it ([`resolve_config`]).
 
 use crate::errors::{detached, invalid, model_error};
 use crate::model::from_py_json;
 use pyo3::prelude::*;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use tinylm::train::{Progress, TrainConfig};
+use tinylm::train::{resolve_config, Progress};
 
 /// Reads a training config from a `.toml` or `.json` file.
-fn config_file(path: &PathBuf) -> PyResult<TrainConfig> {
+fn config_file(path: &PathBuf) -> PyResult<serde_json::Value> {
     let text =
         std::fs::read_to_string(path).map_err(|e| model_error(tinylm::Error::io(path, e)))?;
     let parsed = if path.extension().is_some_and(|e| e == "toml") {
@@ -25,10 +27,15 @@ fn config_file(path: &PathBuf) -> PyResult<TrainConfig> {
 /// under `model`, or a `.toml`/`.json` file of them) and returns the run directory.
 #[pyfunction]
 pub fn train(py: Python<'_>, config: &Bound<'_, PyAny>) -> PyResult<PathBuf> {
-    let cfg: TrainConfig = match config.extract::<PathBuf>() {
+    let given = match config.extract::<PathBuf>() {
         Ok(path) if !config.is_instance_of::<pyo3::types::PyDict>() => config_file(&path)?,
         _ => from_py_json(config, "config")?,
     };
+    let resolved = resolve_config(given, &|key| format!("'{key}'")).map_err(model_error)?;
+    if let Some(note) = resolved.resume_note() {
+        eprintln!("{note}");
+    }
+    let cfg = resolved.config;
     let stop = AtomicBool::new(false);
     let interrupt: std::sync::Mutex<Option<PyErr>> = std::sync::Mutex::new(None);
     let log_every = cfg.log_interval.max(1);

@@ -7,7 +7,8 @@
 //! - string metadata: `format` = `tinylm`, `config` (the model config as JSON),
 //!   `optimizer` (AdamW hyper-parameters and step as JSON, with the moments), and
 //!   whatever the caller adds (the training loop stores `step`, `tokens`,
-//!   `wallclock_s`, `rng_state`, `train_config`, `train_data`, `val_data`, `tokenizer`).
+//!   `wallclock_s`, `rng_state`, `last_step_s`, `last_eval_s`, `train_config`,
+//!   `train_data`, `val_data`, `tokenizer`).
 //!
 //! Files are written to `<path>.tmp` and renamed, so a crash never leaves a torn file.
 
@@ -49,7 +50,8 @@ impl Checkpoint {
     }
 }
 
-fn meta<T: DeserializeOwned>(
+/// The metadata entry `key` of the checkpoint at `path`, parsed as JSON.
+pub fn meta<T: DeserializeOwned>(
     metadata: &BTreeMap<String, String>,
     key: &str,
     path: &Path,
@@ -148,6 +150,25 @@ pub fn load(path: &Path) -> Result<Checkpoint> {
         optimizer,
         metadata,
     })
+}
+
+/// The metadata of the checkpoint at `path`, without reading its tensors.
+pub fn load_metadata(path: &Path) -> Result<BTreeMap<String, String>> {
+    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    // SAFETY: read-only map of the header, dropped before returning.
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+    let (_, header) = safetensors::SafeTensors::read_metadata(&map).map_err(|e| {
+        Error::Invalid(format!(
+            "{}: not a valid safetensors file: {e}",
+            path.display()
+        ))
+    })?;
+    Ok(header
+        .metadata()
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .collect())
 }
 
 /// Checks that `config` (the run's) equals the checkpoint's; the error names

@@ -11,9 +11,12 @@
 //! - `checkpoint.safetensors`: the latest checkpoint (see [`crate::checkpoint`]).
 //!
 //! Step `k` (from 0) uses learning rate `lr_cosine_schedule(k, …)` and AdamW step
-//! `k + 1`. A run resumed from the checkpoint of step `k` restores the weights,
-//! moments, step and the batch generator's state, so on the same machine and
-//! thread count it reproduces the uninterrupted run's losses bit for bit.
+//! `k + 1` — or, with `schedule = "time"`, the schedule's iteration is the share of
+//! the time budget used before the step (see [`Schedule`]). A run resumed from the
+//! checkpoint of step `k` restores the weights, moments, step, seconds used and the
+//! batch generator's state; [`resolve_config`] gives it the configuration the
+//! checkpoint recorded, so on the same machine and thread count it reproduces the
+//! uninterrupted run's losses bit for bit.
 
 use crate::checkpoint::{self, check_same_config};
 use crate::data::{Batch, SplitMix64, TokenDataset};
@@ -24,11 +27,28 @@ use crate::optim::{clip_scale, lr_cosine_schedule, AdamW, AdamWParams, CLIP_EPS}
 use crate::plot::write_loss_plot;
 use crate::{Error, ModelConfig, Result};
 use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
+
+/// What the learning-rate schedule runs over.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Schedule {
+    /// Step `k` is at iteration `k` of the cosine schedule; the run ends after
+    /// [`TrainConfig::total_steps`] steps (or earlier, when the time budget ends).
+    #[default]
+    Steps,
+    /// The schedule runs over `time_budget_s`: a step starting `u` seconds into the run
+    /// is at iteration `⌊total_steps · u / time_budget_s⌋`, so `steps`, `warmup_steps`
+    /// and `cosine_steps` are in units of the budget's `1 / total_steps`, and the run
+    /// takes as many steps as the budget holds, however fast they are. The schedule's
+    /// end is where the budget's end is, whatever the load on the machine.
+    Time,
+}
 
 /// Every hyper-parameter of a training run. TOML/JSON files use these keys, with
 /// the model under `model` (the [`ModelConfig`] keys); missing keys take the defaults.
@@ -74,8 +94,12 @@ pub struct TrainConfig {
     pub checkpoint_interval: u64,
     /// Log every this many steps.
     pub log_interval: u64,
-    /// Stop (with evaluation and checkpoint) after this many seconds.
+    /// Seconds the run may take, counted across resumes: it stops (evaluation and
+    /// checkpoint) when the next step and that evaluation, as long as the last ones,
+    /// would end past them.
     pub time_budget_s: Option<f64>,
+    /// What the learning-rate schedule runs over: the steps, or the time budget.
+    pub schedule: Schedule,
     /// Continue from this checkpoint.
     pub resume: Option<PathBuf>,
     /// Where the model trains: `cpu`, `cuda`, `cuda:N` or `auto`.
@@ -111,6 +135,7 @@ impl Default for TrainConfig {
             checkpoint_interval: 1000,
             log_interval: 10,
             time_budget_s: None,
+            schedule: Schedule::Steps,
             resume: None,
             device: Device::Cpu,
             precision: Precision::Bf16,
@@ -125,6 +150,44 @@ impl TrainConfig {
         match self.max_tokens {
             Some(n) => n.div_ceil(tokens_per_step.max(1)),
             None => self.steps,
+        }
+    }
+
+    /// The learning rate of step `step` (from 0), which starts `used_s` seconds into
+    /// the run (see [`Schedule`]).
+    pub fn learning_rate(&self, step: u64, used_s: f64) -> f64 {
+        let total = self.total_steps();
+        let iteration = match (self.schedule, self.time_budget_s) {
+            (Schedule::Time, Some(budget_s)) => (total as f64 * used_s / budget_s) as u64,
+            _ => step,
+        };
+        let cycle = self.cosine_steps.unwrap_or(total);
+        lr_cosine_schedule(
+            iteration,
+            self.lr_max,
+            self.lr_min,
+            self.warmup_steps,
+            cycle,
+        )
+    }
+
+    /// Whether `step_s` seconds of work (a step, and an evaluation after it),
+    /// starting `used_s` seconds into the run, end inside the time budget (always,
+    /// without one).
+    pub fn step_fits(&self, used_s: f64, step_s: f64) -> bool {
+        self.time_budget_s
+            .is_none_or(|budget_s| used_s + step_s <= budget_s)
+    }
+
+    /// The steps the run is expected to take after `done` steps in `used_s` seconds:
+    /// [`Self::total_steps`], or with the time schedule the pace so far extended to
+    /// the whole budget.
+    pub fn planned_steps(&self, done: u64, used_s: f64) -> u64 {
+        match (self.schedule, self.time_budget_s) {
+            (Schedule::Time, Some(budget_s)) if done > 0 && used_s > 0.0 => {
+                done.max((done as f64 * budget_s / used_s) as u64)
+            }
+            _ => self.total_steps(),
         }
     }
 
@@ -163,6 +226,14 @@ impl TrainConfig {
                 return bad(format!("{name} must lie in [0, 1), got {v}"));
             }
         }
+        if let Some(s) = self.time_budget_s {
+            if !(s.is_finite() && s > 0.0) {
+                return bad(format!("time_budget_s must be a positive number, got {s}"));
+            }
+        }
+        if self.schedule == Schedule::Time && self.time_budget_s.is_none() {
+            return bad("schedule = \"time\" needs a time_budget_s to run over".into());
+        }
         if !(self.eps > 0.0 && self.weight_decay >= 0.0 && self.grad_clip >= 0.0) {
             return bad(format!(
                 "eps must be positive and weight_decay, grad_clip non-negative (got {}, {}, {})",
@@ -171,6 +242,161 @@ impl TrainConfig {
         }
         Ok(())
     }
+}
+
+/// A run's configuration, and for a resumed run what differs from the configuration
+/// its checkpoint recorded.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ResolvedConfig {
+    pub config: TrainConfig,
+    /// The keys given with `resume` whose values differ from the recorded run's.
+    pub changes: Vec<ConfigChange>,
+}
+
+impl ResolvedConfig {
+    /// For a resumed run, a line saying so and naming every change.
+    pub fn resume_note(&self) -> Option<String> {
+        let path = self.config.resume.as_ref()?;
+        let changes: Vec<String> = self.changes.iter().map(|c| c.to_string()).collect();
+        Some(format!(
+            "resuming {} with its recorded configuration{}",
+            path.display(),
+            match changes.is_empty() {
+                true => String::new(),
+                false => format!(", changed: {}", changes.join(", ")),
+            }
+        ))
+    }
+}
+
+/// A key of a resumed run whose value differs from the recorded one.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConfigChange {
+    /// The key, `model.<key>` for the model's.
+    pub key: String,
+    pub recorded: Value,
+    pub value: Value,
+}
+
+impl std::fmt::Display for ConfigChange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {} -> {}", self.key, self.recorded, self.value)
+    }
+}
+
+/// The configuration of a run from the keys `given` (a JSON object with any of
+/// [`TrainConfig`]'s keys, the model's under `model`) over the defaults — or, when
+/// `given` names a checkpoint under `resume`, over the configuration that
+/// checkpoint recorded (`train_config`): the resumed run continues with the same
+/// model, data, schedule, steps and seed unless a given key says otherwise. Given
+/// keys that differ from the recorded values are returned as changes; a change to
+/// the model is an error naming the key as `name` spells it (a CLI flag, a dict key).
+/// A given `steps` without `max_tokens` drops a recorded `max_tokens`.
+pub fn resolve_config(mut given: Value, name: &dyn Fn(&str) -> String) -> Result<ResolvedConfig> {
+    if !given.is_object() {
+        return Err(Error::Config(format!(
+            "expected a table of training keys, got {given}"
+        )));
+    }
+    // The checkpoint to resume from and the configuration it recorded.
+    let recorded = match &given["resume"] {
+        Value::Null => None,
+        value => {
+            let path =
+                PathBuf::deserialize(value).map_err(|e| Error::Config(format!("resume: {e}")))?;
+            Some((recorded_config(&path)?, path))
+        }
+    };
+    let mut merged = to_value(
+        recorded
+            .as_ref()
+            .map(|(r, _)| r.clone())
+            .unwrap_or_default(),
+    );
+    if given.get("steps").is_some() && given.get("max_tokens").is_none() {
+        merged["max_tokens"] = Value::Null;
+    }
+    merge(&mut merged, given.take());
+    let config: TrainConfig =
+        serde_json::from_value(merged).map_err(|e| Error::Config(e.to_string()))?;
+    config.validate()?;
+    let Some((recorded, path)) = recorded else {
+        return Ok(ResolvedConfig {
+            config,
+            changes: Vec::new(),
+        });
+    };
+    let changes = differences(&to_value(recorded), &to_value(&config));
+    let model: Vec<String> = changes
+        .iter()
+        .filter_map(|c| {
+            let key = c.key.strip_prefix("model.")?;
+            Some(format!(
+                "{} {} (the checkpoint's {key} is {})",
+                name(&c.key),
+                c.value,
+                c.recorded
+            ))
+        })
+        .collect();
+    if !model.is_empty() {
+        return Err(Error::Config(format!(
+            "cannot resume from {}: a resumed run keeps its model, but {} would change it",
+            path.display(),
+            model.join(", ")
+        )));
+    }
+    Ok(ResolvedConfig { config, changes })
+}
+
+/// The training configuration a checkpoint recorded; for a checkpoint without one,
+/// the defaults with the checkpoint's model.
+fn recorded_config(path: &Path) -> Result<TrainConfig> {
+    let metadata = checkpoint::load_metadata(path)?;
+    let mut config = match metadata.get("train_config") {
+        Some(_) => checkpoint::meta(&metadata, "train_config", path)?,
+        None => TrainConfig {
+            model: checkpoint::meta(&metadata, "config", path)?,
+            ..TrainConfig::default()
+        },
+    };
+    config.resume = Some(path.to_path_buf());
+    Ok(config)
+}
+
+/// Deep-merges `over` into `base` (objects key by key, everything else replaced).
+fn merge(base: &mut Value, over: Value) {
+    match (base, over) {
+        (Value::Object(base), Value::Object(over)) => {
+            for (k, v) in over {
+                merge(base.entry(k).or_insert(Value::Object(Map::new())), v);
+            }
+        }
+        (base, over) => *base = over,
+    }
+}
+
+/// The keys (one level into objects, `outer.inner`) whose values differ, but `resume`.
+fn differences(recorded: &Value, value: &Value) -> Vec<ConfigChange> {
+    let mut out = Vec::new();
+    for (key, was) in recorded.as_object().into_iter().flatten() {
+        let now = &value[key];
+        match (was, now) {
+            (Value::Object(_), Value::Object(_)) => {
+                out.extend(differences(was, now).into_iter().map(|c| ConfigChange {
+                    key: format!("{key}.{}", c.key),
+                    ..c
+                }))
+            }
+            _ if was != now && key != "resume" => out.push(ConfigChange {
+                key: key.clone(),
+                recorded: was.clone(),
+                value: now.clone(),
+            }),
+            _ => {}
+        }
+    }
+    out
 }
 
 /// One line of `log.jsonl`.
@@ -196,6 +422,7 @@ pub struct LogRecord {
 /// What the progress callback sees after each step.
 pub struct Progress<'a> {
     pub record: &'a LogRecord,
+    /// The steps the run is expected to take ([`TrainConfig::planned_steps`]).
     pub total_steps: u64,
 }
 
@@ -265,6 +492,10 @@ struct RunState {
     tokens: u64,
     wallclock_s: f64,
     rng: u64,
+    /// Seconds of the last step and of the last evaluation: what the next ones are
+    /// expected to take against the time budget.
+    step_s: f64,
+    eval_s: f64,
 }
 
 /// Runs training as `cfg` says. `stop` is checked after every step: when set, the
@@ -352,7 +583,11 @@ fn run<B: Backend<f32>>(
     let mut log = write_history(&log_path, &history)?;
 
     let total = cfg.total_steps();
-    let cycle = cfg.cosine_steps.unwrap_or(total);
+    // The time schedule ends on the budget alone, however many steps it holds.
+    let step_limit = match cfg.schedule {
+        Schedule::Steps => total,
+        Schedule::Time => u64::MAX,
+    };
     let mut rng = SplitMix64::new(state.rng);
     let mut batch = Batch::new(b, t);
     let wall_offset = state.wallclock_s;
@@ -361,9 +596,9 @@ fn run<B: Backend<f32>>(
     // The last checkpoint written (or resumed from) and its step.
     let mut saved = cfg.resume.clone().map(|p| (p, state.step));
     let mut stopped_early = false;
-    while state.step < total {
+    while state.step < step_limit && cfg.step_fits(state.wallclock_s, state.step_s + state.eval_s) {
         let step = state.step;
-        let lr = lr_cosine_schedule(step, cfg.lr_max, cfg.lr_min, cfg.warmup_steps, cycle);
+        let lr = cfg.learning_rate(step, wall_offset + started.elapsed().as_secs_f64());
         let step_start = Instant::now();
         train_data.fill_random(&mut batch, &mut rng);
         let loss = model.forward_loss(&batch.inputs, &batch.targets, b, t)?;
@@ -376,24 +611,34 @@ fn run<B: Backend<f32>>(
             return Err(diverged(step, "gradient norm", grad_norm, &saved));
         }
         model.adamw_step(&mut opt, lr, clip_scale(grad_norm, cfg.grad_clip, CLIP_EPS));
-        window_s += step_start.elapsed().as_secs_f64();
+        state.step_s = step_start.elapsed().as_secs_f64();
+        window_s += state.step_s;
         window_tokens += (b * t) as u64;
         state.step += 1;
         state.tokens += (b * t) as u64;
         state.rng = rng.state;
 
         let done = state.step;
-        let over_time = cfg
-            .time_budget_s
-            .is_some_and(|s| started.elapsed().as_secs_f64() >= s);
-        let stopping = done == total || stop.load(Ordering::Relaxed) || over_time;
-        stopped_early = stopping && done < total;
+        // Another step and the final evaluation, as long as the last ones, would end
+        // past the budget.
+        let used_s = wall_offset + started.elapsed().as_secs_f64();
+        let out_of_time = !cfg.step_fits(used_s, state.step_s + state.eval_s);
+        let stopping = done == step_limit || stop.load(Ordering::Relaxed) || out_of_time;
+        let schedule_done = match cfg.schedule {
+            Schedule::Steps => done >= total,
+            Schedule::Time => out_of_time,
+        };
+        stopped_early = stopping && !schedule_done;
         let eval_now =
             stopping || (cfg.eval_interval > 0 && done.is_multiple_of(cfg.eval_interval));
+        let eval_start = Instant::now();
         let val_loss = match (&val_data, eval_now) {
             (Some(v), true) => Some(evaluate(&mut model, v, b, cfg.eval_batches)?.loss),
             _ => None,
         };
+        if val_loss.is_some() {
+            state.eval_s = eval_start.elapsed().as_secs_f64();
+        }
         state.wallclock_s = wall_offset + started.elapsed().as_secs_f64();
         let record = LogRecord {
             step: done,
@@ -418,7 +663,7 @@ fn run<B: Backend<f32>>(
         }
         on_step(&Progress {
             record: &record,
-            total_steps: total,
+            total_steps: cfg.planned_steps(done, state.wallclock_s),
         });
         if eval_now {
             write_loss_plot(&plot_path, &history)?;
@@ -434,10 +679,19 @@ fn run<B: Backend<f32>>(
         }
     }
     let last = last.ok_or_else(|| {
-        Error::Config(format!(
-            "nothing to do: the run is already at step {} of {total}",
-            state.step
-        ))
+        Error::Config(match cfg.time_budget_s {
+            Some(budget_s) if !cfg.step_fits(state.wallclock_s, state.step_s + state.eval_s) => {
+                format!(
+                    "nothing to do: the run has used its time budget ({:.1} s of time_budget_s = {budget_s}, and a step takes {:.2} s)",
+                    state.wallclock_s,
+                    state.step_s + state.eval_s
+                )
+            }
+            _ => format!(
+                "nothing to do: the run is already at step {} of {total}",
+                state.step
+            ),
+        })
     })?;
     Ok(TrainSummary {
         steps: state.step,
@@ -478,11 +732,18 @@ fn resume<B: Backend<f32>>(cfg: &TrainConfig, path: &Path, backend: B) -> Result
             path.display()
         ))
     })?;
+    // Entries that checkpoints written before the time schedule lack.
+    let seconds = |key| match ckpt.metadata.contains_key(key) {
+        true => ckpt.meta(key, path),
+        false => Ok(0.0),
+    };
     let state = RunState {
         step: ckpt.meta("step", path)?,
         tokens: ckpt.meta("tokens", path)?,
         wallclock_s: ckpt.meta("wallclock_s", path)?,
         rng: ckpt.meta("rng_state", path)?,
+        step_s: seconds("last_step_s")?,
+        eval_s: seconds("last_eval_s")?,
     };
     let model = Model::with_backend(ckpt.config, &ckpt.params, backend)?;
     let opt = model.upload_adamw(opt)?;
@@ -502,6 +763,8 @@ fn save<B: Backend<f32>>(
         ("tokens", json(s.tokens)),
         ("wallclock_s", json(s.wallclock_s)),
         ("rng_state", json(s.rng)),
+        ("last_step_s", json(s.step_s)),
+        ("last_eval_s", json(s.eval_s)),
         ("train_config", json(cfg)),
         ("train_data", json(&cfg.train_data)),
         ("val_data", json(&cfg.val_data)),
@@ -513,6 +776,11 @@ fn save<B: Backend<f32>>(
     let params = model.download_params()?;
     let opt = model.download_adamw(opt)?;
     checkpoint::save(path, model.config(), &params, Some(&opt), &meta)
+}
+
+/// A value as a JSON value.
+fn to_value(value: impl Serialize) -> Value {
+    serde_json::to_value(value).expect("serializes")
 }
 
 /// A value as JSON text.

@@ -1,10 +1,11 @@
-//! The training loop: loss falls on text, logs and plots, bit-exact resume,
-//! divergence and config mismatches.
+//! The training loop: loss falls on text, logs and plots, bit-exact resume with the
+//! recorded configuration, the time schedule on a simulated machine, divergence and
+//! config mismatches.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use tinylm::data::SplitMix64;
-use tinylm::train::{train, LogRecord, Progress, TrainConfig};
+use tinylm::train::{resolve_config, train, LogRecord, Progress, Schedule, TrainConfig};
 use tinylm::{checkpoint, ModelConfig};
 use tinylm_bpe::npy;
 
@@ -161,8 +162,18 @@ fn resumed_run_equals_uninterrupted_run_bit_for_bit() {
     .unwrap();
     assert!(s.stopped_early);
     assert_eq!(s.steps, 10);
-    cfg.resume = Some(s.checkpoint.clone());
-    let s = train(&cfg, &never(), &mut |_: &Progress| {}).unwrap();
+    // Resuming names only the checkpoint: the rest is the recorded configuration.
+    let given = serde_json::json!({ "resume": s.checkpoint });
+    let resolved = resolve_config(given, &|key| key.to_string()).unwrap();
+    assert_eq!(resolved.changes, vec![]);
+    assert_eq!(
+        resolved.config,
+        TrainConfig {
+            resume: Some(s.checkpoint.clone()),
+            ..cfg.clone()
+        }
+    );
+    let s = train(&resolved.config, &never(), &mut |_: &Progress| {}).unwrap();
     assert_eq!(s.steps, 24);
     let resumed = read_log(&cfg);
 
@@ -176,6 +187,175 @@ fn resumed_run_equals_uninterrupted_run_bit_for_bit() {
     let b = checkpoint::load(&s.checkpoint).unwrap();
     assert_eq!(a.params, b.params);
     assert_eq!(a.optimizer, b.optimizer);
+}
+
+#[test]
+fn resume_overrides_are_changes_but_the_model_is_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = setup(dir.path());
+    cfg.max_tokens = Some(2 * 8 * 32);
+    let s = train(&cfg, &never(), &mut |_: &Progress| {}).unwrap();
+    assert_eq!(s.steps, 2);
+    let name = |key: &str| format!("<{key}>");
+
+    // More steps (dropping the recorded token budget) and another learning rate.
+    let given = serde_json::json!({ "resume": s.checkpoint, "steps": 4, "lr_max": 0.005 });
+    let resolved = resolve_config(given, &name).unwrap();
+    assert_eq!(resolved.config.total_steps(), 4);
+    let changes: Vec<String> = resolved.changes.iter().map(|c| c.to_string()).collect();
+    assert_eq!(
+        changes,
+        [
+            "lr_max 0.01 -> 0.005",
+            "max_tokens 512 -> null",
+            "steps 60 -> 4"
+        ]
+    );
+    let note = resolved.resume_note().unwrap();
+    assert!(note.contains("checkpoint.safetensors") && note.contains("steps 60 -> 4"));
+    let resumed = train(&resolved.config, &never(), &mut |_: &Progress| {}).unwrap();
+    assert_eq!(resumed.steps, 4);
+    assert_eq!(
+        read_log(&cfg).last().unwrap().lr,
+        resolved.config.learning_rate(3, 0.0)
+    );
+
+    // The model cannot change; the error names each key as the caller spells it.
+    let given =
+        serde_json::json!({ "resume": s.checkpoint, "model": { "d_model": 64, "num_heads": 2 } });
+    let e = resolve_config(given, &name).unwrap_err().to_string();
+    assert!(
+        e.contains("checkpoint.safetensors")
+            && e.contains("<model.d_model> 64 (the checkpoint's d_model is 32)"),
+        "{e}"
+    );
+    assert!(!e.contains("num_heads"), "{e}");
+    // A fresh run starts from the defaults; unknown keys and bad values are named.
+    let e = resolve_config(serde_json::json!({ "stepz": 3 }), &name).unwrap_err();
+    assert!(e.to_string().contains("stepz"), "{e}");
+    let given = serde_json::json!({ "train_data": "t.npy", "schedule": "time" });
+    let e = resolve_config(given, &name).unwrap_err();
+    assert!(e.to_string().contains("time_budget_s"), "{e}");
+    let given = serde_json::json!({ "resume": dir.path().join("missing.safetensors") });
+    let e = resolve_config(given, &name).unwrap_err();
+    assert!(e.to_string().contains("missing.safetensors"), "{e}");
+}
+
+/// The time schedule as the training loop applies it (the learning rate of a step
+/// from the seconds used before it; stop when a step as long as the last one
+/// would end past the budget; no evaluations), on a simulated clock where step `k` takes
+/// `step_s(k)` seconds. Returns each step's start time and learning rate, and the
+/// seconds used.
+fn simulate(cfg: &TrainConfig, step_s: impl Fn(u64) -> f64) -> (Vec<(f64, f64)>, f64) {
+    let (mut steps, mut used_s) = (Vec::new(), 0.0);
+    loop {
+        let step = steps.len() as u64;
+        steps.push((used_s, cfg.learning_rate(step, used_s)));
+        used_s += step_s(step);
+        if !cfg.step_fits(used_s, step_s(step)) {
+            return (steps, used_s);
+        }
+    }
+}
+
+#[test]
+fn time_schedule_ends_with_the_budget_on_a_slow_then_fast_machine() {
+    // The issue's run: 3 minutes, one step timed at 0.48 s while another process
+    // held a core, so the plan was 321 steps; the later steps took 0.29 s.
+    let cfg = TrainConfig {
+        train_data: "t.npy".into(),
+        steps: 321,
+        warmup_steps: 16,
+        lr_max: 3e-3,
+        lr_min: 3e-4,
+        time_budget_s: Some(180.0),
+        schedule: Schedule::Time,
+        ..TrainConfig::default()
+    };
+    cfg.validate().unwrap();
+    let slow_then_fast = |k: u64| if k < 10 { 0.48 } else { 0.29 };
+    let fast_then_slow = |k: u64| if k < 300 { 0.29 } else { 0.48 };
+    let near_min = |lr: f64| (lr - cfg.lr_min).abs() < 1e-2 * (cfg.lr_max - cfg.lr_min);
+    for (machine, (steps, used_s)) in [
+        ("slow then fast", simulate(&cfg, slow_then_fast)),
+        ("fast then slow", simulate(&cfg, fast_then_slow)),
+    ] {
+        let lrs: Vec<f64> = steps.iter().map(|&(_, lr)| lr).collect();
+        let (last_start, last) = *steps.last().unwrap();
+        println!(
+            "{machine}: {} steps in {used_s:.2} s, last lr {last:.3e} at {last_start:.2} s",
+            steps.len()
+        );
+        // Training fills the budget, and the schedule ends with it: near its end
+        // only in the last 10% of the time, at its end on the last step.
+        assert!(
+            used_s <= 180.0 && used_s > 180.0 - 0.48,
+            "{machine}: {used_s} s"
+        );
+        let first_near_min = steps.iter().find(|&&(_, lr)| near_min(lr)).unwrap();
+        assert!(
+            first_near_min.0 > 0.9 * 180.0,
+            "{machine}: {first_near_min:?}"
+        );
+        assert!(
+            last - cfg.lr_min < 1e-3 * (cfg.lr_max - cfg.lr_min),
+            "{machine}: {last}"
+        );
+        // Warm-up from 0 to the peak, then a monotone decay.
+        assert_eq!(lrs[0], 0.0);
+        let peak = lrs.iter().position(|&lr| lr == cfg.lr_max).unwrap();
+        assert!(lrs[..peak].windows(2).all(|w| w[0] <= w[1]), "{machine}");
+        assert!(lrs[peak..].windows(2).all(|w| w[0] >= w[1]), "{machine}");
+    }
+    // The schedule over the 321 planned steps, on the same slow-then-fast machine,
+    // ends after ~95 s with half the budget left: what the issue saw.
+    let planned = TrainConfig {
+        schedule: Schedule::Steps,
+        ..cfg.clone()
+    };
+    let (steps, _) = simulate(&planned, slow_then_fast);
+    let first_near_min = steps.iter().find(|&&(_, lr)| near_min(lr)).unwrap();
+    assert!(first_near_min.0 < 100.0, "{first_near_min:?}");
+    // The progress estimate follows the pace.
+    assert_eq!(cfg.planned_steps(100, 30.0), 600);
+    assert_eq!(planned.planned_steps(100, 30.0), 321);
+}
+
+#[test]
+fn time_schedule_run_ends_on_its_budget_and_resumes_with_more_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = setup(dir.path());
+    cfg.val_data = None;
+    cfg.steps = 100;
+    cfg.schedule = Schedule::Time;
+    cfg.time_budget_s = Some(0.5);
+    let s = train(&cfg, &never(), &mut |_: &Progress| {}).unwrap();
+    assert!(!s.stopped_early);
+    // Warm-up from 0, then a decay that follows the clock.
+    let lrs: Vec<f64> = read_log(&cfg).iter().map(|r| r.lr).collect();
+    assert_eq!(lrs.len() as u64, s.steps);
+    assert_eq!(lrs[0], 0.0);
+    let peak = lrs.iter().copied().fold(0.0, f64::max);
+    let peak = lrs.iter().position(|&lr| lr == peak).unwrap();
+    assert!(lrs[..peak].windows(2).all(|w| w[0] <= w[1]), "{lrs:?}");
+    assert!(lrs[peak..].windows(2).all(|w| w[0] >= w[1]), "{lrs:?}");
+
+    // The budget is used: resuming the recorded run has nothing to do.
+    let given = serde_json::json!({ "resume": s.checkpoint });
+    let resolved = resolve_config(given, &|k| k.to_string()).unwrap();
+    assert_eq!(resolved.config.schedule, Schedule::Time);
+    let e = train(&resolved.config, &never(), &mut |_: &Progress| {}).unwrap_err();
+    assert!(e.to_string().contains("used its time budget"), "{e}");
+    // More time is a schedule change: the run goes on from the seconds it used.
+    let given = serde_json::json!({ "resume": s.checkpoint, "time_budget_s": 1.0 });
+    let resolved = resolve_config(given, &|k| k.to_string()).unwrap();
+    let changes: Vec<String> = resolved.changes.iter().map(|c| c.to_string()).collect();
+    assert_eq!(changes, ["time_budget_s 0.5 -> 1.0"]);
+    let more = train(&resolved.config, &never(), &mut |_: &Progress| {}).unwrap();
+    assert!(more.steps > s.steps && more.wallclock_s > s.wallclock_s);
+    let log = read_log(&cfg);
+    assert_eq!(log.len() as u64, more.steps);
+    assert!(log[s.steps as usize].wallclock_s > s.wallclock_s);
 }
 
 #[test]

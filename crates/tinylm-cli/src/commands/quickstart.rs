@@ -2,6 +2,10 @@
 //! command and a few minutes of CPU: train a BPE tokenizer, encode, hold out the
 //! last documents for validation, train a small model for a time budget, evaluate,
 //! plot and print samples. Everything lands in one run directory.
+//!
+//! The learning-rate schedule runs over the time budget ([`Schedule::Time`]), not
+//! over a step count planned up front: however the machine's speed changes during
+//! the run, training ends and the schedule reaches its end when the budget does.
 
 use super::generate::{load_with_end_of_text, write_continuation, END_OF_TEXT};
 use anyhow::{bail, Context, Result};
@@ -12,7 +16,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use tinylm::data::TokenDataset;
 use tinylm::generate::Sampler;
-use tinylm::train::{evaluate, train, TrainConfig};
+use tinylm::train::{evaluate, train, Schedule, TrainConfig};
 use tinylm::{checkpoint, Model, ModelConfig};
 use tinylm_bpe::encode::Tokenizer;
 use tinylm_bpe::npy::{Dtype, NpyWriter};
@@ -224,14 +228,14 @@ fn quickstart(s: &Settings) -> Result<()> {
     }
     let budget_s = s.minutes * 60.0;
     let step_s = time_one_step(&config, s.batch_size, s.seed)?;
-    // Steps planned to end inside the budget, leaving room for the evaluations;
-    // the budget itself stops training in any case.
-    let steps = ((0.85 * budget_s / step_s) as u64).max(1);
+    // A first estimate of the steps, for the warm-up's and the evaluations' spacing;
+    // the schedule itself runs over the time, and the budget alone ends the run.
+    let steps = ((budget_s / step_s) as u64).max(1);
     let params = tinylm::params::ParamLayout::new(&config).total;
     stage(
         4,
         &format!(
-            "training a {:.1}M-parameter model for {:.1} min (~{steps} steps of {} x {t} tokens, {:.2} s each)",
+            "training a {:.1}M-parameter model for {:.1} min ({} x {t} tokens a step, {:.2} s each at first: ~{steps} steps; the learning rate follows the clock)",
             params as f64 / 1e6,
             s.minutes,
             s.batch_size,
@@ -260,12 +264,13 @@ fn quickstart(s: &Settings) -> Result<()> {
         checkpoint_interval: 0,
         log_interval: 1,
         time_budget_s: Some(budget_s),
+        schedule: Schedule::Time,
         seed: s.seed,
         ..TrainConfig::default()
     };
     let summary = run_training(&cfg)?;
     println!(
-        "  {} steps, {} tokens in {:.0} s; last batch loss {:.3}",
+        "  trained {} steps, {} tokens in {:.0} s; last batch loss {:.3}",
         summary.steps, summary.tokens, summary.wallclock_s, summary.train_loss
     );
 
@@ -414,6 +419,7 @@ fn run_training(cfg: &TrainConfig) -> Result<tinylm::train::TrainSummary> {
         let r = p.record;
         last_val = r.val_loss.or(last_val);
         let val = last_val.map_or(String::new(), |v| format!(" val {v:.3}"));
+        bar.set_length(p.total_steps);
         bar.set_position(r.step);
         bar.set_message(format!(
             "loss {:.3}{val} lr {:.1e} {:.0} tok/s",

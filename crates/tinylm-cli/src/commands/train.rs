@@ -1,8 +1,9 @@
 //! `tinylm train`: train a model from a TOML/JSON config file and/or flags.
 //!
 //! The configuration is built in layers, each overriding the one before: the
-//! defaults of [`TrainConfig`], the `--config` file, `--preset`, the
-//! `--model-config` file, then every individual flag.
+//! defaults of [`TrainConfig`] — or, with `--resume`, the configuration the
+//! checkpoint recorded — then the `--config` file, `--preset`, the `--model-config`
+//! file and every individual flag (see [`resolve_config`]).
 
 use anyhow::{anyhow, Context, Result};
 use clap::Args;
@@ -10,7 +11,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use tinylm::train::{train, Progress, TrainConfig};
+use tinylm::train::{resolve_config, train, Progress, ResolvedConfig};
 use tinylm::ModelConfig;
 
 /// Set by Ctrl-C: the run checkpoints after the current step and exits.
@@ -25,7 +26,8 @@ pub struct TrainArgs {
     /// Print the resolved configuration as JSON and exit without training.
     #[arg(long)]
     print_config: bool,
-    /// Continue from a checkpoint (the model config must match it).
+    /// Continue the run of this checkpoint with the configuration it recorded; the
+    /// other flags override it (but for the model's).
     #[arg(long)]
     resume: Option<PathBuf>,
 
@@ -129,7 +131,8 @@ pub struct TrainArgs {
     /// Log to log.jsonl every N steps [default: 10].
     #[arg(long)]
     log_interval: Option<u64>,
-    /// Stop (evaluate, checkpoint) after this many seconds.
+    /// Seconds the run may take, across resumes: it stops (evaluates, checkpoints)
+    /// when the next step and that evaluation would end past them.
     #[arg(long)]
     time_budget_s: Option<f64>,
     /// Where to train: cpu, cuda, cuda:N or auto [default: cpu].
@@ -138,6 +141,10 @@ pub struct TrainArgs {
     /// GPU arithmetic: bf16 (mixed precision) or fp32 [default: bf16].
     #[arg(long)]
     precision: Option<String>,
+    /// What the learning-rate schedule runs over: steps, or time (the time budget;
+    /// the run then takes as many steps as fit) [default: steps].
+    #[arg(long)]
+    schedule: Option<String>,
 }
 
 impl TrainArgs {
@@ -186,38 +193,53 @@ impl TrainArgs {
             ("time_budget_s", self.time_budget_s.map(Value::from)),
             ("device", string(&self.device)),
             ("precision", string(&self.precision)),
+            ("schedule", string(&self.schedule)),
         ]
         .into_iter()
         .filter_map(|(k, v)| v.map(|v| (k, v)))
         .collect()
     }
 
-    /// The configuration: defaults ← `--config` ← `--preset` ← `--model-config` ← flags.
-    fn resolve(&self) -> Result<TrainConfig> {
-        let mut cfg = serde_json::to_value(TrainConfig::default())?;
-        if let Some(path) = &self.config {
-            merge(&mut cfg, read_config(path)?);
-        }
+    /// The configuration: defaults (or the checkpoint's) ← `--config` ← `--preset` ←
+    /// `--model-config` ← flags.
+    fn resolve(&self) -> Result<ResolvedConfig> {
+        let mut given = match &self.config {
+            Some(path) => read_config(path)?,
+            None => Value::Object(Map::new()),
+        };
         if let Some(name) = &self.preset {
-            cfg["model"] = serde_json::to_value(ModelConfig::preset(name)?)?;
+            given["model"] = serde_json::to_value(ModelConfig::preset(name)?)?;
         }
         if let Some(path) = &self.model_config {
             let model = ModelConfig::from_json_file(path)?;
-            cfg["model"] = serde_json::to_value(model)?;
+            given["model"] = serde_json::to_value(model)?;
         }
         for (key, value) in self.overrides() {
             match key.split_once('.') {
-                Some((outer, inner)) => cfg[outer][inner] = value,
-                None => cfg[key] = value,
+                Some((outer, inner)) => given[outer][inner] = value,
+                None => given[key] = value,
             }
         }
         let source = match &self.config {
             Some(p) => format!("configuration ({} and flags)", p.display()),
             None => "configuration (flags)".to_string(),
         };
-        let cfg: TrainConfig = serde_json::from_value(cfg).with_context(|| source.clone())?;
-        cfg.validate().with_context(|| source)?;
-        Ok(cfg)
+        resolve_config(given, &|key| self.source_of(key)).with_context(|| source)
+    }
+
+    /// Where the value of `key` came from: its flag, or the file or preset.
+    fn source_of(&self, key: &str) -> String {
+        if self.overrides().iter().any(|(k, _)| *k == key) {
+            let flag = key.trim_start_matches("model.").replace('_', "-");
+            return format!("--{flag}");
+        }
+        let model_key = key.strip_prefix("model.");
+        match (model_key, &self.model_config, &self.preset, &self.config) {
+            (Some(k), Some(file), _, _) => format!("{k} of --model-config {}", file.display()),
+            (Some(k), None, Some(preset), _) => format!("{k} of --preset {preset}"),
+            (_, _, _, Some(file)) => format!("{key} of --config {}", file.display()),
+            _ => key.to_string(),
+        }
     }
 }
 
@@ -233,23 +255,15 @@ fn read_config(path: &Path) -> Result<Value> {
     value.with_context(|| format!("{}: not a valid configuration", path.display()))
 }
 
-/// Deep-merges `over` into `base` (tables key by key, everything else replaced).
-fn merge(base: &mut Value, over: Value) {
-    match (base, over) {
-        (Value::Object(base), Value::Object(over)) => {
-            for (k, v) in over {
-                merge(base.entry(k).or_insert(Value::Object(Map::new())), v);
-            }
-        }
-        (base, over) => *base = over,
-    }
-}
-
 pub fn run(args: TrainArgs) -> Result<()> {
-    let cfg = args.resolve()?;
+    let resolved = args.resolve()?;
+    let cfg = &resolved.config;
     if args.print_config {
         println!("{}", serde_json::to_string_pretty(&cfg)?);
         return Ok(());
+    }
+    if let Some(note) = resolved.resume_note() {
+        println!("{note}");
     }
     ctrlc::set_handler(|| {
         if STOP.swap(true, Ordering::Relaxed) {
@@ -267,7 +281,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
         .progress_chars("=> "),
     );
     let mut first = true;
-    let summary = train(&cfg, &STOP, &mut |p: &Progress| {
+    let summary = train(cfg, &STOP, &mut |p: &Progress| {
         let r = p.record;
         if first {
             // A resumed run starts part-way: measure the ETA from here.
@@ -275,6 +289,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
             bar.reset_eta();
             first = false;
         }
+        bar.set_length(p.total_steps);
         bar.set_position(r.step);
         bar.set_message(format!(
             "loss {:.4} · lr {:.2e} · {:.0} tok/s",
@@ -311,9 +326,9 @@ pub fn run(args: TrainArgs) -> Result<()> {
         out.join("log.jsonl").display(),
         out.join("loss.svg").display()
     );
-    if summary.stopped_early && summary.steps < total {
+    if summary.stopped_early {
         println!(
-            "resume with: tinylm train --resume {} (and the same configuration)",
+            "resume with: tinylm train --resume {}",
             summary.checkpoint.display()
         );
     }
