@@ -208,6 +208,7 @@ impl Cuda {
         if m * n * batch.count == 0 {
             return;
         }
+        self.bind();
         let result = self.try_matmul(out, a, b, shape, batch, alpha);
         self.check("matmul", result);
     }

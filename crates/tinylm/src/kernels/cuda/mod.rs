@@ -300,6 +300,7 @@ impl Cuda {
         if src.is_empty() {
             return;
         }
+        self.bind();
         // SAFETY: `dst` points into a live buffer of this backend of `src.len()` T.
         let result = unsafe {
             cudarc::driver::result::memcpy_htod_async(dst.ptr, src, self.stream.cu_stream())
@@ -314,6 +315,7 @@ impl Cuda {
         if dst.is_empty() {
             return self.synchronize();
         }
+        self.bind();
         // SAFETY: `src` points into a live buffer of this backend of `dst.len()` T.
         let result = unsafe {
             cudarc::driver::result::memcpy_dtoh_async(dst, src.ptr, self.stream.cu_stream())
@@ -328,6 +330,7 @@ impl Cuda {
         if src.len == 0 {
             return;
         }
+        self.bind();
         // SAFETY: both point into live buffers of this backend of that size.
         let result = unsafe {
             cudarc::driver::result::memcpy_dtod_async(
@@ -345,6 +348,7 @@ impl Cuda {
         if dst.len == 0 {
             return;
         }
+        self.bind();
         // SAFETY: `dst` points into a live buffer of this backend of that size.
         let result = unsafe {
             cudarc::driver::result::memset_d8_async(
@@ -355,6 +359,13 @@ impl Cuda {
             )
         };
         self.check("memset", result);
+    }
+
+    /// Makes the device's context current on this thread (the model may be driven
+    /// from another thread than the one that opened it); kernel launches do this
+    /// themselves, the raw copies and cuBLASLt calls need it.
+    pub(crate) fn bind(&self) {
+        self.check("binding the context", self.ctx.bind_to_thread());
     }
 
     /// Waits for queued work; the first error of that work, if any.
