@@ -101,3 +101,42 @@ fn opening_a_device_names_what_is_missing() {
         println!("{err}");
     }
 }
+
+/// The PTX cache: one file per family, architecture and precision, read back
+/// instead of compiling again.
+#[test]
+fn compiled_ptx_is_cached_per_family_architecture_and_precision() {
+    let dir = tempfile::tempdir().unwrap();
+    // Only this test compiles through the cache, so the variable affects no other.
+    std::env::set_var("TINYLM_CUDA_CACHE", dir.path());
+    let files = || -> Vec<std::path::PathBuf> {
+        let mut all: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        all.sort();
+        all
+    };
+    let (family, source) = FAMILIES[0];
+    let ptx = nvrtc::compile_cached(family, source, ARCHS[0], Precision::Fp32).unwrap();
+    let cached = files();
+    assert_eq!(cached.len(), 1);
+    let name = cached[0]
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    assert!(
+        name.starts_with(&format!("{family}-{}-fp32-", ARCHS[0])),
+        "{name}"
+    );
+    assert_eq!(std::fs::read_to_string(&cached[0]).unwrap(), ptx);
+    // A second request reads the file.
+    std::fs::write(&cached[0], "// from the cache").unwrap();
+    let again = nvrtc::compile_cached(family, source, ARCHS[0], Precision::Fp32).unwrap();
+    assert_eq!(again, "// from the cache");
+    // Another precision or architecture is another entry.
+    nvrtc::compile_cached(family, source, ARCHS[0], Precision::Bf16).unwrap();
+    nvrtc::compile_cached(family, source, ARCHS[1], Precision::Fp32).unwrap();
+    assert_eq!(files().len(), 3);
+}
