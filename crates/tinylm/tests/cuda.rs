@@ -637,9 +637,9 @@ fn a_200_step_run_on_the_gpu_tracks_the_cpu_run() {
     cfg.out_dir = dir.path().join("cpu");
     let cpu_losses = train_losses(&cfg);
     assert_eq!(cpu_losses.len(), 200);
-    // fp32: every step within 1% of the CPU's; bf16: the last 20 steps' mean within 3%.
+    // fp32: every step within 2% of the CPU's; bf16: the last 20 steps' mean within 3%.
     for (precision, per_step, tail) in [
-        (Precision::Fp32, 1e-2, 1e-2),
+        (Precision::Fp32, 2e-2, 1e-2),
         (Precision::Bf16, f64::INFINITY, 3e-2),
     ] {
         cfg.out_dir = dir.path().join(precision.to_string());
