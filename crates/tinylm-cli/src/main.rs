@@ -33,6 +33,10 @@ enum Command {
     Generate(commands::generate::GenerateArgs),
     /// From a text file to a model that writes stories: tokenizer, training, samples.
     Quickstart(commands::quickstart::QuickstartArgs),
+    /// Export a model for Hugging Face transformers (`hf`) or llama.cpp (`gguf`).
+    Export(commands::export::ExportArgs),
+    /// Import a Hugging Face Llama directory as a tinylm checkpoint.
+    Import(commands::import::ImportArgs),
 }
 
 fn main() {
@@ -46,6 +50,8 @@ fn main() {
         Command::Eval(args) => commands::eval::run(args),
         Command::Generate(args) => commands::generate::run(args),
         Command::Quickstart(args) => commands::quickstart::run(args),
+        Command::Export(args) => commands::export::run(args),
+        Command::Import(args) => commands::import::run(args),
     };
     if let Err(err) = result {
         eprintln!("error: {err:#}");

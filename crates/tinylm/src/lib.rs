@@ -7,6 +7,7 @@ pub mod config;
 pub mod data;
 pub mod device;
 pub mod error;
+pub mod export;
 pub mod generate;
 pub mod kernels;
 pub mod model;
@@ -14,6 +15,7 @@ pub mod optim;
 pub mod params;
 pub mod plot;
 pub mod train;
+pub mod weights;
 
 pub use config::ModelConfig;
 pub use error::{Error, Result};

@@ -3,18 +3,19 @@
 use anyhow::{Context, Result};
 use clap::Args;
 use std::path::PathBuf;
-use tinylm::checkpoint;
 use tinylm::data::TokenDataset;
 use tinylm::device::{run_on, BackendTask};
 use tinylm::kernels::Backend;
 use tinylm::model::Model;
 use tinylm::train::{evaluate, EvalResult};
+use tinylm::weights;
 use tinylm::ModelConfig;
 
 #[derive(Args, Debug)]
 pub struct EvalArgs {
     /// A checkpoint written by `tinylm train` (or any safetensors file with the
-    /// SPEC weight names and a `config` metadata entry).
+    /// SPEC weight names and a `config` metadata entry), or an exported Hugging
+    /// Face directory.
     #[arg(long)]
     checkpoint: PathBuf,
     /// Tokens to evaluate on: a 1-D `.npy`.
@@ -39,7 +40,7 @@ pub fn run(args: EvalArgs) -> Result<()> {
         .num_threads(args.threads)
         .build_global()
         .context("starting the thread pool")?;
-    let ckpt = checkpoint::load(&args.checkpoint)?;
+    let ckpt = weights::load(&args.checkpoint, None)?;
     let data = TokenDataset::open(&args.data, ckpt.config.vocab_size)?;
     let t = ckpt.config.context_length;
     let task = Evaluation {

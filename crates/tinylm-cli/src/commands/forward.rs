@@ -9,16 +9,18 @@ use std::path::{Path, PathBuf};
 use tinylm::device::{run_on, BackendTask};
 use tinylm::kernels::Backend;
 use tinylm::model::Model;
-use tinylm::params::{load_safetensors, save_safetensors, ParamLayout};
+use tinylm::params::{save_safetensors, ParamLayout};
+use tinylm::weights::{self, Weights};
 use tinylm::ModelConfig;
 use tinylm_bpe::npy::{self, Dtype, MappedNpy};
 
 #[derive(Args, Debug)]
 pub struct ForwardArgs {
-    /// Model configuration JSON (CS336 keys).
+    /// Model configuration JSON (CS336 keys); needed only for a weights-only file.
     #[arg(long)]
-    config: PathBuf,
-    /// Weights as safetensors, one tensor per parameter name.
+    config: Option<PathBuf>,
+    /// Weights: safetensors with one tensor per parameter name, a `tinylm train`
+    /// checkpoint (optimizer state ignored) or an exported Hugging Face directory.
     #[arg(long)]
     weights: PathBuf,
     /// Token ids `.npy` (int64, int32, uint16 or uint32) of shape (B, T), or (T,).
@@ -42,7 +44,12 @@ pub struct ForwardArgs {
 
 pub fn run(args: ForwardArgs) -> Result<()> {
     super::set_threads(args.threads)?;
-    let config = ModelConfig::from_json_file(&args.config)?;
+    let given = args
+        .config
+        .as_deref()
+        .map(ModelConfig::from_json_file)
+        .transpose()?;
+    let Weights { config, params, .. } = weights::load(&args.weights, given.as_ref())?;
     let (ids, shape) = read_ids(&args.input, &config)?;
     let (b, t) = match shape[..] {
         [t] => (1, t),
@@ -64,12 +71,9 @@ pub fn run(args: ForwardArgs) -> Result<()> {
         None => None,
     };
 
-    let layout = ParamLayout::new(&config);
-    let (tensors, _) = load_safetensors(&args.weights)?;
-    let params = layout.load_buffer(&tensors, &args.weights)?;
-    drop(tensors);
     let mut logits_shape = shape.clone();
     logits_shape.push(config.vocab_size);
+    let layout = ParamLayout::new(&config);
     let task = Pass {
         config,
         params,

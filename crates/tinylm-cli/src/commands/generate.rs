@@ -7,18 +7,19 @@ use std::io::Write;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use tinylm::device::{run_on, BackendTask};
+use tinylm::export::BpeTokenizer;
 use tinylm::generate::{generate, Sampler, TextStream};
 use tinylm::kernels::Backend;
-use tinylm::{checkpoint, Model, ModelConfig};
+use tinylm::{weights, Model, ModelConfig};
 use tinylm_bpe::encode::Tokenizer;
-use tinylm_bpe::files::load_tokenizer;
 
 /// The special token that ends a document; generation stops there.
 pub const END_OF_TEXT: &str = "<|endoftext|>";
 
 #[derive(Args)]
 pub struct GenerateArgs {
-    /// Model checkpoint (`checkpoint.safetensors` of `tinylm train` or `quickstart`).
+    /// Model checkpoint (`checkpoint.safetensors` of `tinylm train` or `quickstart`),
+    /// or an exported Hugging Face directory.
     #[arg(long)]
     checkpoint: PathBuf,
     /// Tokenizer directory (`vocab.json`, `merges.txt`) [default: the one the
@@ -54,20 +55,9 @@ pub struct GenerateArgs {
 pub fn run(args: GenerateArgs) -> Result<()> {
     super::set_threads(args.threads)?;
     let mut sampler = Sampler::new(args.temperature, args.top_p, args.top_k, args.seed)?;
-    let ckpt = checkpoint::load(&args.checkpoint)?;
-    let tokenizer_dir = match args.tokenizer {
-        Some(dir) => dir,
-        None => ckpt
-            .meta::<Option<PathBuf>>("tokenizer", &args.checkpoint)
-            .ok()
-            .flatten()
-            .with_context(|| {
-                format!(
-                    "{} records no tokenizer: pass --tokenizer DIR",
-                    args.checkpoint.display()
-                )
-            })?,
-    };
+    let ckpt = weights::load(&args.checkpoint, None)?;
+    let tokenizer_dir =
+        super::export::tokenizer_dir(args.tokenizer.as_deref(), &ckpt, &args.checkpoint)?;
     let (tokenizer, eos) = load_with_end_of_text(&tokenizer_dir)?;
     if tokenizer.vocab_size() > ckpt.config.vocab_size {
         bail!(
@@ -97,7 +87,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
 
 /// The tokenizer in `dir` with `<|endoftext|>` as its special token, and that token's id.
 pub fn load_with_end_of_text(dir: &Path) -> Result<(Tokenizer, u32)> {
-    let (vocab, merges) = load_tokenizer(dir)
+    let BpeTokenizer { vocab, merges, .. } = BpeTokenizer::load(dir)
         .with_context(|| format!("loading the tokenizer in {}", dir.display()))?;
     let tokenizer = Tokenizer::new(vocab, &merges, &[END_OF_TEXT.to_string()])?;
     let eos = tokenizer.encode(END_OF_TEXT);

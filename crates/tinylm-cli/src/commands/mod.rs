@@ -3,8 +3,10 @@
 pub mod bench;
 pub mod bpe;
 pub mod eval;
+pub mod export;
 pub mod forward;
 pub mod generate;
+pub mod import;
 pub mod info;
 pub mod quickstart;
 pub mod train;

@@ -1,0 +1,105 @@
+//! `tinylm export hf|gguf`: a trained model for Hugging Face `transformers` or for
+//! llama.cpp (see `tinylm::export`).
+
+use anyhow::{Context, Result};
+use clap::{Args, Subcommand, ValueEnum};
+use std::path::{Path, PathBuf};
+use tinylm::export::gguf::{self, GgufDtype};
+use tinylm::export::{check_llama, hf, BpeTokenizer};
+use tinylm::weights::{self, Weights};
+
+#[derive(Args)]
+pub struct ExportArgs {
+    #[command(subcommand)]
+    command: ExportCommand,
+}
+
+#[derive(Subcommand)]
+enum ExportCommand {
+    /// A `LlamaForCausalLM` directory that `transformers`' `from_pretrained` loads.
+    Hf(HfArgs),
+    /// A GGUF v3 file (`llama` architecture, GPT-2 tokenizer) that llama.cpp runs.
+    Gguf(GgufArgs),
+}
+
+/// The model and tokenizer to export.
+#[derive(Args)]
+struct Source {
+    /// A checkpoint of `tinylm train` (the optimizer state is ignored), or an
+    /// exported Hugging Face directory.
+    #[arg(long)]
+    checkpoint: PathBuf,
+    /// Tokenizer directory (`vocab.json`, `merges.txt`) [default: the one the
+    /// checkpoint records].
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct HfArgs {
+    #[command(flatten)]
+    source: Source,
+    /// The directory to create (must not exist, or be empty).
+    #[arg(long)]
+    out: PathBuf,
+}
+
+#[derive(Args)]
+struct GgufArgs {
+    #[command(flatten)]
+    source: Source,
+    /// The `.gguf` file to write.
+    #[arg(long)]
+    out: PathBuf,
+    /// How the matrices are stored (RMSNorm gains stay f32).
+    #[arg(long, value_enum, default_value_t = Dtype::F32)]
+    dtype: Dtype,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Dtype {
+    F32,
+    F16,
+}
+
+pub fn run(args: ExportArgs) -> Result<()> {
+    match args.command {
+        ExportCommand::Hf(a) => {
+            let (w, tokenizer) = load(&a.source)?;
+            hf::export(&w.config, &w.params, &tokenizer, &a.out)?;
+            eprintln!("{} -> {}", a.source.checkpoint.display(), a.out.display());
+        }
+        ExportCommand::Gguf(a) => {
+            let (w, tokenizer) = load(&a.source)?;
+            let dtype = match a.dtype {
+                Dtype::F32 => GgufDtype::F32,
+                Dtype::F16 => GgufDtype::F16,
+            };
+            gguf::export(&w.config, &w.params, &tokenizer, &a.out, dtype)?;
+            eprintln!("{} -> {}", a.source.checkpoint.display(), a.out.display());
+        }
+    }
+    Ok(())
+}
+
+fn load(source: &Source) -> Result<(Weights, BpeTokenizer)> {
+    let w = weights::load(&source.checkpoint, None)?;
+    check_llama(&w.config)?;
+    let dir = tokenizer_dir(source.tokenizer.as_deref(), &w, &source.checkpoint)?;
+    let tokenizer = BpeTokenizer::load(&dir)
+        .with_context(|| format!("loading the tokenizer in {}", dir.display()))?;
+    Ok((w, tokenizer))
+}
+
+/// `--tokenizer`, or else the tokenizer the weights record; an error when neither.
+pub fn tokenizer_dir(given: Option<&Path>, w: &Weights, weights_path: &Path) -> Result<PathBuf> {
+    given
+        .map(Path::to_path_buf)
+        .or_else(|| w.tokenizer.clone())
+        .with_context(|| {
+            format!(
+                "{} records no tokenizer: pass --tokenizer DIR",
+                weights_path.display()
+            )
+        })
+}

@@ -1,0 +1,343 @@
+//! `tinylm export` / `tinylm import` end to end, every weights-reading command on
+//! every form of weights, and bad input: one line, exit code 2, nothing left behind.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Command, Output};
+use tinylm::config::Norm;
+use tinylm::optim::{AdamW, AdamWParams};
+use tinylm::params::ParamLayout;
+use tinylm::{checkpoint, ModelConfig};
+use tinylm_bpe::npy;
+
+fn config() -> ModelConfig {
+    ModelConfig {
+        vocab_size: 290,
+        context_length: 16,
+        d_model: 16,
+        num_layers: 2,
+        num_heads: 2,
+        d_ff: 32,
+        ..ModelConfig::tinystories()
+    }
+}
+
+fn tinylm(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tinylm"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn ok(args: &[&str]) -> String {
+    let out = tinylm(args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{args:?}: {stderr}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Expects exit code 2 and exactly one line on stderr containing `message`.
+fn fails(args: &[&str], message: &str) {
+    let out = tinylm(args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+    assert!(stderr.contains(message), "'{message}' not in: {stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+}
+
+/// A tokenizer `tok/`, a training checkpoint `ckpt.safetensors` (with optimizer
+/// state, recording `tok`) of `config`, and ids `ids.npy`.
+fn setup(dir: &Path, config: &ModelConfig, record_tokenizer: bool) {
+    let text = dir.join("corpus.txt");
+    let story = "Once upon a time there was a little dog. The dog liked to run in the park.";
+    std::fs::write(&text, [story; 20].join("<|endoftext|>")).unwrap();
+    let (vocab, merges) =
+        tinylm_bpe::train::train_bpe(&text, 290, &["<|endoftext|>".to_string()]).unwrap();
+    tinylm_bpe::files::save_tokenizer(&dir.join("tok"), &vocab, &merges).unwrap();
+    let layout = ParamLayout::new(config);
+    let mut opt = AdamW::new(layout.total, AdamWParams::default());
+    opt.m = layout.init(2);
+    opt.step = 3;
+    let mut meta = BTreeMap::new();
+    if record_tokenizer {
+        meta.insert(
+            "tokenizer".to_string(),
+            serde_json::to_string(&dir.join("tok")).unwrap(),
+        );
+    }
+    let params = layout.init(1);
+    checkpoint::save(
+        &dir.join("ckpt.safetensors"),
+        config,
+        &params,
+        Some(&opt),
+        &meta,
+    )
+    .unwrap();
+    let ids: Vec<i64> = (0..30).map(|i| (i * 7 + 3) % 290).collect();
+    npy::write(&dir.join("ids.npy"), &[2, 15], &ids).unwrap();
+    npy::write(&dir.join("data.npy"), &[30], &ids).unwrap();
+}
+
+#[test]
+fn export_import_round_trip_and_every_command_reads_every_form() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+    setup(dir.path(), &config(), true);
+    ok(&[
+        "export",
+        "hf",
+        "--checkpoint",
+        &d("ckpt.safetensors"),
+        "--out",
+        &d("hf"),
+    ]);
+    ok(&[
+        "export",
+        "gguf",
+        "--checkpoint",
+        &d("ckpt.safetensors"),
+        "--out",
+        &d("m.gguf"),
+        "--dtype",
+        "f16",
+    ]);
+    assert!(std::fs::read(d("m.gguf"))
+        .unwrap()
+        .starts_with(b"GGUF\x03\0\0\0"));
+    ok(&[
+        "import",
+        "hf",
+        &d("hf"),
+        "--out",
+        &d("imported/ckpt.safetensors"),
+    ]);
+    let original = checkpoint::load(&dir.path().join("ckpt.safetensors")).unwrap();
+    let imported = checkpoint::load(&dir.path().join("imported/ckpt.safetensors")).unwrap();
+    assert_eq!(imported.config, original.config);
+    assert_eq!(imported.params, original.params);
+    assert_eq!(
+        std::fs::read(d("imported/tokenizer/merges.txt")).unwrap(),
+        std::fs::read(d("tok/merges.txt")).unwrap()
+    );
+    assert_eq!(
+        std::fs::read(d("imported/tokenizer/vocab.json")).unwrap(),
+        std::fs::read(d("tok/vocab.json")).unwrap()
+    );
+
+    // forward, eval and generate take the checkpoint (no --config), the exported
+    // directory and the imported checkpoint alike, with the same results.
+    let mut logits = Vec::new();
+    let mut evals = Vec::new();
+    let mut texts = Vec::new();
+    for (i, weights) in [
+        d("ckpt.safetensors"),
+        d("hf"),
+        d("imported/ckpt.safetensors"),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let out = d(&format!("logits{i}.npy"));
+        ok(&[
+            "forward",
+            "--weights",
+            weights,
+            "--input",
+            &d("ids.npy"),
+            "--logits-out",
+            &out,
+            "--threads",
+            "1",
+        ]);
+        logits.push(std::fs::read(&out).unwrap());
+        let eval = ok(&[
+            "eval",
+            "--checkpoint",
+            weights,
+            "--data",
+            &d("data.npy"),
+            "--threads",
+            "1",
+        ]);
+        evals.push(eval.split("windows").next().unwrap().to_string());
+        texts.push(ok(&[
+            "generate",
+            "--checkpoint",
+            weights,
+            "--prompt",
+            "Once upon",
+            "--max-tokens",
+            "8",
+            "--temperature",
+            "0",
+            "--threads",
+            "1",
+        ]));
+    }
+    assert!(logits.windows(2).all(|w| w[0] == w[1]));
+    assert!(evals.windows(2).all(|w| w[0] == w[1]), "{evals:?}");
+    assert!(texts.windows(2).all(|w| w[0] == w[1]), "{texts:?}");
+    assert!(texts[0].starts_with("Once upon"));
+}
+
+#[test]
+fn bad_input_is_one_line_exit_2_and_leaves_nothing_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+    setup(dir.path(), &config(), false);
+    let ckpt = d("ckpt.safetensors");
+    // A checkpoint that records no tokenizer, and no --tokenizer.
+    fails(
+        &["export", "hf", "--checkpoint", &ckpt, "--out", &d("hf")],
+        "records no tokenizer: pass --tokenizer DIR",
+    );
+    fails(
+        &[
+            "export",
+            "gguf",
+            "--checkpoint",
+            &ckpt,
+            "--out",
+            &d("m.gguf"),
+        ],
+        "records no tokenizer",
+    );
+    fails(
+        &[
+            "export",
+            "hf",
+            "--checkpoint",
+            &ckpt,
+            "--tokenizer",
+            &d("nowhere"),
+            "--out",
+            &d("hf"),
+        ],
+        "nowhere",
+    );
+    // An output that cannot be written: its parent is a file.
+    std::fs::write(d("file"), "x").unwrap();
+    fails(
+        &[
+            "export",
+            "hf",
+            "--checkpoint",
+            &ckpt,
+            "--tokenizer",
+            &d("tok"),
+            "--out",
+            &d("file/hf"),
+        ],
+        "file/hf",
+    );
+    fails(
+        &[
+            "export",
+            "gguf",
+            "--checkpoint",
+            &ckpt,
+            "--tokenizer",
+            &d("tok"),
+            "--out",
+            &d("file/m.gguf"),
+        ],
+        "file/m.gguf",
+    );
+    // A directory that is not empty is not overwritten.
+    std::fs::create_dir(d("full")).unwrap();
+    std::fs::write(d("full/keep.txt"), "mine").unwrap();
+    fails(
+        &[
+            "export",
+            "hf",
+            "--checkpoint",
+            &ckpt,
+            "--tokenizer",
+            &d("tok"),
+            "--out",
+            &d("full"),
+        ],
+        "not empty",
+    );
+    assert_eq!(std::fs::read_to_string(d("full/keep.txt")).unwrap(), "mine");
+    // An ablation Llama cannot express.
+    let post = tempfile::tempdir().unwrap();
+    setup(
+        post.path(),
+        &ModelConfig {
+            norm: Norm::Post,
+            ..config()
+        },
+        true,
+    );
+    let post_ckpt = post.path().join("ckpt.safetensors");
+    fails(
+        &[
+            "export",
+            "hf",
+            "--checkpoint",
+            post_ckpt.to_str().unwrap(),
+            "--out",
+            &d("hf"),
+        ],
+        "norm = \"post\"",
+    );
+    fails(
+        &[
+            "export",
+            "gguf",
+            "--checkpoint",
+            post_ckpt.to_str().unwrap(),
+            "--out",
+            &d("m.gguf"),
+        ],
+        "norm = \"post\"",
+    );
+    // Neither a checkpoint nor weights.
+    for cmd in [
+        vec![
+            "forward",
+            "--weights",
+            &d("file"),
+            "--input",
+            &d("ids.npy"),
+            "--logits-out",
+            &d("l.npy"),
+        ],
+        vec!["eval", "--checkpoint", &d("file"), "--data", &d("data.npy")],
+        vec!["generate", "--checkpoint", &d("file")],
+        vec![
+            "export",
+            "hf",
+            "--checkpoint",
+            &d("file"),
+            "--out",
+            &d("hf"),
+        ],
+    ] {
+        fails(&cmd, "expected a tinylm checkpoint");
+    }
+    fails(
+        &["import", "hf", &d("tok"), "--out", &d("x.safetensors")],
+        "no config.json",
+    );
+    // Nothing half-written: only what the test made is there.
+    let mut left: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(
+        left,
+        [
+            "ckpt.safetensors",
+            "corpus.txt",
+            "data.npy",
+            "file",
+            "full",
+            "ids.npy",
+            "tok"
+        ]
+    );
+}

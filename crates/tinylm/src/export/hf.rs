@@ -1,0 +1,499 @@
+//! Hugging Face `transformers`: a `LlamaForCausalLM` directory that
+//! `AutoModelForCausalLM.from_pretrained(dir)` and `AutoTokenizer.from_pretrained(dir)`
+//! load as they are, and the reverse.
+//!
+//! The directory holds `config.json` (every field Llama needs, written explicitly),
+//! `model.safetensors` (Llama's tensor names, `{"format": "pt"}` metadata; `q_proj`
+//! and `k_proj` rows in the halves RoPE layout, see [`super::permute_rope_rows`]),
+//! `tokenizer.json` (byte-level BPE: GPT-2 pre-tokenizer and decoder, the merges,
+//! the special tokens as added tokens), `tokenizer_config.json`
+//! (`PreTrainedTokenizerFast`, so no Llama tokenizer class replaces the byte-level
+//! pre-tokenizer) and `generation_config.json` (tinylm's sampling defaults).
+
+use super::{
+    check_llama, is_rope_projection, permute_rope_rows, rename, write_dir, BpeTokenizer, Naming,
+    RMS_NORM_EPS,
+};
+use crate::params::{load_safetensors, save_safetensors, ParamLayout};
+use crate::{Error, ModelConfig, Result};
+use serde_json::{json, Map, Value};
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use tinylm_bpe::files::bytes_to_unicode;
+
+/// Writes the `transformers` directory `out` for the model `(config, params)` and its
+/// tokenizer. `out` must not exist or be empty; it appears only once complete.
+pub fn export(
+    config: &ModelConfig,
+    params: &[f32],
+    tokenizer: &BpeTokenizer,
+    out: &Path,
+) -> Result<()> {
+    check_llama(config)?;
+    tokenizer.check_fits(config.vocab_size)?;
+    let layout = ParamLayout::new(config);
+    let permuted: Vec<Vec<f32>> = layout
+        .specs
+        .iter()
+        .map(|s| match is_rope_projection(&s.name) {
+            true => permute_rope_rows(&params[s.range()], s.shape[1], config.head_dim(), true),
+            false => Vec::new(),
+        })
+        .collect();
+    let tensors: Vec<(String, Vec<usize>, &[f32])> = layout
+        .specs
+        .iter()
+        .zip(&permuted)
+        .map(|(s, p)| {
+            let values = match is_rope_projection(&s.name) {
+                true => p.as_slice(),
+                false => &params[s.range()],
+            };
+            (rename(&s.name, Naming::Hf), s.shape.clone(), values)
+        })
+        .collect();
+    let eot = tokenizer.end_of_text();
+    let files = [
+        ("config.json", config_json(config, eot)),
+        ("tokenizer.json", tokenizer_json(tokenizer)),
+        (
+            "tokenizer_config.json",
+            tokenizer_config_json(config, tokenizer),
+        ),
+        ("generation_config.json", generation_config_json(eot)),
+    ];
+    write_dir(out, |dir| {
+        let meta = BTreeMap::from([("format".to_string(), "pt".to_string())]);
+        save_safetensors(&dir.join("model.safetensors"), &tensors, &meta)?;
+        for (name, value) in &files {
+            let path = dir.join(name);
+            let text = serde_json::to_string_pretty(value).expect("serializes") + "\n";
+            std::fs::write(&path, text).map_err(|e| Error::io(&path, e))?;
+        }
+        Ok(())
+    })
+}
+
+/// `config.json` of `LlamaForCausalLM`, every field written (Llama's defaults differ
+/// from tinylm's, e.g. `rms_norm_eps` 1e-6). `rope_theta` appears both as the legacy
+/// key and in `rope_parameters` (transformers ≥ 5).
+fn config_json(c: &ModelConfig, eot: Option<u32>) -> Value {
+    json!({
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": c.vocab_size,
+        "hidden_size": c.d_model,
+        "intermediate_size": c.d_ff,
+        "num_hidden_layers": c.num_layers,
+        "num_attention_heads": c.num_heads,
+        "num_key_value_heads": c.num_heads,
+        "head_dim": c.head_dim(),
+        "hidden_act": "silu",
+        "max_position_embeddings": c.context_length,
+        "rms_norm_eps": RMS_NORM_EPS,
+        "rope_theta": c.rope_theta,
+        "rope_scaling": null,
+        "rope_parameters": {"rope_type": "default", "rope_theta": c.rope_theta},
+        "attention_bias": false,
+        "attention_dropout": 0.0,
+        "mlp_bias": false,
+        "pretraining_tp": 1,
+        "tie_word_embeddings": c.tie_embeddings,
+        "bos_token_id": eot,
+        "eos_token_id": eot,
+        "pad_token_id": null,
+        "initializer_range": 0.02,
+        "use_cache": true,
+        "torch_dtype": "float32",
+    })
+}
+
+/// The `ByteLevel` component of `tokenizers` with GPT-2's settings (its regex, no
+/// prefix space).
+fn byte_level() -> Value {
+    json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true})
+}
+
+/// `tokenizer.json`: a BPE model over GPT-2's byte alphabet that merges by rank
+/// (`ignore_merges` false), the special tokens as added tokens with their ids.
+fn tokenizer_json(t: &BpeTokenizer) -> Value {
+    let added: Vec<Value> = t
+        .specials
+        .iter()
+        .map(|&id| {
+            json!({"id": id, "content": t.spelled(id), "single_word": false, "lstrip": false,
+                   "rstrip": false, "normalized": false, "special": true})
+        })
+        .collect();
+    let mut vocab = Map::new();
+    for id in 0..t.vocab.len() as u32 {
+        // Where two merges built the same bytes, the lowest id keeps them (as in tinylm).
+        vocab.entry(t.spelled(id)).or_insert(json!(id));
+    }
+    json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": added,
+        "normalizer": null,
+        "pre_tokenizer": byte_level(),
+        "post_processor": byte_level(),
+        "decoder": byte_level(),
+        "model": {
+            "type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+            "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+            "ignore_merges": false, "vocab": vocab, "merges": t.spelled_merges(),
+        },
+    })
+}
+
+fn tokenizer_config_json(c: &ModelConfig, t: &BpeTokenizer) -> Value {
+    let eot = t.end_of_text().map(|id| t.spelled(id));
+    json!({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": eot,
+        "eos_token": eot,
+        "add_bos_token": false,
+        "add_eos_token": false,
+        "clean_up_tokenization_spaces": false,
+        "model_max_length": c.context_length,
+    })
+}
+
+/// `tinylm generate`'s defaults: sampling at temperature 0.8, top-p 0.95.
+fn generation_config_json(eot: Option<u32>) -> Value {
+    json!({
+        "bos_token_id": eot,
+        "eos_token_id": eot,
+        "pad_token_id": eot,
+        "do_sample": true,
+        "temperature": 0.8,
+        "top_p": 0.95,
+    })
+}
+
+/// A model read from a `transformers` directory.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Imported {
+    pub config: ModelConfig,
+    /// The flat parameter buffer in [`ParamLayout`] order.
+    pub params: Vec<f32>,
+    /// The directory's `tokenizer.json`, when it has one.
+    pub tokenizer: Option<BpeTokenizer>,
+}
+
+/// Reads a `LlamaForCausalLM` directory of a shape tinylm runs: multi-head attention
+/// (no grouped keys), no biases, SiLU, RMSNorm eps 1e-5, plain RoPE, one
+/// `model.safetensors`, a byte-level BPE `tokenizer.json` or none. Anything else is
+/// refused with an error naming the field or tensor.
+pub fn import(dir: &Path) -> Result<Imported> {
+    let config_path = dir.join("config.json");
+    if !config_path.is_file() {
+        return Err(Error::Invalid(format!(
+            "{}: no config.json: expected a Hugging Face LlamaForCausalLM directory",
+            dir.display()
+        )));
+    }
+    let config = read_config(&config_path)?;
+    let weights_path = dir.join("model.safetensors");
+    if !weights_path.is_file() {
+        let found = ["model.safetensors.index.json", "pytorch_model.bin"]
+            .iter()
+            .find(|f| dir.join(f).exists())
+            .map_or(String::new(), |f| {
+                format!(" (it has {f}: only a single model.safetensors is read)")
+            });
+        return Err(Error::Invalid(format!(
+            "{}: no model.safetensors{found}",
+            dir.display()
+        )));
+    }
+    let (mut tensors, _) = load_safetensors(&weights_path)?;
+    let layout = ParamLayout::new(&config);
+    let mut params = vec![0f32; layout.total];
+    let mut problems = Vec::new();
+    for spec in &layout.specs {
+        let name = rename(&spec.name, Naming::Hf);
+        match tensors.remove(&name) {
+            None => problems.push(format!("missing tensor '{name}' of shape {:?}", spec.shape)),
+            Some((shape, _)) if shape != spec.shape => problems.push(format!(
+                "tensor '{name}' has shape {shape:?}, expected {:?}",
+                spec.shape
+            )),
+            Some((_, values)) => {
+                let values = match is_rope_projection(&spec.name) {
+                    true => permute_rope_rows(&values, spec.shape[1], config.head_dim(), false),
+                    false => values,
+                };
+                params[spec.range()].copy_from_slice(&values);
+            }
+        }
+    }
+    if config.tie_embeddings {
+        // Tied: a saved `lm_head.weight` must be the embedding matrix itself.
+        if let Some((_, values)) = tensors.remove("lm_head.weight") {
+            if values[..] != params[layout.token_embeddings.clone()] {
+                problems.push(
+                    "tie_word_embeddings is true but lm_head.weight differs from model.embed_tokens.weight".into(),
+                );
+            }
+        }
+    }
+    problems.extend(
+        tensors.keys().map(|name| {
+            format!("unexpected tensor '{name}' (tinylm has no biases or extra weights)")
+        }),
+    );
+    if !problems.is_empty() {
+        return Err(Error::Invalid(format!(
+            "{}: {}",
+            weights_path.display(),
+            problems.join("; ")
+        )));
+    }
+    let tokenizer_path = dir.join("tokenizer.json");
+    let tokenizer = match tokenizer_path.is_file() {
+        true => {
+            let t = read_tokenizer_json(&tokenizer_path)?;
+            t.check_fits(config.vocab_size)
+                .map_err(|e| Error::Invalid(format!("{}: {e}", tokenizer_path.display())))?;
+            Some(t)
+        }
+        false => None,
+    };
+    Ok(Imported {
+        config,
+        params,
+        tokenizer,
+    })
+}
+
+/// A `config.json` field, `default` when absent or null.
+fn field<'a>(obj: &'a Map<String, Value>, key: &str, default: &'a Value) -> &'a Value {
+    obj.get(key).filter(|v| !v.is_null()).unwrap_or(default)
+}
+
+/// The tinylm config of a Llama `config.json`, or an error naming the field at fault.
+fn read_config(path: &Path) -> Result<ModelConfig> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let value: Value = serde_json::from_str(&text)
+        .map_err(|e| Error::Invalid(format!("{}: invalid JSON: {e}", path.display())))?;
+    let obj = value
+        .as_object()
+        .ok_or_else(|| Error::Invalid(format!("{}: not a JSON object", path.display())))?;
+    let refuse =
+        |key: &str, why: String| Err(Error::Invalid(format!("{}: {key}: {why}", path.display())));
+    let null = Value::Null;
+    let is_llama = field(obj, "model_type", &null) == "llama"
+        || field(obj, "architectures", &null)
+            .as_array()
+            .is_some_and(|a| a.iter().any(|x| x == "LlamaForCausalLM"));
+    if !is_llama {
+        return refuse(
+            "model_type",
+            format!(
+                "{} is not \"llama\" (only LlamaForCausalLM models are imported)",
+                field(obj, "model_type", &null)
+            ),
+        );
+    }
+    let count = |key: &str| -> Result<usize> {
+        match obj.get(key).and_then(Value::as_u64) {
+            Some(n) if n > 0 => Ok(n as usize),
+            _ => Err(Error::Invalid(format!(
+                "{}: {key}: expected a positive integer, found {}",
+                path.display(),
+                field(obj, key, &null)
+            ))),
+        }
+    };
+    let (d_model, num_heads) = (count("hidden_size")?, count("num_attention_heads")?);
+    let kv_heads = field(obj, "num_key_value_heads", &json!(num_heads)).clone();
+    if kv_heads != json!(num_heads) {
+        return refuse(
+            "num_key_value_heads",
+            format!("{kv_heads} differs from num_attention_heads {num_heads}: tinylm has multi-head attention only"),
+        );
+    }
+    if d_model % num_heads != 0 {
+        return refuse(
+            "hidden_size",
+            format!("{d_model} is not divisible by num_attention_heads {num_heads}"),
+        );
+    }
+    let head_dim = json!(d_model / num_heads);
+    if *field(obj, "head_dim", &head_dim) != head_dim {
+        return refuse(
+            "head_dim",
+            format!(
+                "{} is not hidden_size / num_attention_heads = {head_dim}",
+                field(obj, "head_dim", &null)
+            ),
+        );
+    }
+    for (key, expected, default) in [
+        ("hidden_act", json!("silu"), json!("silu")),
+        ("attention_bias", json!(false), json!(false)),
+        ("mlp_bias", json!(false), json!(false)),
+        ("rope_scaling", Value::Null, Value::Null),
+        ("pretraining_tp", json!(1), json!(1)),
+    ] {
+        let found = obj.get(key).unwrap_or(&default);
+        if *found != expected {
+            return refuse(
+                key,
+                format!("{found} is not supported (tinylm needs {expected})"),
+            );
+        }
+    }
+    let eps = field(obj, "rms_norm_eps", &json!(1e-6)).as_f64();
+    if eps != Some(RMS_NORM_EPS) {
+        return refuse(
+            "rms_norm_eps",
+            format!(
+                "{} is not tinylm's 1e-5 (transformers' default, when absent, is 1e-6)",
+                field(obj, "rms_norm_eps", &null)
+            ),
+        );
+    }
+    let rope = field(obj, "rope_parameters", &null);
+    if let Some(kind) = rope.get("rope_type").filter(|t| *t != "default") {
+        return refuse(
+            "rope_parameters.rope_type",
+            format!("{kind} is not supported (only \"default\" RoPE)"),
+        );
+    }
+    let rope_theta = rope
+        .get("rope_theta")
+        .or(obj.get("rope_theta"))
+        .map_or(Some(10_000.0), Value::as_f64);
+    let Some(rope_theta) = rope_theta else {
+        return refuse("rope_theta", "expected a number".into());
+    };
+    let tie = field(obj, "tie_word_embeddings", &json!(false));
+    let Some(tie_embeddings) = tie.as_bool() else {
+        return refuse("tie_word_embeddings", format!("{tie} is not a boolean"));
+    };
+    let config = ModelConfig {
+        vocab_size: count("vocab_size")?,
+        context_length: count("max_position_embeddings")?,
+        d_model,
+        num_layers: count("num_hidden_layers")?,
+        num_heads,
+        d_ff: count("intermediate_size")?,
+        rope_theta,
+        tie_embeddings,
+        ..ModelConfig::tinystories()
+    };
+    config
+        .validate()
+        .map_err(|e| Error::Invalid(format!("{}: {e}", path.display())))?;
+    Ok(config)
+}
+
+/// Reads a byte-level BPE `tokenizer.json` (`model.type` BPE over GPT-2's byte
+/// alphabet, `ByteLevel` pre-tokenizer, no normalizer): ids must be dense.
+pub fn read_tokenizer_json(path: &Path) -> Result<BpeTokenizer> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let root: Value = serde_json::from_str(&text)
+        .map_err(|e| Error::Invalid(format!("{}: invalid JSON: {e}", path.display())))?;
+    let refuse =
+        |key: &str, why: String| Error::Invalid(format!("{}: {key}: {why}", path.display()));
+    let model = &root["model"];
+    if model["type"] != "BPE" {
+        return Err(refuse(
+            "model.type",
+            format!("{} is not \"BPE\"", model["type"]),
+        ));
+    }
+    if root["pre_tokenizer"]["type"] != "ByteLevel" {
+        return Err(refuse(
+            "pre_tokenizer",
+            format!(
+                "{} is not the byte-level (GPT-2) pre-tokenizer",
+                root["pre_tokenizer"]["type"]
+            ),
+        ));
+    }
+    if !root["normalizer"].is_null() {
+        return Err(refuse("normalizer", "tinylm's tokenizer has none".into()));
+    }
+    for key in ["continuing_subword_prefix", "end_of_word_suffix"] {
+        if !(model[key].is_null() || model[key] == "") {
+            return Err(refuse(
+                &format!("model.{key}"),
+                format!("{} is not supported", model[key]),
+            ));
+        }
+    }
+    let inverse: HashMap<char, u8> = bytes_to_unicode()
+        .iter()
+        .enumerate()
+        .map(|(b, &c)| (c, b as u8))
+        .collect();
+    let unspell = |token: &str| -> Result<Vec<u8>> {
+        token
+            .chars()
+            .map(|c| {
+                inverse.get(&c).copied().ok_or_else(|| {
+                    refuse(
+                        "model.vocab",
+                        format!("token {token:?} has {c:?}, which is not in GPT-2's byte alphabet"),
+                    )
+                })
+            })
+            .collect()
+    };
+    let mut tokens: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
+    let vocab = model["vocab"]
+        .as_object()
+        .ok_or_else(|| refuse("model.vocab", "expected an object of token → id".into()))?;
+    let added = root["added_tokens"].as_array().cloned().unwrap_or_default();
+    let added_ids: Vec<u64> = added.iter().filter_map(|t| t["id"].as_u64()).collect();
+    for (token, id) in vocab {
+        let id = id
+            .as_u64()
+            .ok_or_else(|| refuse("model.vocab", format!("{token:?} has the id {id}")))?;
+        if !added_ids.contains(&id) {
+            tokens.insert(id, unspell(token)?);
+        }
+    }
+    for t in &added {
+        match (t["id"].as_u64(), t["content"].as_str()) {
+            (Some(id), Some(content)) => tokens.insert(id, content.as_bytes().to_vec()),
+            _ => return Err(refuse("added_tokens", format!("malformed entry {t}"))),
+        };
+    }
+    let n = tokens.len() as u64;
+    if let Some((&id, _)) = tokens.iter().find(|(&id, _)| id >= n) {
+        return Err(refuse(
+            "model.vocab",
+            format!("ids must be dense in 0..{n}, found {id}"),
+        ));
+    }
+    let merges = model["merges"]
+        .as_array()
+        .ok_or_else(|| refuse("model.merges", "expected a list".into()))?
+        .iter()
+        .enumerate()
+        .map(|(rank, m)| {
+            let (left, right) = match m {
+                Value::String(s) => s.split_once(' ').unwrap_or((s, "")),
+                Value::Array(pair) if pair.len() == 2 => (
+                    pair[0].as_str().unwrap_or(""),
+                    pair[1].as_str().unwrap_or(""),
+                ),
+                _ => ("", ""),
+            };
+            if left.is_empty() || right.is_empty() {
+                return Err(refuse(
+                    "model.merges",
+                    format!("merge {rank} is malformed: {m}"),
+                ));
+            }
+            Ok((unspell(left)?, unspell(right)?))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    BpeTokenizer::new(tokens.into_values().collect(), merges)
+        .map_err(|e| Error::Invalid(format!("{}: {e}", path.display())))
+}

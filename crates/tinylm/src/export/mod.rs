@@ -1,0 +1,295 @@
+//! Conversion to the tools people already run: Hugging Face `transformers`
+//! ([`hf`]: a `LlamaForCausalLM` directory, and back) and llama.cpp ([`gguf`]).
+//!
+//! tinylm's default architecture (pre-norm RMSNorm with eps 1e-5, SwiGLU, RoPE, no
+//! biases, multi-head attention) is exactly Llama's, so the conversion is exact:
+//! the tensors are renamed, and only the rows of `q_proj` and `k_proj` move, because
+//! the two rotate different pairs of a head's channels (see [`permute_rope_rows`]).
+
+pub mod gguf;
+pub mod hf;
+
+use crate::config::{Ffn, Norm, Positional};
+use crate::{Error, ModelConfig, Result};
+use std::collections::HashSet;
+use std::path::Path;
+use tinylm_bpe::files::{bytes_to_unicode, load_tokenizer};
+use tinylm_bpe::{Merges, Vocab};
+
+/// The special token that ends a document: Llama's `bos` and `eos` when present.
+pub const END_OF_TEXT: &str = "<|endoftext|>";
+
+/// RMSNorm's epsilon in tinylm's kernels (SPEC §2), written into every export.
+pub const RMS_NORM_EPS: f64 = 1e-5;
+
+/// Refuses the ablations that have no Llama equivalent, naming the setting.
+pub fn check_llama(config: &ModelConfig) -> Result<()> {
+    let setting = if config.norm != Norm::Pre {
+        format!("norm = {}", json(&config.norm))
+    } else if config.positional != Positional::Rope {
+        format!("positional = {} (NoPE)", json(&config.positional))
+    } else if config.ffn != Ffn::Swiglu {
+        format!("ffn = {}", json(&config.ffn))
+    } else {
+        return Ok(());
+    };
+    Err(Error::Config(format!(
+        "the model has {setting}, which Llama cannot express: only norm = \"pre\", positional = \"rope\", ffn = \"swiglu\" (tied or not) export"
+    )))
+}
+
+/// A config value as its JSON text (`"post"`).
+fn json(value: &impl serde::Serialize) -> String {
+    serde_json::to_string(value).expect("serializes")
+}
+
+/// Moves the rows of a query or key projection `(H·D, C)` between RoPE layouts.
+///
+/// tinylm (like Meta's Llama and llama.cpp) rotates adjacent channels `(2i, 2i+1)`
+/// of a head by the angle of frequency `i`; `transformers` rotates the halves
+/// `(i, i + D/2)` by the same angle. Putting each head's even rows first, then its
+/// odd rows (`halves[i] = pairs[2i]`, `halves[D/2 + i] = pairs[2i + 1]`) makes the
+/// projection's output in the halves layout the same permutation of tinylm's output,
+/// before and after rotation, so every `q·k` is unchanged. `to_halves = false`
+/// applies the inverse permutation.
+pub fn permute_rope_rows(w: &[f32], d_in: usize, head_dim: usize, to_halves: bool) -> Vec<f32> {
+    let half = head_dim / 2;
+    let mut out = vec![0f32; w.len()];
+    for (head_in, head_out) in w
+        .chunks_exact(head_dim * d_in)
+        .zip(out.chunks_exact_mut(head_dim * d_in))
+    {
+        for i in 0..half {
+            for (pair_row, half_row) in [(2 * i, i), (2 * i + 1, half + i)] {
+                let (from, to) = match to_halves {
+                    true => (pair_row, half_row),
+                    false => (half_row, pair_row),
+                };
+                head_out[to * d_in..(to + 1) * d_in]
+                    .copy_from_slice(&head_in[from * d_in..(from + 1) * d_in]);
+            }
+        }
+    }
+    out
+}
+
+/// Where a tensor goes: its name in `transformers`' Llama or in llama.cpp's GGUF.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Naming {
+    Hf,
+    Gguf,
+}
+
+/// A block's tensors: tinylm's name after `layers.{i}.`, then `transformers`' after
+/// `model.layers.{i}.`, then llama.cpp's after `blk.{i}.`.
+const LAYER_NAMES: [(&str, &str, &str); 9] = [
+    ("ln1.weight", "input_layernorm.weight", "attn_norm.weight"),
+    (
+        "attn.q_proj.weight",
+        "self_attn.q_proj.weight",
+        "attn_q.weight",
+    ),
+    (
+        "attn.k_proj.weight",
+        "self_attn.k_proj.weight",
+        "attn_k.weight",
+    ),
+    (
+        "attn.v_proj.weight",
+        "self_attn.v_proj.weight",
+        "attn_v.weight",
+    ),
+    (
+        "attn.output_proj.weight",
+        "self_attn.o_proj.weight",
+        "attn_output.weight",
+    ),
+    (
+        "ln2.weight",
+        "post_attention_layernorm.weight",
+        "ffn_norm.weight",
+    ),
+    ("ffn.w1.weight", "mlp.gate_proj.weight", "ffn_gate.weight"),
+    ("ffn.w2.weight", "mlp.down_proj.weight", "ffn_down.weight"),
+    ("ffn.w3.weight", "mlp.up_proj.weight", "ffn_up.weight"),
+];
+
+/// The name of tinylm's tensor `name` (a [`crate::params::ParamLayout`] name) under `naming`.
+pub fn rename(name: &str, naming: Naming) -> String {
+    let pick = |hf: &str, gguf: &str| match naming {
+        Naming::Hf => hf.to_string(),
+        Naming::Gguf => gguf.to_string(),
+    };
+    match name {
+        "token_embeddings.weight" => pick("model.embed_tokens.weight", "token_embd.weight"),
+        "ln_final.weight" => pick("model.norm.weight", "output_norm.weight"),
+        "lm_head.weight" => pick("lm_head.weight", "output.weight"),
+        _ => {
+            let rest = name.strip_prefix("layers.").expect("a layout name");
+            let (layer, suffix) = rest.split_once('.').expect("a layout name");
+            let (_, hf, gguf) = LAYER_NAMES
+                .iter()
+                .find(|(tinylm, _, _)| *tinylm == suffix)
+                .expect("a layout name");
+            match naming {
+                Naming::Hf => format!("model.layers.{layer}.{hf}"),
+                Naming::Gguf => format!("blk.{layer}.{gguf}"),
+            }
+        }
+    }
+}
+
+/// Whether the tensor `name` is a query or key projection, whose rows RoPE pairs.
+pub fn is_rope_projection(name: &str) -> bool {
+    name.ends_with("attn.q_proj.weight") || name.ends_with("attn.k_proj.weight")
+}
+
+/// A byte-level BPE tokenizer as the exports need it: the vocabulary, the merges in
+/// rank order, and which ids are special tokens.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BpeTokenizer {
+    pub vocab: Vocab,
+    pub merges: Merges,
+    /// Ids of the special tokens: the tokens that are neither one byte nor made by a
+    /// merge (`<|endoftext|>` and any other `--special-token` of `tinylm bpe train`).
+    pub specials: Vec<u32>,
+}
+
+impl BpeTokenizer {
+    /// A tokenizer from its vocabulary and merges; finds the special tokens, which must
+    /// be UTF-8 text.
+    pub fn new(vocab: Vocab, merges: Merges) -> Result<Self> {
+        let made: HashSet<Vec<u8>> = merges
+            .iter()
+            .map(|(l, r)| [&l[..], &r[..]].concat())
+            .collect();
+        let mut specials = Vec::new();
+        for (id, token) in vocab.iter().enumerate() {
+            if token.len() > 1 && !made.contains(token) {
+                if std::str::from_utf8(token).is_err() {
+                    return Err(Error::Invalid(format!(
+                        "token {id} is no merge's result, so it is a special token, but it is not UTF-8 text: {token:?}"
+                    )));
+                }
+                specials.push(id as u32);
+            }
+        }
+        Ok(BpeTokenizer {
+            vocab,
+            merges,
+            specials,
+        })
+    }
+
+    /// Reads a tokenizer directory: `vocab.json` and `merges.txt` (`tinylm bpe
+    /// train`'s), or else a Hugging Face `tokenizer.json` (an exported model).
+    pub fn load(dir: &Path) -> Result<Self> {
+        if !dir.join("vocab.json").exists() && dir.join("tokenizer.json").exists() {
+            return hf::read_tokenizer_json(&dir.join("tokenizer.json"));
+        }
+        let (vocab, merges) = load_tokenizer(dir)?;
+        Self::new(vocab, merges).map_err(|e| Error::Invalid(format!("{}: {e}", dir.display())))
+    }
+
+    /// The id of `<|endoftext|>`, or else of the first special token: Llama's `bos`
+    /// and `eos`.
+    pub fn end_of_text(&self) -> Option<u32> {
+        let id = self
+            .specials
+            .iter()
+            .find(|&&id| self.vocab[id as usize] == END_OF_TEXT.as_bytes());
+        id.or(self.specials.first()).copied()
+    }
+
+    pub fn is_special(&self, id: u32) -> bool {
+        self.specials.contains(&id)
+    }
+
+    /// Token `id` as the exports write it: a special token as its text, any other
+    /// through GPT-2's byte-to-unicode table (space → `Ġ`).
+    pub fn spelled(&self, id: u32) -> String {
+        let token = &self.vocab[id as usize];
+        match self.is_special(id) {
+            true => String::from_utf8(token.clone()).expect("checked in new"),
+            false => {
+                let table = bytes_to_unicode();
+                token.iter().map(|&b| table[b as usize]).collect()
+            }
+        }
+    }
+
+    /// The merges as `"left right"`, both spelled through GPT-2's table.
+    pub fn spelled_merges(&self) -> Vec<String> {
+        let table = bytes_to_unicode();
+        let spell = |t: &[u8]| t.iter().map(|&b| table[b as usize]).collect::<String>();
+        self.merges
+            .iter()
+            .map(|(l, r)| format!("{} {}", spell(l), spell(r)))
+            .collect()
+    }
+
+    /// Checks the tokenizer fits a model of `vocab_size` tokens.
+    pub fn check_fits(&self, vocab_size: usize) -> Result<()> {
+        if self.vocab.len() > vocab_size {
+            return Err(Error::Invalid(format!(
+                "the tokenizer has {} tokens but the model only {vocab_size}",
+                self.vocab.len()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Creates the directory `out` with the files `fill` writes: they go into a
+/// temporary sibling directory that is renamed to `out` once complete, so a failure
+/// leaves nothing behind. `out` must not exist or be an empty directory.
+pub fn write_dir(out: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    if out.is_file() || std::fs::read_dir(out).is_ok_and(|mut d| d.next().is_some()) {
+        return Err(Error::Invalid(format!(
+            "{}: already exists and is not empty; refusing to overwrite it",
+            out.display()
+        )));
+    }
+    let tmp = temp_sibling(out);
+    std::fs::create_dir_all(&tmp).map_err(|e| Error::io(out, e))?;
+    let done = fill(&tmp).and_then(|()| {
+        if out.exists() {
+            std::fs::remove_dir(out).map_err(|e| Error::io(out, e))?;
+        }
+        std::fs::rename(&tmp, out).map_err(|e| Error::io(out, e))
+    });
+    if done.is_err() {
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    done
+}
+
+/// Writes the file `out` through `write` into a temporary sibling renamed into place;
+/// a failure removes the temporary file.
+pub fn write_file(
+    out: &Path,
+    write: impl FnOnce(&mut std::io::BufWriter<std::fs::File>) -> std::io::Result<()>,
+) -> Result<()> {
+    use std::io::Write;
+    let tmp = temp_sibling(out);
+    let done = std::fs::File::create(&tmp).and_then(|file| {
+        let mut w = std::io::BufWriter::new(file);
+        write(&mut w)?;
+        w.flush()?;
+        w.get_ref().sync_all()?;
+        drop(w);
+        std::fs::rename(&tmp, out)
+    });
+    done.map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        Error::io(out, e)
+    })
+}
+
+/// `.<name>.tmp<pid>` next to `path`.
+fn temp_sibling(path: &Path) -> std::path::PathBuf {
+    let name = path
+        .file_name()
+        .map_or_else(|| "out".into(), |n| n.to_string_lossy().into_owned());
+    path.with_file_name(format!(".{name}.tmp{}", std::process::id()))
+}
