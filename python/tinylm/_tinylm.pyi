@@ -88,12 +88,18 @@ class TransformerLM:
     ``vocab_size``, ``context_length``, ``d_model``, ``num_layers``, ``num_heads``,
     ``d_ff``, ``rope_theta`` and the ablations ``norm`` (pre/post/none),
     ``positional`` (rope/none), ``ffn`` (swiglu/silu), ``tie_embeddings``.
-    Weights are initialized as the SPEC says from ``seed``."""
+    Weights are initialized as the SPEC says from ``seed``. ``device`` is ``cpu``,
+    ``cuda``, ``cuda:N`` or ``auto`` (CUDA needs a build with the cargo feature
+    ``cuda``); ``precision`` (``bf16`` or ``fp32``) applies on a GPU."""
 
-    def __new__(cls, config: dict[str, Any], seed: int = 0) -> "TransformerLM": ...
+    def __new__(
+        cls, config: dict[str, Any], seed: int = 0, device: str = "cpu", precision: str = "bf16"
+    ) -> "TransformerLM": ...
     @classmethod
-    def from_pretrained(cls, path: str | os.PathLike[str]) -> "TransformerLM":
-        """A model from a checkpoint file or a run directory."""
+    def from_pretrained(
+        cls, path: str | os.PathLike[str], device: str = "cpu", precision: str = "bf16"
+    ) -> "TransformerLM":
+        """A model from a checkpoint file or a run directory, on ``device``."""
     @property
     def config(self) -> dict[str, Any]:
         """The configuration."""
@@ -135,7 +141,9 @@ def train(config: dict[str, Any] | str | os.PathLike[str]) -> pathlib.Path:
     planned end with the same losses as a run that never stopped; the other keys
     given override it (each change is printed to stderr), except the model's, which
     raise ``ValueError`` naming the key. ``schedule="time"`` runs the learning-rate
-    schedule over ``time_budget_s`` instead of the steps."""
+    schedule over ``time_budget_s`` instead of the steps. The keys ``device``
+    (``cpu``, ``cuda``, ``cuda:N``, ``auto``) and ``precision`` (``bf16``, ``fp32``)
+    choose where it trains."""
 
 
 # The submodules hold the functions typed in the package modules of the same names.

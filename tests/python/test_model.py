@@ -174,3 +174,19 @@ def test_train_resume_continues_the_recorded_run(tmp_path):
         tinylm.train({"resume": ckpt})
     with pytest.raises(ValueError, match="'model.d_model' 32 \\(the checkpoint's d_model is 16\\)"):
         tinylm.train({"resume": ckpt, "steps": 20, "model": {"d_model": 32}})
+
+
+def test_device_argument():
+    with pytest.raises(ValueError, match="unknown device 'gpu'"):
+        tinylm.TransformerLM(CONFIG, device="gpu")
+    with pytest.raises(ValueError, match="unknown precision 'fp16'"):
+        tinylm.TransformerLM(CONFIG, device="cpu", precision="fp16")
+    cpu = tinylm.TransformerLM(CONFIG, seed=3, device="cpu")
+    ids = RNG.integers(0, 40, size=(2, 9))
+    try:
+        gpu = tinylm.TransformerLM(CONFIG, seed=3, device="cuda", precision="fp32")
+    except ValueError as e:
+        # A build without the cuda feature, or no usable GPU: one clear line.
+        assert "CUDA" in str(e) or "cuda" in str(e), e
+        return
+    np.testing.assert_allclose(gpu.forward(ids), cpu.forward(ids), rtol=1e-4, atol=1e-5)

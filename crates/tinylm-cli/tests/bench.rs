@@ -93,3 +93,32 @@ fn bench_rejects_bad_arguments() {
         assert!(String::from_utf8_lossy(&out.stderr).starts_with("error:"));
     }
 }
+
+#[test]
+fn bench_on_a_device() {
+    let mut args = TINY.to_vec();
+    args.extend(["--batch-size", "2", "--steps", "2", "--threads", "1"]);
+    let out = tinylm(&[&args[..], &["--device", "gpu"]].concat());
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown device 'gpu'"));
+    // `auto` runs wherever it can.
+    let out = tinylm(&[&args[..], &["--device", "auto"]].concat());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // CUDA: figures on a GPU build with a GPU, else one line saying what is missing.
+    let out = tinylm(&[&args[..], &["--device", "cuda", "--precision", "fp32"]].concat());
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    if out.status.success() {
+        assert!(stdout.contains("device: cuda:0, precision fp32") && stdout.contains("tokens/s"));
+    } else {
+        assert_eq!(out.status.code(), Some(2));
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(stderr.to_lowercase().contains("cuda"), "{stderr}");
+    }
+}

@@ -6,7 +6,9 @@ use pyo3::prelude::*;
 use pyo3::types::{IntoPyDict, PyDict, PyType};
 use std::ops::ControlFlow;
 use std::path::PathBuf;
+use tinylm::device::{resolve, Device, Precision};
 use tinylm::generate::{generate, Sampler};
+use tinylm::kernels::Cpu;
 use tinylm::params::ParamLayout;
 use tinylm::{Model, ModelConfig};
 
@@ -102,7 +104,56 @@ fn to_state_dict<'py>(
 /// and the ablations `norm`, `positional`, `ffn`, `tie_embeddings`).
 #[pyclass(module = "tinylm")]
 pub struct TransformerLM {
-    model: Model,
+    model: Engine,
+}
+
+/// The model on the CPU or, in builds with the cargo feature `cuda`, on a GPU.
+enum Engine {
+    Cpu(Box<Model>),
+    #[cfg(feature = "cuda")]
+    Cuda(Box<Model<f32, tinylm::kernels::cuda::Cuda>>),
+}
+
+/// `$body` with `$m` bound to the model, whichever backend runs it.
+macro_rules! on_engine {
+    ($engine:expr, $m:ident => $body:expr) => {
+        match $engine {
+            Engine::Cpu($m) => $body,
+            #[cfg(feature = "cuda")]
+            Engine::Cuda($m) => $body,
+        }
+    };
+}
+
+impl Engine {
+    /// A model with `params` on `device` (`cpu`, `cuda`, `cuda:N`, `auto`).
+    fn new(config: ModelConfig, params: &[f32], device: &str, precision: &str) -> PyResult<Self> {
+        let device: Device = device.parse().map_err(model_error)?;
+        let precision: Precision = precision.parse().map_err(model_error)?;
+        match resolve(device).map_err(model_error)? {
+            Device::Cpu => Ok(Engine::Cpu(Box::new(
+                Model::with_backend(config, params, Cpu).map_err(model_error)?,
+            ))),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(n) => {
+                let cuda = tinylm::kernels::cuda::Cuda::new(n, precision).map_err(model_error)?;
+                let model = Model::with_backend(config, params, cuda).map_err(model_error)?;
+                Ok(Engine::Cuda(Box::new(model)))
+            }
+            other => Err(invalid(format!(
+                "device {other} ({precision}): this tinylm was built without CUDA support; \
+                 build the package with the cargo feature `cuda` (maturin build --features cuda)"
+            ))),
+        }
+    }
+
+    fn config(&self) -> &ModelConfig {
+        on_engine!(self, m => m.config())
+    }
+
+    fn layout(&self) -> &ParamLayout {
+        on_engine!(self, m => m.layout())
+    }
 }
 
 impl TransformerLM {
@@ -123,19 +174,37 @@ impl TransformerLM {
 
 #[pymethods]
 impl TransformerLM {
-    /// A freshly initialized model (SPEC init, from `seed`).
+    /// A freshly initialized model (SPEC init, from `seed`) on `device` (`cpu`,
+    /// `cuda`, `cuda:N` or `auto`) in `precision` (`bf16` or `fp32`, GPUs only).
     #[new]
-    #[pyo3(signature = (config, seed = 0))]
-    fn new(py: Python<'_>, config: &Bound<'_, PyAny>, seed: u64) -> PyResult<Self> {
+    #[pyo3(signature = (config, seed = 0, device = "cpu", precision = "bf16"))]
+    fn new(
+        py: Python<'_>,
+        config: &Bound<'_, PyAny>,
+        seed: u64,
+        device: &str,
+        precision: &str,
+    ) -> PyResult<Self> {
         let config: ModelConfig = from_py_json(config, "config")?;
-        let model = detached(py, || Model::new(config, seed).map_err(model_error))?;
+        config.validate().map_err(model_error)?;
+        let model = detached(py, || {
+            let params = ParamLayout::new(&config).init(seed);
+            Engine::new(config, &params, device, precision)
+        })?;
         Ok(TransformerLM { model })
     }
 
     /// A model from a checkpoint file, or a run directory holding
-    /// `checkpoint.safetensors`.
+    /// `checkpoint.safetensors`, on `device` in `precision`.
     #[classmethod]
-    fn from_pretrained(_cls: &Bound<'_, PyType>, py: Python<'_>, path: PathBuf) -> PyResult<Self> {
+    #[pyo3(signature = (path, device = "cpu", precision = "bf16"))]
+    fn from_pretrained(
+        _cls: &Bound<'_, PyType>,
+        py: Python<'_>,
+        path: PathBuf,
+        device: &str,
+        precision: &str,
+    ) -> PyResult<Self> {
         let path = if path.is_dir() {
             path.join("checkpoint.safetensors")
         } else {
@@ -143,7 +212,7 @@ impl TransformerLM {
         };
         let model = detached(py, || {
             let ckpt = tinylm::checkpoint::load(&path).map_err(model_error)?;
-            Model::from_params(ckpt.config, ckpt.params).map_err(model_error)
+            Engine::new(ckpt.config, &ckpt.params, device, precision)
         })?;
         Ok(TransformerLM { model })
     }
@@ -157,13 +226,13 @@ impl TransformerLM {
     /// Replaces every parameter: `state` must hold exactly the model's tensors.
     fn load_state_dict(&mut self, state: &Bound<'_, PyDict>) -> PyResult<()> {
         let params = params_from_state_dict(self.model.config(), state)?;
-        self.model.params_mut().copy_from_slice(&params);
-        Ok(())
+        on_engine!(&mut self.model, m => m.upload_params(&params)).map_err(model_error)
     }
 
     /// Copies of the parameters by CS336 name, float32.
     fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        to_state_dict(py, self.model.layout(), self.model.params())
+        let params = on_engine!(&self.model, m => m.download_params()).map_err(model_error)?;
+        to_state_dict(py, self.model.layout(), &params)
     }
 
     /// Logits `(..., T, vocab_size)` for token ids `(..., T)`, `T ≤ context_length`.
@@ -174,9 +243,10 @@ impl TransformerLM {
     ) -> PyResult<Bound<'py, PyAny>> {
         let (mut shape, ids, b, t) = self.batch(ids, "ids")?;
         let model = &mut self.model;
-        let logits = detached(py, || {
-            Ok(model.forward(&ids, b, t).map_err(model_error)?.to_vec())
-        })?;
+        let logits = detached(
+            py,
+            || on_engine!(model, m => Ok(m.forward(&ids, b, t).map_err(model_error)?.to_vec())),
+        )?;
         shape.push(self.model.config().vocab_size);
         Ok(output(py, &shape, logits).into_any())
     }
@@ -197,17 +267,14 @@ impl TransformerLM {
             )));
         }
         let model = &mut self.model;
-        let loss = detached(py, || {
-            let loss = model
-                .forward_loss(&ids, &targets, b, t)
-                .map_err(model_error)?;
-            model.backward().map_err(model_error)?;
-            Ok(loss as f64)
+        let (loss, grads) = detached(py, || {
+            on_engine!(model, m => {
+                let loss = m.forward_loss(&ids, &targets, b, t).map_err(model_error)?;
+                m.backward().map_err(model_error)?;
+                Ok((loss as f64, m.download_grads().map_err(model_error)?))
+            })
         })?;
-        Ok((
-            loss,
-            to_state_dict(py, self.model.layout(), self.model.grads())?,
-        ))
+        Ok((loss, to_state_dict(py, self.model.layout(), &grads)?))
     }
 
     /// Continues `prompt_ids` with at most `max_new_tokens` tokens sampled with
@@ -229,14 +296,14 @@ impl TransformerLM {
         let mut sampler = Sampler::new(temperature, top_p, None, seed).map_err(model_error)?;
         let model = &mut self.model;
         detached(py, || {
-            generate(
-                model,
+            on_engine!(model, m => generate(
+                m,
                 &prompt_ids,
                 max_new_tokens,
                 &mut sampler,
                 eos_id,
                 |_| ControlFlow::Continue(()),
-            )
+            ))
             .map_err(model_error)
         })
     }
@@ -260,7 +327,7 @@ impl TransformerLM {
             c.num_layers,
             c.num_heads,
             c.d_ff,
-            self.model.params().len()
+            self.model.layout().total
         )
     }
 }

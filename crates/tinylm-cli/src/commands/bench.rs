@@ -7,8 +7,9 @@ use clap::Args;
 use std::path::PathBuf;
 use std::time::Instant;
 use tinylm::config::{Ffn, ModelConfig};
+use tinylm::device::{resolve, run_on, BackendTask, Device};
 use tinylm::kernels::cpu::linear::{matmul, matmul_isa};
-use tinylm::kernels::{profile::Kind, Cpu, MatMul, Profiled};
+use tinylm::kernels::{profile::Kind, Backend, Cpu, MatMul, Profiled};
 use tinylm::optim::AdamWParams;
 use tinylm::{Model, Result as LmResult};
 
@@ -44,6 +45,8 @@ pub struct BenchArgs {
     /// Skip the matrix-product peak measurement.
     #[arg(long)]
     no_peak: bool,
+    #[command(flatten)]
+    device: super::DeviceArgs,
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
@@ -129,37 +132,24 @@ fn bench(c: &ModelConfig, b: usize, t: usize, args: &BenchArgs) -> Result<()> {
         rayon::current_num_threads(),
         flops * 1e-9
     );
-    println!(
-        "matrix products: gemm's {} kernels (chosen at run time for this CPU)",
-        matmul_isa()
-    );
-
-    let mut model = Model::new(c.clone(), 0)?;
-    let mut opt = model.new_adamw(AdamWParams {
-        beta2: 0.95,
-        weight_decay: 0.1,
-        ..AdamWParams::default()
-    })?;
-    let mut step = |model: &mut Model| -> LmResult<f32> {
-        let loss = model.forward_loss(&ids, &targets, b, t)?;
-        model.backward()?;
-        model.adamw_step(&mut opt, 1e-3, 1.0);
-        Ok(loss)
+    let device = resolve(args.device.device)?;
+    if device == Device::Cpu {
+        println!(
+            "matrix products: gemm's {} kernels (chosen at run time for this CPU)",
+            matmul_isa()
+        );
+    } else {
+        println!("device: {device}, precision {}", args.device.precision);
+    }
+    let timed = TimedSteps {
+        c,
+        ids: &ids,
+        targets: &targets,
+        b,
+        t,
+        steps: args.steps,
     };
-    for _ in 0..2 {
-        step(&mut model)?;
-    }
-    let mut times = Vec::with_capacity(args.steps);
-    let mut loss = 0.0;
-    let cpu_start = cpu_seconds();
-    for _ in 0..args.steps {
-        let start = Instant::now();
-        loss = step(&mut model)?;
-        times.push(start.elapsed().as_secs_f64());
-    }
-    let cpu_per_step = cpu_seconds()
-        .zip(cpu_start)
-        .map(|(end, start)| (end - start) / args.steps as f64);
+    let (mut times, loss, cpu_per_step, params) = run_on(device, args.device.precision, timed)?;
     times.sort_by(f64::total_cmp);
     let (best, median) = (times[0], times[times.len() / 2]);
     println!(
@@ -178,6 +168,9 @@ fn bench(c: &ModelConfig, b: usize, t: usize, args: &BenchArgs) -> Result<()> {
         n as f64 / median,
         flops / median * 1e-9
     );
+    if device != Device::Cpu {
+        return Ok(());
+    }
 
     if let Some(cpu) = cpu_per_step {
         let threads = rayon::current_num_threads() as f64;
@@ -190,7 +183,7 @@ fn bench(c: &ModelConfig, b: usize, t: usize, args: &BenchArgs) -> Result<()> {
         );
     }
 
-    breakdown(c, model.params().to_vec(), &ids, &targets, b, t)?;
+    breakdown(c, params, &ids, &targets, b, t)?;
     if !args.no_peak {
         let peak = peak(c, n);
         let step = flops / best * 1e-9;
@@ -202,6 +195,53 @@ fn bench(c: &ModelConfig, b: usize, t: usize, args: &BenchArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Two warm-up steps, then `steps` timed training steps on any backend, each
+/// waiting for its kernels; the step times, the last loss, the CPU seconds per
+/// timed step (all threads) and the final parameters.
+struct TimedSteps<'a> {
+    c: &'a ModelConfig,
+    ids: &'a [u32],
+    targets: &'a [u32],
+    b: usize,
+    t: usize,
+    steps: usize,
+}
+
+impl BackendTask for TimedSteps<'_> {
+    type Output = (Vec<f64>, f32, Option<f64>, Vec<f32>);
+
+    fn run<B: Backend<f32>>(self, backend: B) -> LmResult<Self::Output> {
+        let mut model = Model::init_with_backend(self.c.clone(), 0, backend)?;
+        let mut opt = model.new_adamw(AdamWParams {
+            beta2: 0.95,
+            weight_decay: 0.1,
+            ..AdamWParams::default()
+        })?;
+        let mut step = |model: &mut Model<f32, B>| -> LmResult<f32> {
+            let loss = model.forward_loss(self.ids, self.targets, self.b, self.t)?;
+            model.backward()?;
+            model.adamw_step(&mut opt, 1e-3, 1.0);
+            model.backend().sync()?;
+            Ok(loss)
+        };
+        for _ in 0..2 {
+            step(&mut model)?;
+        }
+        let mut times = Vec::with_capacity(self.steps);
+        let mut loss = 0.0;
+        let cpu_start = cpu_seconds();
+        for _ in 0..self.steps {
+            let start = Instant::now();
+            loss = step(&mut model)?;
+            times.push(start.elapsed().as_secs_f64());
+        }
+        let cpu_per_step = cpu_seconds()
+            .zip(cpu_start)
+            .map(|(end, start)| (end - start) / self.steps as f64);
+        Ok((times, loss, cpu_per_step, model.download_params()?))
+    }
 }
 
 /// Re-runs a few steps with every kernel call timed and prints the split per kind.

@@ -4,9 +4,12 @@ use anyhow::{Context, Result};
 use clap::Args;
 use std::path::PathBuf;
 use tinylm::data::TokenDataset;
+use tinylm::device::{run_on, BackendTask};
+use tinylm::kernels::Backend;
 use tinylm::model::Model;
-use tinylm::train::evaluate;
+use tinylm::train::{evaluate, EvalResult};
 use tinylm::weights;
+use tinylm::ModelConfig;
 
 #[derive(Args, Debug)]
 pub struct EvalArgs {
@@ -27,6 +30,8 @@ pub struct EvalArgs {
     /// Worker threads, 0 for one per core.
     #[arg(long, default_value_t = 0)]
     threads: usize,
+    #[command(flatten)]
+    device: super::DeviceArgs,
 }
 
 pub fn run(args: EvalArgs) -> Result<()> {
@@ -38,8 +43,14 @@ pub fn run(args: EvalArgs) -> Result<()> {
     let ckpt = weights::load(&args.checkpoint, None)?;
     let data = TokenDataset::open(&args.data, ckpt.config.vocab_size)?;
     let t = ckpt.config.context_length;
-    let mut model = Model::from_params(ckpt.config, ckpt.params)?;
-    let r = evaluate(&mut model, &data, args.batch_size, args.max_batches)?;
+    let task = Evaluation {
+        config: ckpt.config,
+        params: ckpt.params,
+        data: &data,
+        batch_size: args.batch_size,
+        max_batches: args.max_batches,
+    };
+    let r = run_on(args.device.device, args.device.precision, task)?;
     println!(
         "val_loss {:.4}  perplexity {:.3}  ({} windows of {t} tokens from {})",
         r.loss,
@@ -48,4 +59,21 @@ pub fn run(args: EvalArgs) -> Result<()> {
         args.data.display()
     );
     Ok(())
+}
+
+/// The evaluation, on whichever backend `--device` names.
+struct Evaluation<'a> {
+    config: ModelConfig,
+    params: Vec<f32>,
+    data: &'a TokenDataset,
+    batch_size: usize,
+    max_batches: usize,
+}
+
+impl BackendTask for Evaluation<'_> {
+    type Output = EvalResult;
+    fn run<B: Backend<f32>>(self, backend: B) -> tinylm::Result<EvalResult> {
+        let mut model = Model::with_backend(self.config, &self.params, backend)?;
+        evaluate(&mut model, self.data, self.batch_size, self.max_batches)
+    }
 }

@@ -6,8 +6,10 @@ use anyhow::{bail, Result};
 use clap::Args;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use tinylm::device::{run_on, BackendTask};
+use tinylm::kernels::Backend;
 use tinylm::model::Model;
-use tinylm::params::save_safetensors;
+use tinylm::params::{save_safetensors, ParamLayout};
 use tinylm::weights::{self, Weights};
 use tinylm::ModelConfig;
 use tinylm_bpe::npy::{self, Dtype, MappedNpy};
@@ -36,6 +38,8 @@ pub struct ForwardArgs {
     /// Worker threads (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
+    #[command(flatten)]
+    device: super::DeviceArgs,
 }
 
 pub fn run(args: ForwardArgs) -> Result<()> {
@@ -69,25 +73,61 @@ pub fn run(args: ForwardArgs) -> Result<()> {
 
     let mut logits_shape = shape.clone();
     logits_shape.push(config.vocab_size);
-    let mut model = Model::from_params(config, params)?;
-
-    let logits = model.forward(&ids, b, t)?;
-    npy::write(&args.logits_out, &logits_shape, logits)?;
-
-    if let Some(targets) = targets {
-        let loss = model.forward_loss(&ids, &targets, b, t)?;
+    let layout = ParamLayout::new(&config);
+    let task = Pass {
+        config,
+        params,
+        ids: &ids,
+        targets: targets.as_deref(),
+        grads: args.grads_out.is_some(),
+        b,
+        t,
+    };
+    let (logits, loss, grads) = run_on(args.device.device, args.device.precision, task)?;
+    npy::write(&args.logits_out, &logits_shape, &logits)?;
+    if let Some(loss) = loss {
         println!("loss {loss}");
         println!("perplexity {}", loss.exp());
-        if let Some(path) = &args.grads_out {
-            model.backward()?;
-            let meta = BTreeMap::from([
-                ("format".to_string(), "pt".to_string()),
-                ("loss".to_string(), loss.to_string()),
-            ]);
-            save_safetensors(path, &model.layout().tensors(model.grads()), &meta)?;
-        }
+    }
+    if let (Some(path), Some(grads), Some(loss)) = (&args.grads_out, grads, loss) {
+        let meta = BTreeMap::from([
+            ("format".to_string(), "pt".to_string()),
+            ("loss".to_string(), loss.to_string()),
+        ]);
+        save_safetensors(path, &layout.tensors(&grads), &meta)?;
     }
     Ok(())
+}
+
+/// The logits, and with targets the loss and (when asked) every parameter's
+/// gradient, on whichever backend `--device` names.
+struct Pass<'a> {
+    config: ModelConfig,
+    params: Vec<f32>,
+    ids: &'a [u32],
+    targets: Option<&'a [u32]>,
+    grads: bool,
+    b: usize,
+    t: usize,
+}
+
+impl BackendTask for Pass<'_> {
+    type Output = (Vec<f32>, Option<f32>, Option<Vec<f32>>);
+    fn run<B: Backend<f32>>(self, backend: B) -> tinylm::Result<Self::Output> {
+        let mut model = Model::with_backend(self.config, &self.params, backend)?;
+        let logits = model.forward(self.ids, self.b, self.t)?.to_vec();
+        let Some(targets) = self.targets else {
+            return Ok((logits, None, None));
+        };
+        let loss = model.forward_loss(self.ids, targets, self.b, self.t)?;
+        let grads = if self.grads {
+            model.backward()?;
+            Some(model.download_grads()?)
+        } else {
+            None
+        };
+        Ok((logits, Some(loss), grads))
+    }
 }
 
 /// Token ids of a `(B, T)` or `(T,)` integer `.npy`, checked against the model:

@@ -6,9 +6,11 @@ use clap::Args;
 use std::io::Write;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
+use tinylm::device::{run_on, BackendTask};
 use tinylm::export::BpeTokenizer;
 use tinylm::generate::{generate, Sampler, TextStream};
-use tinylm::{weights, Model};
+use tinylm::kernels::Backend;
+use tinylm::{weights, Model, ModelConfig};
 use tinylm_bpe::encode::Tokenizer;
 
 /// The special token that ends a document; generation stops there.
@@ -46,6 +48,8 @@ pub struct GenerateArgs {
     /// Worker threads [default: all cores].
     #[arg(long)]
     threads: Option<usize>,
+    #[command(flatten)]
+    device: super::DeviceArgs,
 }
 
 pub fn run(args: GenerateArgs) -> Result<()> {
@@ -64,19 +68,18 @@ pub fn run(args: GenerateArgs) -> Result<()> {
             ckpt.config.vocab_size
         );
     }
-    let mut model = Model::from_params(ckpt.config, ckpt.params)?;
     let stdout = std::io::stdout();
-    let mut out = stdout.lock();
-    let written = write_continuation(
-        &mut model,
-        &tokenizer,
+    let task = Continuation {
+        config: ckpt.config,
+        params: ckpt.params,
+        tokenizer: &tokenizer,
         eos,
-        &args.prompt,
-        args.max_tokens,
-        &mut sampler,
-        &mut out,
-    );
-    match written {
+        prompt: &args.prompt,
+        max_tokens: args.max_tokens,
+        sampler: &mut sampler,
+        out: &mut stdout.lock(),
+    };
+    match run_on(args.device.device, args.device.precision, task)? {
         Err(e) if is_broken_pipe(&e) => Ok(()),
         other => other.map(drop),
     }
@@ -95,8 +98,8 @@ pub fn load_with_end_of_text(dir: &Path) -> Result<(Tokenizer, u32)> {
 /// Writes `prompt` and then its continuation to `out` token by token (flushed as
 /// each character completes), up to `max_tokens` or `<|endoftext|>`; an empty
 /// prompt starts a new document. Returns the whole text.
-pub fn write_continuation(
-    model: &mut Model,
+pub fn write_continuation<B: Backend<f32>>(
+    model: &mut Model<f32, B>,
     tokenizer: &Tokenizer,
     eos: u32,
     prompt: &str,
@@ -137,6 +140,34 @@ pub fn write_continuation(
     }
     emit(&(stream.finish() + "\n"))?;
     Ok(text)
+}
+
+/// [`write_continuation`] on whichever backend `--device` names.
+struct Continuation<'a> {
+    config: ModelConfig,
+    params: Vec<f32>,
+    tokenizer: &'a Tokenizer,
+    eos: u32,
+    prompt: &'a str,
+    max_tokens: usize,
+    sampler: &'a mut Sampler,
+    out: &'a mut dyn Write,
+}
+
+impl BackendTask for Continuation<'_> {
+    type Output = Result<String>;
+    fn run<B: Backend<f32>>(self, backend: B) -> tinylm::Result<Result<String>> {
+        let mut model = Model::with_backend(self.config, &self.params, backend)?;
+        Ok(write_continuation(
+            &mut model,
+            self.tokenizer,
+            self.eos,
+            self.prompt,
+            self.max_tokens,
+            self.sampler,
+            self.out,
+        ))
+    }
 }
 
 /// Whether `err` is a write into a closed pipe (`tinylm generate … | head`).

@@ -23,3 +23,15 @@ pub fn set_threads(threads: Option<usize>) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// `--device` and `--precision`, for the commands that run a model.
+#[derive(clap::Args, Clone, Copy, Debug)]
+pub struct DeviceArgs {
+    /// Where the model runs: cpu, cuda, cuda:N (GPU N) or auto (CUDA when a usable
+    /// GPU is present).
+    #[arg(long, default_value = "cpu")]
+    pub device: tinylm::device::Device,
+    /// GPU arithmetic: bf16 (mixed precision) or fp32 (the CPU's results).
+    #[arg(long, default_value = "bf16")]
+    pub precision: tinylm::device::Precision,
+}

@@ -135,6 +135,12 @@ pub struct TrainArgs {
     /// when the next step and that evaluation would end past them.
     #[arg(long)]
     time_budget_s: Option<f64>,
+    /// Where to train: cpu, cuda, cuda:N or auto [default: cpu].
+    #[arg(long)]
+    device: Option<String>,
+    /// GPU arithmetic: bf16 (mixed precision) or fp32 [default: bf16].
+    #[arg(long)]
+    precision: Option<String>,
     /// What the learning-rate schedule runs over: steps, or time (the time budget;
     /// the run then takes as many steps as fit) [default: steps].
     #[arg(long)]
@@ -185,6 +191,8 @@ impl TrainArgs {
             ),
             ("log_interval", self.log_interval.map(Value::from)),
             ("time_budget_s", self.time_budget_s.map(Value::from)),
+            ("device", string(&self.device)),
+            ("precision", string(&self.precision)),
             ("schedule", string(&self.schedule)),
         ]
         .into_iter()

@@ -15,6 +15,8 @@
 //! a GPU), so the orchestration is written once for every backend.
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod profile;
 
 pub use cpu::Cpu;

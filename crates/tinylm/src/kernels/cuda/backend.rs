@@ -1,0 +1,339 @@
+//! [`Backend`] for [`Cuda`]: the model's buffers live on the device, in the type
+//! their [`BufKind`] and the precision say, and every kernel is queued on the
+//! backend's stream. Values reach the host only through `download`,
+//! `cross_entropy` (the loss) and `sum_squares` (the gradient norm).
+
+use super::attention::attention_scratch_len;
+use super::global_norm::NORM_BLOCKS;
+use super::rmsnorm::ROW_BLOCKS;
+use super::{Cuda, DType, Dev, DeviceBuffer};
+use crate::kernels::cpu::rmsnorm::EPS;
+use crate::kernels::{AdamWStep, AttnShape, Backend, BufKind, Buffer, MatMul, Span, SpanMut};
+use crate::Result;
+
+/// A model buffer on the device. Parameters and full-precision buffers are f32;
+/// activations are `floatX`. Under bf16, parameters also keep a bf16 copy, the
+/// operand of the matrix products, refreshed by every write (upload, AdamW).
+pub struct CudaBuf {
+    data: DeviceBuffer,
+    shadow: Option<DeviceBuffer>,
+}
+
+impl Buffer for CudaBuf {
+    fn len(&self) -> usize {
+        self.data.len()
+    }
+}
+
+/// The kernels' work space, one buffer per use, grown to the largest request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Scratch {
+    /// Heads of q, k, v and their gradients ([`attention_scratch_len`]).
+    Attention,
+    /// RMSNorm gain-gradient partial sums `(ROW_BLOCKS, C)` f32.
+    NormGain,
+    /// Per-row losses `(N)` f32 and the mean.
+    Losses,
+    Loss,
+    /// Sum-of-squares partials and the sum, f64.
+    Squares,
+    Sum,
+}
+
+fn view(span: Span<CudaBuf>) -> Dev {
+    span.buf.data.slice(span.start..span.start + span.len)
+}
+
+fn view_mut(span: SpanMut<CudaBuf>) -> Dev {
+    span.buf.data.slice(span.start..span.start + span.len)
+}
+
+/// A matrix-product operand: the bf16 copy of parameters, else the values.
+fn operand(span: Span<CudaBuf>) -> Dev {
+    let buf = span.buf.shadow.as_ref().unwrap_or(&span.buf.data);
+    buf.slice(span.start..span.start + span.len)
+}
+
+impl Cuda {
+    /// Scratch `slot` of at least `len` values, or `None` (the error recorded) when
+    /// it cannot be allocated. A buffer replaced by a larger one is freed in
+    /// stream order, after the kernels queued on it.
+    fn scratch(&self, slot: Scratch, len: usize, dtype: DType) -> Option<Dev> {
+        let mut scratch = self.scratch.lock().expect("scratch lock");
+        if scratch
+            .get(&slot)
+            .is_none_or(|b| b.len() < len || b.dtype() != dtype)
+        {
+            scratch.remove(&slot);
+            match self.alloc(len, dtype, &format!("kernel work space ({slot:?})")) {
+                Ok(buf) => {
+                    scratch.insert(slot, buf);
+                }
+                Err(e) => {
+                    self.check::<(), _>("work space", Err(e));
+                    return None;
+                }
+            }
+        }
+        Some(scratch[&slot].slice(0..len))
+    }
+
+    /// The type a buffer of `kind` holds.
+    fn dtype_of(&self, kind: BufKind) -> DType {
+        match kind {
+            BufKind::Activations => self.float_x(),
+            BufKind::Params | BufKind::Full => DType::F32,
+        }
+    }
+
+    /// Refreshes the bf16 copy of parameters `span` from their f32 values.
+    fn refresh_shadow(&self, buf: &CudaBuf, start: usize, len: usize) {
+        if let Some(shadow) = &buf.shadow {
+            self.to_float_x(
+                shadow.slice(start..start + len),
+                buf.data.slice(start..start + len),
+            );
+        }
+    }
+}
+
+impl Backend<f32> for Cuda {
+    type Buf = CudaBuf;
+    type Ids = DeviceBuffer;
+
+    fn alloc(&self, len: usize, kind: BufKind) -> Result<CudaBuf> {
+        let what = match kind {
+            BufKind::Params => "parameters",
+            BufKind::Activations => "activations",
+            BufKind::Full => "gradients, moments or statistics (f32)",
+        };
+        let data = Cuda::alloc(self, len, self.dtype_of(kind), what)?;
+        let shadow = (kind == BufKind::Params && self.float_x() != DType::F32)
+            .then(|| Cuda::alloc(self, len, self.float_x(), "parameters (bf16 copy)"))
+            .transpose()?;
+        Ok(CudaBuf { data, shadow })
+    }
+
+    fn alloc_ids(&self, len: usize) -> Result<DeviceBuffer> {
+        Cuda::alloc(self, len, DType::U32, "token ids")
+    }
+
+    fn upload(&self, dst: SpanMut<CudaBuf>, src: &[f32]) -> Result<()> {
+        let (start, len) = (dst.start, dst.len);
+        let buf = &*dst.buf;
+        let target = buf.data.slice(start..start + len);
+        if target.dtype == DType::F32 {
+            Cuda::upload(self, target, src);
+        } else {
+            let staging = Cuda::alloc(self, len, DType::F32, "upload staging")?;
+            Cuda::upload(self, staging.view(), src);
+            self.to_float_x(target, staging.view());
+        }
+        self.refresh_shadow(buf, start, len);
+        self.synchronize()
+    }
+
+    fn upload_ids(&self, dst: &mut DeviceBuffer, src: &[u32]) -> Result<()> {
+        Cuda::upload(self, dst.slice(0..src.len()), src);
+        self.take_error()
+    }
+
+    fn download(&self, src: Span<CudaBuf>, dst: &mut [f32]) -> Result<()> {
+        let source = view(src);
+        if source.dtype == DType::F32 {
+            return Cuda::download(self, source, dst);
+        }
+        let staging = Cuda::alloc(self, src.len, DType::F32, "download staging")?;
+        self.to_f32(staging.view(), source);
+        Cuda::download(self, staging.view(), dst)
+    }
+
+    fn sync(&self) -> Result<()> {
+        self.synchronize()
+    }
+
+    fn matmul(&self, out: SpanMut<CudaBuf>, a: Span<CudaBuf>, b: Span<CudaBuf>, shape: MatMul) {
+        Cuda::matmul(self, view_mut(out), operand(a), operand(b), shape);
+    }
+
+    fn copy(&self, dst: SpanMut<CudaBuf>, src: Span<CudaBuf>) {
+        let (start, len, buf) = (dst.start, dst.len, &*dst.buf);
+        let (to, from) = (buf.data.slice(start..start + len), view(src));
+        match (to.dtype, from.dtype) {
+            (t, f) if t == f => Cuda::copy(self, to, from),
+            (DType::F32, _) => self.to_f32(to, from),
+            _ => self.to_float_x(to, from),
+        }
+        self.refresh_shadow(buf, start, len);
+    }
+
+    fn fill_zero(&self, dst: SpanMut<CudaBuf>) {
+        let (start, len, buf) = (dst.start, dst.len, &*dst.buf);
+        self.zero(buf.data.slice(start..start + len));
+        if let Some(shadow) = &buf.shadow {
+            self.zero(shadow.slice(start..start + len));
+        }
+    }
+
+    fn embedding_forward(&self, out: SpanMut<CudaBuf>, ids: &DeviceBuffer, table: Span<CudaBuf>) {
+        Cuda::embedding_forward(self, view_mut(out), ids.view(), view(table));
+    }
+
+    fn embedding_backward(
+        &self,
+        dtable: SpanMut<CudaBuf>,
+        dout: Span<CudaBuf>,
+        ids: &DeviceBuffer,
+    ) {
+        Cuda::embedding_backward(self, view_mut(dtable), view(dout), ids.view());
+    }
+
+    fn rmsnorm_forward(
+        &self,
+        out: SpanMut<CudaBuf>,
+        rstd: SpanMut<CudaBuf>,
+        x: Span<CudaBuf>,
+        g: Span<CudaBuf>,
+    ) {
+        let (out, rstd) = (view_mut(out), view_mut(rstd));
+        Cuda::rmsnorm_forward(self, out, rstd, view(x), view(g), EPS as f32);
+    }
+
+    fn rmsnorm_backward(
+        &self,
+        dx: SpanMut<CudaBuf>,
+        dg: SpanMut<CudaBuf>,
+        dout: Span<CudaBuf>,
+        x: Span<CudaBuf>,
+        g: Span<CudaBuf>,
+        rstd: Span<CudaBuf>,
+        accumulate: bool,
+    ) {
+        let Some(scratch) = self.scratch(Scratch::NormGain, ROW_BLOCKS * g.len, DType::F32) else {
+            return;
+        };
+        let (dx, dg) = (view_mut(dx), view_mut(dg));
+        let (dout, x, g, rstd) = (view(dout), view(x), view(g), view(rstd));
+        Cuda::rmsnorm_backward(self, dx, dg, dout, x, g, rstd, accumulate, scratch);
+    }
+
+    fn swiglu_forward(&self, out: SpanMut<CudaBuf>, a: Span<CudaBuf>, b: Option<Span<CudaBuf>>) {
+        Cuda::swiglu_forward(self, view_mut(out), view(a), b.map(view));
+    }
+
+    fn swiglu_backward(
+        &self,
+        da: SpanMut<CudaBuf>,
+        db: Option<SpanMut<CudaBuf>>,
+        dout: Span<CudaBuf>,
+        a: Span<CudaBuf>,
+        b: Option<Span<CudaBuf>>,
+    ) {
+        let (da, db) = (view_mut(da), db.map(view_mut));
+        Cuda::swiglu_backward(self, da, db, view(dout), view(a), b.map(view));
+    }
+
+    fn rope(
+        &self,
+        qkv: SpanMut<CudaBuf>,
+        cos: Span<CudaBuf>,
+        sin: Span<CudaBuf>,
+        shape: AttnShape,
+        inverse: bool,
+    ) {
+        Cuda::rope(self, view_mut(qkv), view(cos), view(sin), shape, inverse);
+    }
+
+    fn attention_forward(
+        &self,
+        out: SpanMut<CudaBuf>,
+        att: SpanMut<CudaBuf>,
+        qkv: Span<CudaBuf>,
+        shape: AttnShape,
+    ) {
+        let len = attention_scratch_len(shape);
+        let Some(scratch) = self.scratch(Scratch::Attention, len, self.float_x()) else {
+            return;
+        };
+        let (out, att) = (view_mut(out), view_mut(att));
+        Cuda::attention_forward(self, out, att, view(qkv), shape, scratch);
+    }
+
+    fn attention_backward(
+        &self,
+        dqkv: SpanMut<CudaBuf>,
+        datt: SpanMut<CudaBuf>,
+        dout: Span<CudaBuf>,
+        qkv: Span<CudaBuf>,
+        att: Span<CudaBuf>,
+        shape: AttnShape,
+    ) {
+        let len = attention_scratch_len(shape);
+        let Some(scratch) = self.scratch(Scratch::Attention, len, self.float_x()) else {
+            return;
+        };
+        let (dqkv, datt) = (view_mut(dqkv), view_mut(datt));
+        let (dout, qkv, att) = (view(dout), view(qkv), view(att));
+        Cuda::attention_backward(self, dqkv, datt, dout, qkv, att, shape, scratch);
+    }
+
+    fn cross_entropy(&self, logits: SpanMut<CudaBuf>, targets: &DeviceBuffer, grad: bool) -> f32 {
+        let n = targets.len();
+        let scratch = (
+            self.scratch(Scratch::Losses, n, DType::F32),
+            self.scratch(Scratch::Loss, 1, DType::F32),
+        );
+        let (Some(losses), Some(loss)) = scratch else {
+            return f32::NAN;
+        };
+        Cuda::cross_entropy(self, loss, losses, view_mut(logits), targets.view(), grad);
+        let mut host = [f32::NAN];
+        // A failure stays recorded for the caller's `sync`.
+        if let Err(e) = Cuda::download(self, loss, &mut host) {
+            self.check::<(), _>("cross-entropy", Err(e));
+        }
+        host[0]
+    }
+
+    fn sum_squares(&self, x: Span<CudaBuf>) -> f64 {
+        let scratch = (
+            self.scratch(Scratch::Squares, NORM_BLOCKS, DType::F64),
+            self.scratch(Scratch::Sum, 1, DType::F64),
+        );
+        let (Some(partial), Some(sum)) = scratch else {
+            return f64::NAN;
+        };
+        Cuda::sum_squares(self, sum, view(x), partial);
+        let mut host = [f64::NAN];
+        if let Err(e) = Cuda::download(self, sum, &mut host) {
+            self.check::<(), _>("sum of squares", Err(e));
+        }
+        host[0]
+    }
+
+    fn adamw(
+        &self,
+        params: SpanMut<CudaBuf>,
+        grads: Span<CudaBuf>,
+        m: SpanMut<CudaBuf>,
+        v: SpanMut<CudaBuf>,
+        step: &AdamWStep,
+    ) {
+        let (start, len, buf) = (params.start, params.len, &*params.buf);
+        let shadow = buf.shadow.as_ref().map(|s| s.slice(start..start + len));
+        let p = buf.data.slice(start..start + len);
+        let (g, m, v) = (view(grads), view_mut(m), view_mut(v));
+        Cuda::adamw(
+            self,
+            p,
+            shadow,
+            g,
+            m,
+            v,
+            step.t,
+            step.lr,
+            &step.hp,
+            step.grad_scale,
+        );
+    }
+}

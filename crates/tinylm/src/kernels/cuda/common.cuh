@@ -1,0 +1,73 @@
+// Prepended to every kernel family (`*.cu`) before NVRTC compiles it: the
+// activation type, conversions and the warp/block reductions.
+//
+// `floatX` is the activation and matmul-operand type: `__nv_bfloat16` when the
+// source is compiled with `-DTINYLM_BF16` (`--precision bf16`), else `float`
+// (`--precision fp32`). Parameters (the f32 master copy), gradients of parameters,
+// AdamW moments, RMSNorm statistics, RoPE tables and losses are always `float`;
+// every reduction accumulates in `float` (or `double` where the CPU uses `f64`).
+
+#ifdef TINYLM_BF16
+#include <cuda_bf16.h>
+typedef __nv_bfloat16 floatX;
+__device__ __forceinline__ float to_f32(floatX x) { return __bfloat162float(x); }
+__device__ __forceinline__ floatX to_x(float x) { return __float2bfloat16_rn(x); }
+#else
+typedef float floatX;
+__device__ __forceinline__ float to_f32(floatX x) { return x; }
+__device__ __forceinline__ floatX to_x(float x) { return x; }
+#endif
+
+#define WARP_SIZE 32
+#define FULL_MASK 0xffffffffu
+#define FLT_LOWEST (-3.402823466e38f)
+
+template <typename T>
+__device__ __forceinline__ T warp_sum(T x) {
+    for (int offset = WARP_SIZE / 2; offset > 0; offset >>= 1) {
+        x += __shfl_xor_sync(FULL_MASK, x, offset);
+    }
+    return x;
+}
+
+__device__ __forceinline__ float warp_max(float x) {
+    for (int offset = WARP_SIZE / 2; offset > 0; offset >>= 1) {
+        x = fmaxf(x, __shfl_xor_sync(FULL_MASK, x, offset));
+    }
+    return x;
+}
+
+/// Sum over the block (blockDim.x a multiple of 32, at most 1024), returned to
+/// every thread; the summation order is fixed, so the result is deterministic.
+/// Ends with a barrier, so it may be called again at once.
+template <typename T>
+__device__ T block_sum(T x) {
+    __shared__ T partial[WARP_SIZE];
+    const int lane = threadIdx.x % WARP_SIZE;
+    const int warp = threadIdx.x / WARP_SIZE;
+    const int warps = blockDim.x / WARP_SIZE;
+    x = warp_sum(x);
+    if (lane == 0) {
+        partial[warp] = x;
+    }
+    __syncthreads();
+    x = warp_sum(lane < warps ? partial[lane] : T(0));
+    __syncthreads();
+    return x;
+}
+
+/// The row of a one-warp-per-row kernel (`-1` past the last row) and the lane.
+__device__ __forceinline__ int warp_row(int rows) {
+    const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
+    return row < rows ? row : -1;
+}
+
+/// The global index of this thread in a one-thread-per-element launch.
+__device__ __forceinline__ size_t thread_index() {
+    return (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+}
+
+/// The step of a grid-stride loop.
+__device__ __forceinline__ size_t grid_stride() {
+    return (size_t)gridDim.x * blockDim.x;
+}

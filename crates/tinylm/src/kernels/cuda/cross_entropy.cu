@@ -1,0 +1,76 @@
+// Cross-entropy over the LM head's logits fused with its gradient: one block per
+// row, an online (max, sum) pass over the vocabulary in strided chunks, then the
+// gradient written in place. CPU twin: kernels/cpu/cross_entropy.rs.
+
+/// Combines two online-softmax partials (max m, sum s of e^{x − m}).
+__device__ __forceinline__ void online_merge(float& m, float& s, float m2, float s2) {
+    const float new_max = fmaxf(m, m2);
+    s = s * expf(m - new_max) + s2 * expf(m2 - new_max);
+    m = new_max;
+}
+
+/// losses (N) f32 = logsumexp(logits[n]) − logits[n, targets[n]] for logits (N, V);
+/// with `grad`, each row is overwritten by (softmax − onehot(target)) / N.
+/// Launch: grid N, block 512 (a multiple of 32, at most 1024); one block per row.
+extern "C" __global__ void cross_entropy_forward_backward(floatX* logits, float* losses,
+                                                          const unsigned int* targets, int n,
+                                                          int v, int grad) {
+    __shared__ float warp_max_s[WARP_SIZE];
+    __shared__ float warp_sum_s[WARP_SIZE];
+    const int row = blockIdx.x;
+    const int lane = threadIdx.x % WARP_SIZE;
+    const int warp = threadIdx.x / WARP_SIZE;
+    const int warps = blockDim.x / WARP_SIZE;
+    floatX* x = logits + (size_t)row * v;
+    float m = FLT_LOWEST;
+    float s = 0.0f;
+    for (int j = threadIdx.x; j < v; j += blockDim.x) {
+        online_merge(m, s, to_f32(x[j]), 1.0f);
+    }
+    for (int offset = WARP_SIZE / 2; offset > 0; offset >>= 1) {
+        const float m2 = __shfl_xor_sync(FULL_MASK, m, offset);
+        const float s2 = __shfl_xor_sync(FULL_MASK, s, offset);
+        online_merge(m, s, m2, s2);
+    }
+    if (lane == 0) {
+        warp_max_s[warp] = m;
+        warp_sum_s[warp] = s;
+    }
+    __syncthreads();
+    m = FLT_LOWEST;
+    s = 0.0f;
+    for (int w = 0; w < warps; w++) {
+        online_merge(m, s, warp_max_s[w], warp_sum_s[w]);
+    }
+    const unsigned int target = targets[row];
+    if (threadIdx.x == 0) {
+        losses[row] = (m - to_f32(x[target])) + logf(s);
+    }
+    if (!grad) {
+        return;
+    }
+    // Thread 0 has read x[target] above before any thread overwrites it.
+    __syncthreads();
+    const float inv_n = 1.0f / n;
+    const float k = inv_n / s;
+    for (int j = threadIdx.x; j < v; j += blockDim.x) {
+        float g = expf(to_f32(x[j]) - m) * k;
+        if (j == target) {
+            g -= inv_n;
+        }
+        x[j] = to_x(g);
+    }
+}
+
+/// loss (1) f32 = mean of losses (N), summed in f64 in a fixed order.
+/// Launch: grid 1, block 1024.
+extern "C" __global__ void cross_entropy_mean(float* loss, const float* losses, int n) {
+    double sum = 0.0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        sum += losses[i];
+    }
+    sum = block_sum(sum);
+    if (threadIdx.x == 0) {
+        *loss = (float)(sum / n);
+    }
+}

@@ -1,0 +1,35 @@
+//! Launches of `global_norm.cu`.
+
+use super::{expect, Cuda, DType, Dev};
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+
+/// Blocks of the first stage: fixed, so the summation order (and the result) is the
+/// same every step. Its scratch is `NORM_BLOCKS` f64.
+pub const NORM_BLOCKS: usize = 264;
+
+impl Cuda {
+    /// `sum (1)` f64 = `Σ x²` over `x` (f32); `scratch`: `NORM_BLOCKS` f64.
+    pub fn sum_squares(&self, sum: Dev, x: Dev, scratch: Dev) {
+        expect(x, x.len, DType::F32, "sum_squares x");
+        expect(sum, 1, DType::F64, "sum_squares sum");
+        expect(scratch, NORM_BLOCKS, DType::F64, "sum_squares scratch");
+        let n = x.len as u64;
+        let mut args = self.kernel("global_norm_partial");
+        args.arg(&scratch.ptr).arg(&x.ptr).arg(&n);
+        let cfg = LaunchConfig {
+            grid_dim: (NORM_BLOCKS as u32, 1, 1),
+            block_dim: (512, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        self.run("global_norm_partial", args, cfg);
+        let blocks = NORM_BLOCKS as i32;
+        let mut args = self.kernel("global_norm_finish");
+        args.arg(&sum.ptr).arg(&scratch.ptr).arg(&blocks);
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1024, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        self.run("global_norm_finish", args, cfg);
+    }
+}

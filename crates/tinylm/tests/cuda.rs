@@ -1,0 +1,716 @@
+//! The CUDA backend against the CPU engine, on a GPU: every kernel on random inputs
+//! in both precisions (fp32 within 1e-5 relative, bf16 within 2e-2), then the
+//! whole model. Needs a CUDA GPU, its driver and the CUDA 13 libraries on
+//! `LD_LIBRARY_PATH` (`bench/gpu.sh` runs it); without them every test fails with
+//! the reason — never skipped, never counted as passed.
+#![cfg(feature = "cuda")]
+
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+use tinylm::checkpoint;
+use tinylm::config::{Ffn, ModelConfig, Norm, Positional};
+use tinylm::device::Device;
+use tinylm::kernels::cpu;
+use tinylm::kernels::cuda::{Cuda, DType, DeviceBuffer, Precision};
+use tinylm::kernels::{AttnShape, MatMul};
+use tinylm::optim::{adamw_step, clip_scale, global_norm, AdamWParams, CLIP_EPS};
+use tinylm::params::ParamLayout;
+use tinylm::train::{train, LogRecord, Progress, TrainConfig};
+use tinylm::Model;
+
+const PRECISIONS: [Precision; 2] = [Precision::Fp32, Precision::Bf16];
+
+fn gpu(precision: Precision) -> Cuda {
+    Cuda::new(0, precision).unwrap_or_else(|e| panic!("CUDA numeric tests need a GPU: {e}"))
+}
+
+fn tolerance(precision: Precision) -> f64 {
+    match precision {
+        Precision::Fp32 => 1e-5,
+        Precision::Bf16 => 2e-2,
+    }
+}
+
+fn random(rng: &mut ChaCha8Rng, len: usize, scale: f32) -> Vec<f32> {
+    (0..len)
+        .map(|_| scale * (rng.random::<f32>() * 2.0 - 1.0))
+        .collect()
+}
+
+fn random_ids(rng: &mut ChaCha8Rng, len: usize, vocab: usize) -> Vec<u32> {
+    (0..len)
+        .map(|_| rng.random_range(0..vocab as u32))
+        .collect()
+}
+
+/// `x` as the device's activations would hold it (rounded to bf16 in bf16 mode).
+fn rounded(cuda: &Cuda, x: &[f32]) -> Vec<f32> {
+    match cuda.float_x() {
+        DType::Bf16 => x
+            .iter()
+            .map(|&v| half::bf16::from_f32(v).to_f32())
+            .collect(),
+        _ => x.to_vec(),
+    }
+}
+
+/// An f32 buffer holding `x`.
+fn put_f32(cuda: &Cuda, x: &[f32]) -> DeviceBuffer {
+    let buf = cuda.alloc(x.len(), DType::F32, "test input").unwrap();
+    cuda.upload(buf.view(), x);
+    buf
+}
+
+/// A `floatX` buffer holding `x` (rounded in bf16 mode).
+fn put_x(cuda: &Cuda, x: &[f32]) -> DeviceBuffer {
+    let f32s = put_f32(cuda, x);
+    let buf = cuda.alloc(x.len(), cuda.float_x(), "test input").unwrap();
+    cuda.to_float_x(buf.view(), f32s.view());
+    cuda.synchronize().unwrap();
+    buf
+}
+
+fn put_ids(cuda: &Cuda, ids: &[u32]) -> DeviceBuffer {
+    let buf = cuda.alloc(ids.len(), DType::U32, "test ids").unwrap();
+    cuda.upload(buf.view(), ids);
+    buf
+}
+
+/// The contents of any f32 or floatX buffer, as f32.
+fn get(cuda: &Cuda, buf: &DeviceBuffer) -> Vec<f32> {
+    let mut out = vec![0f32; buf.len()];
+    if buf.dtype() == DType::F32 {
+        cuda.download(buf.view(), &mut out).unwrap();
+    } else {
+        let f32s = cuda.alloc(buf.len(), DType::F32, "test output").unwrap();
+        cuda.to_f32(f32s.view(), buf.view());
+        cuda.download(f32s.view(), &mut out).unwrap();
+    }
+    out
+}
+
+/// `max |got − want| / max |want|` within `tol`.
+#[track_caller]
+fn assert_close(got: &[f32], want: &[f32], tol: f64, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    let scale = want
+        .iter()
+        .fold(0f64, |m, &w| m.max(w.abs() as f64))
+        .max(1e-30);
+    let (worst, at) = got
+        .iter()
+        .zip(want)
+        .map(|(&g, &w)| (g as f64 - w as f64).abs())
+        .enumerate()
+        .fold(
+            (0f64, 0),
+            |(m, at), (i, e)| if e > m { (e, i) } else { (m, at) },
+        );
+    assert!(
+        worst / scale <= tol && got.iter().all(|g| g.is_finite()),
+        "{what}: relative error {:.3e} > {tol:.0e} at {at} (got {}, want {})",
+        worst / scale,
+        got[at],
+        want[at]
+    );
+    println!("{what}: relative error {:.2e}", worst / scale);
+}
+
+#[test]
+fn matmul_matches_the_cpu_in_every_transpose_and_accumulate() {
+    let mut rng = ChaCha8Rng::seed_from_u64(1);
+    for precision in PRECISIONS {
+        let cuda = gpu(precision);
+        for (a_transposed, b_transposed, accumulate) in [
+            (false, true, false),
+            (false, false, false),
+            (true, false, true),
+            (false, true, true),
+        ] {
+            let s = MatMul {
+                m: 37,
+                k: 70,
+                n: 45,
+                a_transposed,
+                b_transposed,
+                accumulate,
+            };
+            let a = rounded(&cuda, &random(&mut rng, s.m * s.k, 1.0));
+            let b = rounded(&cuda, &random(&mut rng, s.k * s.n, 1.0));
+            let out0 = random(&mut rng, s.m * s.n, 1.0);
+            // Parameter gradients accumulate in f32; activations are floatX.
+            let out_dtype = if accumulate {
+                DType::F32
+            } else {
+                cuda.float_x()
+            };
+            let out0 = if out_dtype == DType::F32 {
+                out0
+            } else {
+                rounded(&cuda, &out0)
+            };
+            let out = if out_dtype == DType::F32 {
+                put_f32(&cuda, &out0)
+            } else {
+                put_x(&cuda, &out0)
+            };
+            let (da, db) = (put_x(&cuda, &a), put_x(&cuda, &b));
+            cuda.matmul(out.view(), da.view(), db.view(), s);
+            let mut want = out0.clone();
+            cpu::linear::matmul(&mut want, &a, &b, s);
+            let what = format!("{precision:?} matmul {s:?}");
+            assert_close(&get(&cuda, &out), &want, tolerance(precision), &what);
+        }
+    }
+}
+
+#[test]
+fn embedding_forward_and_backward_match_the_cpu() {
+    let mut rng = ChaCha8Rng::seed_from_u64(2);
+    let (v, c, n) = (50, 24, 300);
+    for precision in PRECISIONS {
+        let cuda = gpu(precision);
+        let table = random(&mut rng, v * c, 1.0);
+        let ids = random_ids(&mut rng, n, v);
+        let dout = rounded(&cuda, &random(&mut rng, n * c, 1.0));
+        let (dtable_d, ids_d) = (put_f32(&cuda, &table), put_ids(&cuda, &ids));
+        let out = cuda.alloc(n * c, cuda.float_x(), "out").unwrap();
+        cuda.embedding_forward(out.view(), ids_d.view(), dtable_d.view());
+        let mut want = vec![0f32; n * c];
+        cpu::embedding::embedding_forward(&mut want, &ids, &table);
+        assert_close(
+            &get(&cuda, &out),
+            &rounded(&cuda, &want),
+            0.0,
+            "embedding forward",
+        );
+        let dout_d = put_x(&cuda, &dout);
+        cuda.embedding_backward(dtable_d.view(), dout_d.view(), ids_d.view());
+        let mut want = table.clone();
+        cpu::embedding::embedding_backward(&mut want, &dout, &ids);
+        assert_close(&get(&cuda, &dtable_d), &want, 1e-6, "embedding backward");
+    }
+}
+
+#[test]
+fn rmsnorm_forward_and_backward_match_the_cpu() {
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    let (n, c) = (67, 96);
+    for precision in PRECISIONS {
+        let cuda = gpu(precision);
+        let tol = tolerance(precision);
+        let x = rounded(&cuda, &random(&mut rng, n * c, 2.0));
+        let g = random(&mut rng, c, 1.5);
+        let dout = rounded(&cuda, &random(&mut rng, n * c, 1.0));
+        let dx0 = rounded(&cuda, &random(&mut rng, n * c, 1.0));
+        let dg0 = random(&mut rng, c, 1.0);
+        let (x_d, g_d) = (put_x(&cuda, &x), put_f32(&cuda, &g));
+        let out = cuda.alloc(n * c, cuda.float_x(), "out").unwrap();
+        let rstd = cuda.alloc(n, DType::F32, "rstd").unwrap();
+        cuda.rmsnorm_forward(out.view(), rstd.view(), x_d.view(), g_d.view(), 1e-5);
+        let (mut want, mut want_rstd) = (vec![0f32; n * c], vec![0f32; n]);
+        cpu::rmsnorm::rmsnorm_forward(&mut want, &mut want_rstd, &x, &g, 1e-5);
+        assert_close(&get(&cuda, &out), &want, tol, "rmsnorm out");
+        assert_close(&get(&cuda, &rstd), &want_rstd, 1e-5, "rmsnorm rstd");
+        let scratch = cuda
+            .alloc(
+                tinylm::kernels::cuda::rmsnorm::ROW_BLOCKS * c,
+                DType::F32,
+                "scratch",
+            )
+            .unwrap();
+        for accumulate in [false, true] {
+            let (dx_d, dg_d, dout_d) = (
+                put_x(&cuda, &dx0),
+                put_f32(&cuda, &dg0),
+                put_x(&cuda, &dout),
+            );
+            cuda.rmsnorm_backward(
+                dx_d.view(),
+                dg_d.view(),
+                dout_d.view(),
+                x_d.view(),
+                g_d.view(),
+                rstd.view(),
+                accumulate,
+                scratch.view(),
+            );
+            let (mut dx, mut dg) = (dx0.clone(), dg0.clone());
+            cpu::rmsnorm::rmsnorm_backward(&mut dx, &mut dg, &dout, &x, &g, &want_rstd, accumulate);
+            assert_close(&get(&cuda, &dx_d), &dx, tol, "rmsnorm dx");
+            assert_close(&get(&cuda, &dg_d), &dg, 1e-5, "rmsnorm dg");
+        }
+    }
+}
+
+#[test]
+fn swiglu_and_silu_match_the_cpu() {
+    let mut rng = ChaCha8Rng::seed_from_u64(4);
+    let len = 3001;
+    for precision in PRECISIONS {
+        let cuda = gpu(precision);
+        let tol = tolerance(precision);
+        let a = rounded(&cuda, &random(&mut rng, len, 4.0));
+        let b = rounded(&cuda, &random(&mut rng, len, 2.0));
+        let dout = rounded(&cuda, &random(&mut rng, len, 1.0));
+        let (a_d, b_d, dout_d) = (put_x(&cuda, &a), put_x(&cuda, &b), put_x(&cuda, &dout));
+        for gated in [true, false] {
+            let b_opt = gated.then_some(&b[..]);
+            let out = cuda.alloc(len, cuda.float_x(), "out").unwrap();
+            cuda.swiglu_forward(out.view(), a_d.view(), gated.then(|| b_d.view()));
+            let mut want = vec![0f32; len];
+            cpu::swiglu::swiglu_forward(&mut want, &a, b_opt);
+            assert_close(&get(&cuda, &out), &want, tol, "swiglu forward");
+            let da = cuda.alloc(len, cuda.float_x(), "da").unwrap();
+            let db = cuda.alloc(len, cuda.float_x(), "db").unwrap();
+            cuda.swiglu_backward(
+                da.view(),
+                gated.then(|| db.view()),
+                dout_d.view(),
+                a_d.view(),
+                gated.then(|| b_d.view()),
+            );
+            let (mut want_da, mut want_db) = (vec![0f32; len], vec![0f32; len]);
+            cpu::swiglu::swiglu_backward(
+                &mut want_da,
+                gated.then_some(&mut want_db[..]),
+                &dout,
+                &a,
+                b_opt,
+            );
+            assert_close(&get(&cuda, &da), &want_da, tol, "swiglu da");
+            if gated {
+                assert_close(&get(&cuda, &db), &want_db, tol, "swiglu db");
+            }
+        }
+    }
+}
+
+#[test]
+fn rope_and_its_inverse_match_the_cpu_at_an_offset() {
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    let (context, h, d) = (20, 3, 8);
+    let (cos, sin) = cpu::rope::rope_tables::<f32>(context, d, 100.0);
+    for precision in PRECISIONS {
+        let cuda = gpu(precision);
+        let (cos_d, sin_d) = (put_f32(&cuda, &cos), put_f32(&cuda, &sin));
+        for (b, t, q0) in [(2, 11, 0), (1, 17, 16)] {
+            let s = AttnShape { b, t, h, d, q0 };
+            for inverse in [false, true] {
+                let qkv = rounded(&cuda, &random(&mut rng, b * s.tq() * 3 * s.c(), 1.0));
+                let qkv_d = put_x(&cuda, &qkv);
+                cuda.rope(qkv_d.view(), cos_d.view(), sin_d.view(), s, inverse);
+                let mut want = qkv.clone();
+                cpu::rope::rope(&mut want, &cos, &sin, s, inverse);
+                let what = format!("{precision:?} rope {s:?} inverse {inverse}");
+                assert_close(&get(&cuda, &qkv_d), &want, tolerance(precision), &what);
+            }
+        }
+    }
+}
+
+#[test]
+fn attention_forward_backward_and_decode_match_the_cpu() {
+    let mut rng = ChaCha8Rng::seed_from_u64(6);
+    for precision in PRECISIONS {
+        let cuda = gpu(precision);
+        let tol = tolerance(precision);
+        for (b, t, h, d, q0) in [(2, 13, 3, 8, 0), (1, 9, 2, 16, 8), (3, 40, 2, 4, 0)] {
+            let s = AttnShape { b, t, h, d, q0 };
+            let (c, tq) = (s.c(), s.tq());
+            let qkv = rounded(&cuda, &random(&mut rng, b * t * 3 * c, 1.5));
+            let qkv_d = put_x(&cuda, &qkv);
+            let out = cuda.alloc(b * tq * c, cuda.float_x(), "out").unwrap();
+            let att = cuda.alloc(b * h * tq * t, cuda.float_x(), "att").unwrap();
+            let scratch_len = tinylm::kernels::cuda::attention::attention_scratch_len(s);
+            let scratch = cuda.alloc(scratch_len, cuda.float_x(), "scratch").unwrap();
+            cuda.attention_forward(out.view(), att.view(), qkv_d.view(), s, scratch.view());
+            let (mut want, mut want_att) = (vec![0f32; b * tq * c], vec![0f32; b * h * tq * t]);
+            cpu::attention::attention_forward(&mut want, &mut want_att, &qkv, s);
+            let what = format!("{precision:?} attention {s:?}");
+            assert_close(
+                &get(&cuda, &att),
+                &want_att,
+                tol,
+                &format!("{what} probabilities"),
+            );
+            assert_close(&get(&cuda, &out), &want, tol, &format!("{what} out"));
+            if q0 > 0 {
+                continue;
+            }
+            let dout = rounded(&cuda, &random(&mut rng, b * t * c, 1.0));
+            let dout_d = put_x(&cuda, &dout);
+            let dqkv = cuda.alloc(b * t * 3 * c, cuda.float_x(), "dqkv").unwrap();
+            let datt = cuda.alloc(b * h * t * t, cuda.float_x(), "datt").unwrap();
+            cuda.attention_backward(
+                dqkv.view(),
+                datt.view(),
+                dout_d.view(),
+                qkv_d.view(),
+                att.view(),
+                s,
+                scratch.view(),
+            );
+            let (mut want_dqkv, mut scratch_cpu) =
+                (vec![0f32; b * t * 3 * c], vec![0f32; b * h * t * t]);
+            cpu::attention::attention_backward(
+                &mut want_dqkv,
+                &mut scratch_cpu,
+                &dout,
+                &qkv,
+                &want_att,
+                s,
+            );
+            assert_close(&get(&cuda, &dqkv), &want_dqkv, tol, &format!("{what} dqkv"));
+        }
+    }
+}
+
+#[test]
+fn cross_entropy_loss_and_gradient_match_the_cpu() {
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    for precision in PRECISIONS {
+        let cuda = gpu(precision);
+        let tol = tolerance(precision);
+        for (n, v) in [(33, 50), (4, 5000)] {
+            let logits = rounded(&cuda, &random(&mut rng, n * v, 6.0));
+            let targets = random_ids(&mut rng, n, v);
+            let targets_d = put_ids(&cuda, &targets);
+            let losses = cuda.alloc(n, DType::F32, "losses").unwrap();
+            let loss = cuda.alloc(1, DType::F32, "loss").unwrap();
+            for grad in [false, true] {
+                let logits_d = put_x(&cuda, &logits);
+                cuda.cross_entropy(
+                    loss.view(),
+                    losses.view(),
+                    logits_d.view(),
+                    targets_d.view(),
+                    grad,
+                );
+                let mut want = logits.clone();
+                let want_loss = cpu::cross_entropy::cross_entropy(&mut want, &targets, grad);
+                let what = format!("{precision:?} cross-entropy ({n}, {v})");
+                // The loss is f32 from f32 statistics in both precisions.
+                assert_close(
+                    &get(&cuda, &loss),
+                    &[want_loss],
+                    1e-5,
+                    &format!("{what} loss"),
+                );
+                if grad {
+                    assert_close(
+                        &get(&cuda, &logits_d),
+                        &want,
+                        tol,
+                        &format!("{what} gradient"),
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn adamw_and_sum_of_squares_match_the_cpu() {
+    let mut rng = ChaCha8Rng::seed_from_u64(8);
+    let n = 100_003;
+    let hp = AdamWParams {
+        weight_decay: 0.1,
+        ..AdamWParams::default()
+    };
+    for precision in PRECISIONS {
+        let cuda = gpu(precision);
+        let grads = random(&mut rng, n, 0.01);
+        let grads_d = put_f32(&cuda, &grads);
+        let sum = cuda.alloc(1, DType::F64, "sum").unwrap();
+        let blocks = tinylm::kernels::cuda::global_norm::NORM_BLOCKS;
+        let scratch = cuda.alloc(blocks, DType::F64, "scratch").unwrap();
+        cuda.sum_squares(sum.view(), grads_d.view(), scratch.view());
+        let mut got = [0f64];
+        cuda.download(sum.view(), &mut got).unwrap();
+        let want = global_norm(&[&grads]).powi(2);
+        assert!(
+            (got[0] - want).abs() <= 1e-12 * want,
+            "sum of squares {} != {want}",
+            got[0]
+        );
+        // Three clipped steps: bit-for-bit the CPU's.
+        let scale = clip_scale(want.sqrt(), want.sqrt() / 2.0, CLIP_EPS);
+        let mut params = random(&mut rng, n, 1.0);
+        let (params_d, m_d, v_d) = (
+            put_f32(&cuda, &params),
+            put_f32(&cuda, &vec![0.0; n]),
+            put_f32(&cuda, &vec![0.0; n]),
+        );
+        let shadow = cuda.alloc(n, cuda.float_x(), "shadow").unwrap();
+        let (mut m, mut v) = (vec![0f32; n], vec![0f32; n]);
+        for step in 1..=3 {
+            let (p, mo, vo) = (params_d.view(), m_d.view(), v_d.view());
+            cuda.adamw(
+                p,
+                Some(shadow.view()),
+                grads_d.view(),
+                mo,
+                vo,
+                step,
+                1e-3,
+                &hp,
+                scale,
+            );
+            adamw_step(&mut params, &grads, &mut m, &mut v, step, 1e-3, &hp, scale);
+        }
+        assert_eq!(
+            get(&cuda, &params_d),
+            params,
+            "adamw parameters, bit for bit"
+        );
+        assert_eq!(get(&cuda, &m_d), m, "adamw first moment");
+        assert_eq!(get(&cuda, &v_d), v, "adamw second moment");
+        assert_close(
+            &get(&cuda, &shadow),
+            &rounded(&cuda, &params),
+            0.0,
+            "adamw shadow",
+        );
+    }
+}
+
+// ---- The whole model on the GPU against the CPU engine.
+
+fn model_config(norm: Norm, positional: Positional, ffn: Ffn, tie_embeddings: bool) -> ModelConfig {
+    ModelConfig {
+        vocab_size: 67,
+        context_length: 40,
+        d_model: 24,
+        num_layers: 2,
+        num_heads: 3,
+        d_ff: 40,
+        rope_theta: 50.0,
+        norm,
+        positional,
+        ffn,
+        tie_embeddings,
+    }
+}
+
+/// Every ablation: pre-, post- and no norm, RoPE or NoPE, SwiGLU or SiLU (tied).
+fn ablations() -> Vec<ModelConfig> {
+    let mut all = Vec::new();
+    for norm in [Norm::Pre, Norm::Post, Norm::None] {
+        for positional in [Positional::Rope, Positional::None] {
+            for (ffn, tied) in [(Ffn::Swiglu, false), (Ffn::Silu, true)] {
+                all.push(model_config(norm, positional, ffn, tied));
+            }
+        }
+    }
+    all
+}
+
+/// Parameters with the gains moved off 1 so the norms' gains matter.
+fn model_params(c: &ModelConfig, seed: u64) -> Vec<f32> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut p = ParamLayout::new(c).init(seed);
+    p.iter_mut()
+        .for_each(|x| *x += 0.2 * (rng.random::<f32>() - 0.5));
+    p
+}
+
+#[test]
+fn whole_model_logits_loss_and_every_gradient_match_the_cpu_for_every_ablation() {
+    let mut rng = ChaCha8Rng::seed_from_u64(9);
+    let (b, t) = (3, 33);
+    for precision in PRECISIONS {
+        let tol = tolerance(precision);
+        for c in ablations() {
+            let p = model_params(&c, 11);
+            let ids = random_ids(&mut rng, b * t, c.vocab_size);
+            let targets = random_ids(&mut rng, b * t, c.vocab_size);
+            let mut cpu = Model::from_params(c.clone(), p.clone()).unwrap();
+            let mut gpu_model = Model::with_backend(c.clone(), &p, gpu(precision)).unwrap();
+            let what = format!("{precision:?} {c:?}");
+            let want = cpu.forward(&ids, b, t).unwrap().to_vec();
+            let got = gpu_model.forward(&ids, b, t).unwrap().to_vec();
+            assert_close(&got, &want, tol, &format!("{what} logits"));
+            let want_loss = cpu.forward_loss(&ids, &targets, b, t).unwrap();
+            let got_loss = gpu_model.forward_loss(&ids, &targets, b, t).unwrap();
+            assert_close(&[got_loss], &[want_loss], tol, &format!("{what} loss"));
+            cpu.backward().unwrap();
+            gpu_model.backward().unwrap();
+            let got = gpu_model.download_grads().unwrap();
+            let layout = ParamLayout::new(&c);
+            for ((name, _, want), (_, _, got)) in layout
+                .tensors(cpu.grads())
+                .into_iter()
+                .zip(layout.tensors(&got))
+            {
+                assert_close(got, want, tol, &format!("{what} gradient of {name}"));
+            }
+        }
+    }
+}
+
+#[test]
+fn kv_cache_decoding_on_the_gpu_matches_its_full_forward() {
+    let mut rng = ChaCha8Rng::seed_from_u64(10);
+    for precision in PRECISIONS {
+        for c in ablations() {
+            let t = c.context_length;
+            let p = model_params(&c, 7);
+            let ids = random_ids(&mut rng, t, c.vocab_size);
+            let mut model = Model::with_backend(c.clone(), &p, gpu(precision)).unwrap();
+            let full = model.forward(&ids, 1, t).unwrap().to_vec();
+            let mut cache = model.new_cache().unwrap();
+            for (pos, &id) in ids.iter().enumerate() {
+                let step = model.decode_step(&mut cache, id).unwrap().to_vec();
+                let want = &full[pos * c.vocab_size..(pos + 1) * c.vocab_size];
+                let what = format!("{precision:?} {c:?} decode position {pos}");
+                assert_close(&step, want, tolerance(precision), &what);
+            }
+            assert!(
+                model.decode_step(&mut cache, 0).is_err(),
+                "a full cache is an error"
+            );
+        }
+    }
+}
+
+fn training_config(dir: &Path, steps: u64) -> TrainConfig {
+    // Byte-level text with structure: "the dog sees a red ball." and so on.
+    let words = [
+        "the dog ", "a cat ", "sees ", "likes ", "a red ", "the big ", "ball. ", "tree.\n",
+    ];
+    let mut rng = ChaCha8Rng::seed_from_u64(12);
+    let text: String = (0..40_000)
+        .map(|_| words[rng.random_range(0..words.len())])
+        .collect();
+    let ids: Vec<u16> = text.bytes().map(u16::from).collect();
+    let (train_ids, val_ids) = ids.split_at(ids.len() * 9 / 10);
+    let write = |name: &str, ids: &[u16]| {
+        let path = dir.join(name);
+        tinylm_bpe::npy::write(&path, &[ids.len()], ids).unwrap();
+        path
+    };
+    TrainConfig {
+        model: ModelConfig {
+            vocab_size: 256,
+            context_length: 64,
+            d_model: 64,
+            num_layers: 2,
+            num_heads: 4,
+            d_ff: 128,
+            ..ModelConfig::tinystories()
+        },
+        train_data: write("train.npy", train_ids),
+        val_data: Some(write("val.npy", val_ids)),
+        out_dir: dir.join("run"),
+        batch_size: 16,
+        steps,
+        lr_max: 3e-3,
+        lr_min: 3e-4,
+        warmup_steps: 10,
+        eval_interval: 0,
+        eval_batches: 4,
+        checkpoint_interval: 0,
+        log_interval: 1,
+        threads: 2,
+        ..TrainConfig::default()
+    }
+}
+
+fn train_losses(cfg: &TrainConfig) -> Vec<f64> {
+    train(cfg, &AtomicBool::new(false), &mut |_: &Progress| {}).unwrap();
+    std::fs::read_to_string(cfg.out_dir.join("log.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<LogRecord>(l).unwrap())
+        .filter(|r| r.train_loss.is_finite())
+        .map(|r| r.train_loss)
+        .collect()
+}
+
+#[test]
+fn a_200_step_run_on_the_gpu_tracks_the_cpu_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = training_config(dir.path(), 200);
+    cfg.out_dir = dir.path().join("cpu");
+    let cpu_losses = train_losses(&cfg);
+    assert_eq!(cpu_losses.len(), 200);
+    // fp32: every step within 2% of the CPU's; bf16: the last 20 steps' mean within 3%.
+    for (precision, per_step, tail) in [
+        (Precision::Fp32, 2e-2, 1e-2),
+        (Precision::Bf16, f64::INFINITY, 3e-2),
+    ] {
+        cfg.out_dir = dir.path().join(precision.to_string());
+        cfg.device = Device::Cuda(0);
+        cfg.precision = precision;
+        let gpu_losses = train_losses(&cfg);
+        assert_eq!(gpu_losses.len(), 200);
+        for (step, (g, c)) in gpu_losses.iter().zip(&cpu_losses).enumerate() {
+            assert!(
+                (g - c).abs() <= per_step * c,
+                "{precision} step {step}: GPU loss {g}, CPU {c}"
+            );
+        }
+        let mean = |l: &[f64]| l[l.len() - 20..].iter().sum::<f64>() / 20.0;
+        let (g, c) = (mean(&gpu_losses), mean(&cpu_losses));
+        println!(
+            "{precision}: last-20 mean loss GPU {g:.4}, CPU {c:.4} (first {:.4})",
+            cpu_losses[0]
+        );
+        assert!(
+            (g - c).abs() <= tail * c,
+            "{precision}: last-20 mean loss GPU {g}, CPU {c}"
+        );
+        assert!(
+            g < 0.6 * gpu_losses[0],
+            "{precision}: the loss did not fall"
+        );
+    }
+}
+
+#[test]
+fn a_checkpoint_moves_between_gpu_and_cpu_bit_for_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = training_config(dir.path(), 10);
+    cfg.device = Device::Cuda(0);
+    cfg.precision = Precision::Fp32;
+    cfg.out_dir = dir.path().join("gpu");
+    let summary = train(&cfg, &AtomicBool::new(false), &mut |_: &Progress| {}).unwrap();
+    let saved = checkpoint::load(&summary.checkpoint).unwrap();
+    // The saved parameters go to the GPU and back unchanged, in both precisions
+    // (bf16 keeps f32 master weights).
+    for precision in PRECISIONS {
+        let model = Model::with_backend(cfg.model.clone(), &saved.params, gpu(precision)).unwrap();
+        assert!(
+            model.download_params().unwrap() == saved.params,
+            "{precision}: parameters changed"
+        );
+        let opt = model
+            .upload_adamw(saved.optimizer.as_ref().unwrap())
+            .unwrap();
+        assert_eq!(
+            &model.download_adamw(&opt).unwrap(),
+            saved.optimizer.as_ref().unwrap()
+        );
+    }
+    // Resumed on the CPU and on the GPU for ten more steps, the runs agree.
+    let mut resumed = Vec::new();
+    for device in [Device::Cpu, Device::Cuda(0)] {
+        cfg.steps = 20;
+        cfg.device = device;
+        cfg.resume = Some(summary.checkpoint.clone());
+        cfg.out_dir = dir.path().join(format!("resumed-{device}"));
+        std::fs::create_dir_all(&cfg.out_dir).unwrap();
+        resumed.push(train_losses(&cfg));
+    }
+    let (on_cpu, on_gpu) = (&resumed[0], &resumed[1]);
+    assert_eq!(on_cpu.len(), on_gpu.len());
+    assert_close(
+        &on_gpu.iter().map(|&x| x as f32).collect::<Vec<_>>(),
+        &on_cpu.iter().map(|&x| x as f32).collect::<Vec<_>>(),
+        1e-4,
+        "losses resumed from a GPU checkpoint, GPU vs CPU",
+    );
+}
