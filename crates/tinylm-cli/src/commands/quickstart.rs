@@ -8,6 +8,7 @@
 //! the run, training ends and the schedule reaches its end when the budget does.
 
 use super::generate::{load_with_end_of_text, write_continuation, END_OF_TEXT};
+use super::DeviceArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -16,7 +17,9 @@ use std::sync::atomic::AtomicBool;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use tinylm::data::TokenDataset;
 use tinylm::generate::Sampler;
-use tinylm::train::{evaluate, train, Schedule, TrainConfig};
+use tinylm::device::{resolve, run_on, BackendTask, Device, Precision};
+use tinylm::kernels::Backend;
+use tinylm::train::{evaluate, train, Schedule, TrainConfig, TrainSummary};
 use tinylm::{checkpoint, Model, ModelConfig};
 use tinylm_bpe::encode::Tokenizer;
 use tinylm_bpe::npy::{Dtype, NpyWriter};
@@ -63,6 +66,8 @@ pub struct QuickstartArgs {
     /// Sequences per training step.
     #[arg(long, default_value_t = 16)]
     batch_size: usize,
+    #[command(flatten)]
+    device: DeviceArgs,
 }
 
 /// The default model: ~2.6M parameters (1.8M outside the embeddings at vocab
@@ -134,6 +139,8 @@ pub fn run(args: QuickstartArgs) -> Result<()> {
         save_init: args.save_init,
         model,
         batch_size: args.batch_size,
+        device: resolve(args.device.device)?,
+        precision: args.device.precision,
     };
     pool.install(|| quickstart(&settings))
 }
@@ -149,16 +156,20 @@ struct Settings {
     /// The model's shape; `vocab_size` is set from the trained tokenizer.
     model: ModelConfig,
     batch_size: usize,
+    /// Where the model trains, evaluates and samples.
+    device: Device,
+    precision: Precision,
 }
 
 fn quickstart(s: &Settings) -> Result<()> {
     let started = Instant::now();
     let out = &s.out;
     println!(
-        "tinylm quickstart: {} -> {} ({} threads)",
+        "tinylm quickstart: {} -> {} ({} threads, device {})",
         s.corpus.display(),
         out.display(),
-        rayon::current_num_threads()
+        rayon::current_num_threads(),
+        s.device
     );
 
     stage(1, "reading the corpus and holding out the last documents");
@@ -227,7 +238,15 @@ fn quickstart(s: &Settings) -> Result<()> {
         }
     }
     let budget_s = s.minutes * 60.0;
-    let step_s = time_one_step(&config, s.batch_size, s.seed)?;
+    let step_s = run_on(
+        s.device,
+        s.precision,
+        TimeOneStep {
+            config: &config,
+            batch_size: s.batch_size,
+            seed: s.seed,
+        },
+    )?;
     // A first estimate of the steps, for the warm-up's and the evaluations' spacing;
     // the schedule itself runs over the time, and the budget alone ends the run.
     let steps = ((budget_s / step_s) as u64).max(1);
@@ -266,6 +285,8 @@ fn quickstart(s: &Settings) -> Result<()> {
         time_budget_s: Some(budget_s),
         schedule: Schedule::Time,
         seed: s.seed,
+        device: s.device,
+        precision: s.precision,
         ..TrainConfig::default()
     };
     let summary = run_training(&cfg)?;
@@ -274,42 +295,18 @@ fn quickstart(s: &Settings) -> Result<()> {
         summary.steps, summary.tokens, summary.wallclock_s, summary.train_loss
     );
 
-    stage(5, "evaluating on all validation tokens");
     let ckpt = checkpoint::load(&summary.checkpoint)?;
-    let mut model = Model::from_params(ckpt.config.clone(), ckpt.params)?;
-    let val = TokenDataset::open(&val_npy, ckpt.config.vocab_size)?;
-    let eval = evaluate(&mut model, &val, s.batch_size, 0)?;
-    println!(
-        "  validation loss {:.4}, perplexity {:.2} ({} windows of {t} tokens)",
-        eval.loss,
-        eval.perplexity(),
-        eval.windows
-    );
-    println!(
-        "  log {}, plot {}, checkpoint {}",
-        out.join("log.jsonl").display(),
-        out.join("loss.svg").display(),
-        summary.checkpoint.display()
-    );
-
-    stage(6, "samples (temperature 0.8, top-p 0.95)");
-    let (tokenizer, eos) = load_with_end_of_text(&tokenizer_dir)?;
-    let mut samples = String::new();
-    let stdout = std::io::stdout();
-    for (i, prompt) in PROMPTS.iter().enumerate() {
-        let mut sampler = Sampler::new(0.8, 0.95, None, s.seed + i as u64)?;
-        println!("--- sample {} ---", i + 1);
-        let text = write_continuation(
-            &mut model,
-            &tokenizer,
-            eos,
-            prompt,
-            200,
-            &mut sampler,
-            &mut stdout.lock(),
-        )?;
-        samples += &format!("--- sample {} ---\n{text}", i + 1);
-    }
+    let samples = run_on(
+        s.device,
+        s.precision,
+        EvaluateAndSample {
+            s,
+            ckpt: &ckpt,
+            val_npy: &val_npy,
+            tokenizer_dir: &tokenizer_dir,
+            summary: &summary,
+        },
+    )?;
     let samples_path = out.join("samples.txt");
     write_atomic(&samples_path, samples.as_bytes())?;
     println!(
@@ -385,24 +382,91 @@ fn bytes_bar(total: usize) -> ProgressBar {
 
 /// Seconds of one training step (forward, backward, update) of `config`, measured on
 /// random tokens after a warm-up step.
-fn time_one_step(config: &ModelConfig, batch_size: usize, seed: u64) -> Result<f64> {
-    let mut model = Model::new(config.clone(), seed)?;
-    let n = batch_size * config.context_length;
-    let ids: Vec<u32> = (0..n)
-        .map(|i| ((i * 7919) % config.vocab_size) as u32)
-        .collect();
-    let mut opt = model.new_adamw(Default::default())?;
-    let mut step = |model: &mut Model| -> Result<()> {
-        model.forward_loss(&ids, &ids, batch_size, config.context_length)?;
-        model.backward()?;
-        model.adamw_step(&mut opt, 1e-3, 1.0);
-        Ok(())
-    };
-    step(&mut model)?;
-    let t0 = Instant::now();
-    step(&mut model)?;
-    step(&mut model)?;
-    Ok(t0.elapsed().as_secs_f64() / 2.0)
+struct TimeOneStep<'a> {
+    config: &'a ModelConfig,
+    batch_size: usize,
+    seed: u64,
+}
+
+impl BackendTask for TimeOneStep<'_> {
+    type Output = f64;
+    fn run<B: Backend<f32>>(self, backend: B) -> tinylm::Result<f64> {
+        let (config, batch_size) = (self.config, self.batch_size);
+        let mut model = Model::init_with_backend(config.clone(), self.seed, backend)?;
+        let n = batch_size * config.context_length;
+        let ids: Vec<u32> = (0..n)
+            .map(|i| ((i * 7919) % config.vocab_size) as u32)
+            .collect();
+        let mut opt = model.new_adamw(Default::default())?;
+        let mut step = |model: &mut Model<f32, B>| -> tinylm::Result<()> {
+            model.forward_loss(&ids, &ids, batch_size, config.context_length)?;
+            model.backward()?;
+            model.adamw_step(&mut opt, 1e-3, 1.0);
+            Ok(())
+        };
+        step(&mut model)?;
+        let t0 = Instant::now();
+        step(&mut model)?;
+        step(&mut model)?;
+        model.backend().sync()?;
+        Ok(t0.elapsed().as_secs_f64() / 2.0)
+    }
+}
+
+/// Stages 5 and 6 on the run's device: the validation loss over every validation
+/// token, then the samples (printed as they come); returns the samples' text.
+struct EvaluateAndSample<'a> {
+    s: &'a Settings,
+    ckpt: &'a checkpoint::Checkpoint,
+    val_npy: &'a Path,
+    tokenizer_dir: &'a Path,
+    summary: &'a TrainSummary,
+}
+
+impl BackendTask for EvaluateAndSample<'_> {
+    type Output = String;
+    fn run<B: Backend<f32>>(self, backend: B) -> tinylm::Result<String> {
+        let (s, ckpt, out) = (self.s, self.ckpt, &self.s.out);
+        let t = ckpt.config.context_length;
+        stage(5, "evaluating on all validation tokens");
+        let mut model = Model::with_backend(ckpt.config.clone(), &ckpt.params, backend)?;
+        let val = TokenDataset::open(self.val_npy, ckpt.config.vocab_size)?;
+        let eval = evaluate(&mut model, &val, s.batch_size, 0)?;
+        println!(
+            "  validation loss {:.4}, perplexity {:.2} ({} windows of {t} tokens)",
+            eval.loss,
+            eval.perplexity(),
+            eval.windows
+        );
+        println!(
+            "  log {}, plot {}, checkpoint {}",
+            out.join("log.jsonl").display(),
+            out.join("loss.svg").display(),
+            self.summary.checkpoint.display()
+        );
+
+        stage(6, "samples (temperature 0.8, top-p 0.95)");
+        let failed = |e: anyhow::Error| tinylm::Error::Invalid(format!("{e:#}"));
+        let (tokenizer, eos) = load_with_end_of_text(self.tokenizer_dir).map_err(failed)?;
+        let mut samples = String::new();
+        let stdout = std::io::stdout();
+        for (i, prompt) in PROMPTS.iter().enumerate() {
+            let mut sampler = Sampler::new(0.8, 0.95, None, s.seed + i as u64)?;
+            println!("--- sample {} ---", i + 1);
+            let text = write_continuation(
+                &mut model,
+                &tokenizer,
+                eos,
+                prompt,
+                200,
+                &mut sampler,
+                &mut stdout.lock(),
+            )
+            .map_err(failed)?;
+            samples += &format!("--- sample {} ---\n{text}", i + 1);
+        }
+        Ok(samples)
+    }
 }
 
 /// Trains with a progress bar.
