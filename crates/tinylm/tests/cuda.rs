@@ -5,6 +5,9 @@
 //! the reason — never skipped, never counted as passed.
 #![cfg(feature = "cuda")]
 
+mod common;
+
+use common::{ablations, perturbed_params};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::path::Path;
@@ -495,36 +498,14 @@ fn model_config(norm: Norm, positional: Positional, ffn: Ffn, tie_embeddings: bo
     }
 }
 
-/// Every ablation: pre-, post- and no norm, RoPE or NoPE, SwiGLU or SiLU (tied).
-fn ablations() -> Vec<ModelConfig> {
-    let mut all = Vec::new();
-    for norm in [Norm::Pre, Norm::Post, Norm::None] {
-        for positional in [Positional::Rope, Positional::None] {
-            for (ffn, tied) in [(Ffn::Swiglu, false), (Ffn::Silu, true)] {
-                all.push(model_config(norm, positional, ffn, tied));
-            }
-        }
-    }
-    all
-}
-
-/// Parameters with the gains moved off 1 so the norms' gains matter.
-fn model_params(c: &ModelConfig, seed: u64) -> Vec<f32> {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut p = ParamLayout::new(c).init(seed);
-    p.iter_mut()
-        .for_each(|x| *x += 0.2 * (rng.random::<f32>() - 0.5));
-    p
-}
-
 #[test]
 fn whole_model_logits_loss_and_every_gradient_match_the_cpu_for_every_ablation() {
     let mut rng = ChaCha8Rng::seed_from_u64(9);
     let (b, t) = (3, 33);
     for precision in PRECISIONS {
         let tol = tolerance(precision);
-        for c in ablations() {
-            let p = model_params(&c, 11);
+        for c in ablations(model_config) {
+            let p = perturbed_params(&c, 11);
             let ids = random_ids(&mut rng, b * t, c.vocab_size);
             let targets = random_ids(&mut rng, b * t, c.vocab_size);
             let mut cpu = Model::from_params(c.clone(), p.clone()).unwrap();
@@ -555,9 +536,9 @@ fn whole_model_logits_loss_and_every_gradient_match_the_cpu_for_every_ablation()
 fn kv_cache_decoding_on_the_gpu_matches_its_full_forward() {
     let mut rng = ChaCha8Rng::seed_from_u64(10);
     for precision in PRECISIONS {
-        for c in ablations() {
+        for c in ablations(model_config) {
             let t = c.context_length;
-            let p = model_params(&c, 7);
+            let p = perturbed_params(&c, 7);
             let ids = random_ids(&mut rng, t, c.vocab_size);
             let mut model = Model::with_backend(c.clone(), &p, gpu(precision)).unwrap();
             let full = model.forward(&ids, 1, t).unwrap().to_vec();

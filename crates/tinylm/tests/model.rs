@@ -1,6 +1,9 @@
 //! The model against an independent naive forward (plain loops, straight from the
 //! SPEC), KV-cache decoding against full passes, overfitting one batch, bad input.
 
+mod common;
+
+use common::{ablations, perturbed_params};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tinylm::config::{Ffn, ModelConfig, Norm, Positional};
@@ -21,27 +24,6 @@ fn config(norm: Norm, positional: Positional, ffn: Ffn, tie_embeddings: bool) ->
         ffn,
         tie_embeddings,
     }
-}
-
-fn ablations() -> Vec<ModelConfig> {
-    let mut all = Vec::new();
-    for norm in [Norm::Pre, Norm::Post, Norm::None] {
-        for positional in [Positional::Rope, Positional::None] {
-            for (ffn, tied) in [(Ffn::Swiglu, false), (Ffn::Silu, true)] {
-                all.push(config(norm, positional, ffn, tied));
-            }
-        }
-    }
-    all
-}
-
-/// Parameters with the gains moved off 1 so the norms' gains matter.
-fn params(c: &ModelConfig, seed: u64) -> Vec<f32> {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut p = ParamLayout::new(c).init(seed);
-    p.iter_mut()
-        .for_each(|x| *x += 0.2 * (rng.random::<f32>() - 0.5));
-    p
 }
 
 fn random_ids(rng: &mut ChaCha8Rng, len: usize, vocab: usize) -> Vec<u32> {
@@ -176,8 +158,8 @@ fn naive_forward(c: &ModelConfig, p: &[f32], ids: &[u32]) -> Vec<f64> {
 fn forward_matches_the_naive_reference_in_every_ablation() {
     let mut rng = ChaCha8Rng::seed_from_u64(1);
     let (b, t) = (3, 7);
-    for c in ablations() {
-        let p = params(&c, 5);
+    for c in ablations(config) {
+        let p = perturbed_params(&c, 5);
         let ids = random_ids(&mut rng, b * t, c.vocab_size);
         let want: Vec<f64> = ids
             .chunks(t)
@@ -230,14 +212,14 @@ fn forward_loss_is_the_mean_cross_entropy_of_the_logits() {
 #[test]
 fn kv_cache_decoding_matches_full_forward_at_every_position() {
     let mut rng = ChaCha8Rng::seed_from_u64(3);
-    for c in ablations() {
+    for c in ablations(config) {
         // Longer than one attention query block.
         let c = ModelConfig {
             context_length: 40,
             ..c
         };
         let t = c.context_length;
-        let p = params(&c, 7);
+        let p = perturbed_params(&c, 7);
         let ids = random_ids(&mut rng, t, c.vocab_size);
         let mut model = Model::from_params(c.clone(), p).unwrap();
         let full = model.forward(&ids, 1, t).unwrap().to_vec();

@@ -262,28 +262,26 @@ impl Cuda {
                         std::mem::size_of::<usize>(),
                     )
                     .and_then(|()| {
-                        set_alignment(
-                            Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-                            &aligned[0],
-                        )
-                    })
-                    .and_then(|()| {
-                        set_alignment(
-                            Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                            &aligned[1],
-                        )
-                    })
-                    .and_then(|()| {
-                        set_alignment(
-                            Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                            &aligned[2],
-                        )
-                    })
-                    .and_then(|()| {
-                        set_alignment(
-                            Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
-                            &aligned[2],
-                        )
+                        [
+                            (
+                                Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                &aligned[0],
+                            ),
+                            (
+                                Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                &aligned[1],
+                            ),
+                            (
+                                Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                &aligned[2],
+                            ),
+                            (
+                                Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                &aligned[2],
+                            ),
+                        ]
+                        .into_iter()
+                        .try_for_each(|(attr, bytes)| set_alignment(attr, bytes))
                     })
                     .and_then(|()| {
                         lt::get_matmul_algo_heuristic(
