@@ -494,7 +494,10 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
             .as_ref()
             .is_none_or(|g| g.dresid.len() != b * t * self.config.d_model)
         {
-            self.grad_acts = Some(GradActivations::new(&self.backend, &self.config, b, t)?);
+            self.grad_acts = Some(
+                GradActivations::new(&self.backend, &self.config, b, t)
+                    .map_err(|e| for_shape(e, "backward scratch", b, t))?,
+            );
         }
         let w = Weights {
             c: &self.config,
@@ -533,7 +536,8 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
             )));
         }
         if self.decode_acts.is_none() {
-            let acts = Activations::new(&self.backend, c, 1, 1, c.context_length, true)?;
+            let acts = Activations::new(&self.backend, c, 1, 1, c.context_length, true)
+                .map_err(|e| for_shape(e, "decoding activations", 1, 1))?;
             self.decode_acts = Some(acts);
         }
         let acts = self.decode_acts.as_mut().expect("allocated above");
@@ -590,14 +594,9 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
         if self.acts.as_ref().is_none_or(|a| (a.b, a.t) != (b, t)) {
             // Free the old shape's buffers before allocating the new ones.
             self.acts = None;
-            self.acts = Some(Activations::new(
-                &self.backend,
-                &self.config,
-                b,
-                t,
-                t,
-                false,
-            )?);
+            let acts = Activations::new(&self.backend, &self.config, b, t, t, false)
+                .map_err(|e| for_shape(e, "activations", b, t))?;
+            self.acts = Some(acts);
         }
         Ok(())
     }
@@ -612,6 +611,17 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
         };
         let acts = self.acts.as_mut().expect("prepared");
         forward_pass(&self.backend, &w, acts, None);
+    }
+}
+
+/// A device error of an allocation for `(b, t)`, saying which buffers and shape did
+/// not fit (a smaller batch may).
+fn for_shape(e: Error, what: &str, b: usize, t: usize) -> Error {
+    match e {
+        Error::Device(msg) => Error::Device(format!(
+            "{msg} (allocating the {what} of a batch of {b} x {t} tokens; a smaller batch may fit)"
+        )),
+        e => e,
     }
 }
 
