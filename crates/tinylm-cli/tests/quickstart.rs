@@ -187,6 +187,39 @@ fn bad_input_is_a_clear_error() {
         &["quickstart", "--corpus", one, "--minutes", "0"],
         "--minutes",
     );
+    // An unknown device, and CUDA in a build without it, fail before any work.
+    let fresh = dir.path().join("fresh");
+    let fresh_dir = fresh.to_str().unwrap();
+    assert_fails(
+        &[
+            "quickstart",
+            "--corpus",
+            one,
+            "--out",
+            fresh_dir,
+            "--device",
+            "gpu",
+        ],
+        "'gpu'",
+    );
+    if !cfg!(feature = "cuda") {
+        assert_fails(
+            &[
+                "quickstart",
+                "--corpus",
+                one,
+                "--out",
+                fresh_dir,
+                "--device",
+                "cuda",
+            ],
+            "--features cuda",
+        );
+    }
+    assert!(
+        !fresh.exists(),
+        "nothing is written for a device it cannot use"
+    );
     // A non-empty run directory is never overwritten.
     std::fs::create_dir_all(&out).unwrap();
     std::fs::write(out.join("keep.txt"), "x").unwrap();

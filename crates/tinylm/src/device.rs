@@ -118,13 +118,23 @@ pub fn run_on<T: BackendTask>(device: Device, precision: Precision, task: T) -> 
     }
 }
 
-/// `auto` becomes `cuda:0` when a usable GPU is present, else `cpu`.
+/// `auto` becomes `cuda:0` when a usable GPU is present, else `cpu`; `cuda` in a
+/// build without CUDA support is an error right away (before any work is done).
 pub fn resolve(device: Device) -> Result<Device> {
-    Ok(match device {
-        Device::Auto if cuda_available() => Device::Cuda(0),
-        Device::Auto => Device::Cpu,
-        d => d,
-    })
+    match device {
+        Device::Auto if cuda_available() => Ok(Device::Cuda(0)),
+        Device::Auto => Ok(Device::Cpu),
+        Device::Cuda(ordinal) if !cfg!(feature = "cuda") => Err(no_cuda(ordinal)),
+        d => Ok(d),
+    }
+}
+
+/// The error for a CUDA device in a build without the `cuda` feature.
+fn no_cuda(ordinal: usize) -> Error {
+    Error::Device(format!(
+        "device cuda:{ordinal}: this tinylm was built without CUDA support; \
+         rebuild it with `cargo build --release --features cuda`"
+    ))
 }
 
 #[cfg(feature = "cuda")]
@@ -144,10 +154,7 @@ fn run_on_cuda<T: BackendTask>(ordinal: usize, precision: Precision, task: T) ->
 
 #[cfg(not(feature = "cuda"))]
 fn run_on_cuda<T: BackendTask>(ordinal: usize, _: Precision, _: T) -> Result<T::Output> {
-    Err(Error::Device(format!(
-        "device cuda:{ordinal}: this tinylm was built without CUDA support; \
-         rebuild it with `cargo build --release --features cuda`"
-    )))
+    Err(no_cuda(ordinal))
 }
 
 #[cfg(test)]

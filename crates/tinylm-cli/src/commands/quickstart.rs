@@ -104,6 +104,7 @@ pub fn run(args: QuickstartArgs) -> Result<()> {
     if args.batch_size == 0 {
         bail!("--batch-size must be positive");
     }
+    let device = resolve(args.device.device)?;
     let model = match &args.model_config {
         Some(path) => ModelConfig::from_json_file(path)?,
         None => default_model_config(),
@@ -139,7 +140,7 @@ pub fn run(args: QuickstartArgs) -> Result<()> {
         save_init: args.save_init,
         model,
         batch_size: args.batch_size,
-        device: resolve(args.device.device)?,
+        device,
         precision: args.device.precision,
     };
     pool.install(|| quickstart(&settings))
