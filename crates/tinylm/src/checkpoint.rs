@@ -152,25 +152,6 @@ pub fn load(path: &Path) -> Result<Checkpoint> {
     })
 }
 
-/// The metadata of the checkpoint at `path`, without reading its tensors.
-pub fn load_metadata(path: &Path) -> Result<BTreeMap<String, String>> {
-    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
-    // SAFETY: read-only map of the header, dropped before returning.
-    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
-    let (_, header) = safetensors::SafeTensors::read_metadata(&map).map_err(|e| {
-        Error::Invalid(format!(
-            "{}: not a valid safetensors file: {e}",
-            path.display()
-        ))
-    })?;
-    Ok(header
-        .metadata()
-        .clone()
-        .unwrap_or_default()
-        .into_iter()
-        .collect())
-}
-
 /// Checks that `config` (the run's) equals the checkpoint's; the error names
 /// every key that differs.
 pub fn check_same_config(path: &Path, saved: &ModelConfig, config: &ModelConfig) -> Result<()> {

@@ -272,25 +272,38 @@ impl View for F32View<'_> {
 /// Named tensors as `name -> (shape, values)`.
 pub type Tensors = BTreeMap<String, (Vec<usize>, Vec<f32>)>;
 
-/// Reads every tensor of a safetensors file as `f32` (`F32`; `F64`, `F16` and
-/// `BF16` are converted) with the file's string metadata.
-pub fn load_safetensors(path: &Path) -> Result<(Tensors, BTreeMap<String, String>)> {
+/// The string metadata of a safetensors file, without reading its tensors.
+pub fn load_safetensors_metadata(path: &Path) -> Result<BTreeMap<String, String>> {
+    Ok(map_safetensors(path)?.1)
+}
+
+/// The file mapped read-only, and its header's string metadata.
+fn map_safetensors(path: &Path) -> Result<(memmap2::Mmap, BTreeMap<String, String>)> {
     let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
-    // SAFETY: read-only map; the values are copied out before it is dropped.
+    // SAFETY: read-only map; callers copy values out before dropping it.
     let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
-    let bad = |e: safetensors::SafeTensorError| {
-        Error::Invalid(format!(
-            "{}: not a valid safetensors file: {e}",
-            path.display()
-        ))
-    };
-    let (_, header) = SafeTensors::read_metadata(&map).map_err(bad)?;
+    let (_, header) = SafeTensors::read_metadata(&map).map_err(|e| not_safetensors(path, e))?;
     let metadata = header
         .metadata()
         .clone()
         .unwrap_or_default()
         .into_iter()
         .collect();
+    Ok((map, metadata))
+}
+
+fn not_safetensors(path: &Path, e: safetensors::SafeTensorError) -> Error {
+    Error::Invalid(format!(
+        "{}: not a valid safetensors file: {e}",
+        path.display()
+    ))
+}
+
+/// Reads every tensor of a safetensors file as `f32` (`F32`; `F64`, `F16` and
+/// `BF16` are converted) with the file's string metadata.
+pub fn load_safetensors(path: &Path) -> Result<(Tensors, BTreeMap<String, String>)> {
+    let (map, metadata) = map_safetensors(path)?;
+    let bad = |e: safetensors::SafeTensorError| not_safetensors(path, e);
     let mut tensors = BTreeMap::new();
     for (name, view) in SafeTensors::deserialize(&map).map_err(bad)?.iter() {
         let values = to_f32(view.dtype(), view.data()).ok_or_else(|| {

@@ -352,7 +352,7 @@ pub fn resolve_config(mut given: Value, name: &dyn Fn(&str) -> String) -> Result
 /// The training configuration a checkpoint recorded; for a checkpoint without one,
 /// the defaults with the checkpoint's model.
 fn recorded_config(path: &Path) -> Result<TrainConfig> {
-    let metadata = checkpoint::load_metadata(path)?;
+    let metadata = crate::params::load_safetensors_metadata(path)?;
     let mut config = match metadata.get("train_config") {
         Some(_) => checkpoint::meta(&metadata, "train_config", path)?,
         None => TrainConfig {
