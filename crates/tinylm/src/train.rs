@@ -596,7 +596,13 @@ fn run<B: Backend<f32>>(
     // The last checkpoint written (or resumed from) and its step.
     let mut saved = cfg.resume.clone().map(|p| (p, state.step));
     let mut stopped_early = false;
-    while state.step < step_limit && cfg.step_fits(state.wallclock_s, state.step_s + state.eval_s) {
+    // Only the first step is checked here against the budget; after it, each step decides
+    // whether another follows (`stopping` below), so the last one always evaluates and
+    // checkpoints however long the logging in between took.
+    while last.is_some()
+        || (state.step < step_limit
+            && cfg.step_fits(state.wallclock_s, state.step_s + state.eval_s))
+    {
         let step = state.step;
         let lr = cfg.learning_rate(step, wall_offset + started.elapsed().as_secs_f64());
         let step_start = Instant::now();

@@ -362,6 +362,32 @@ fn time_schedule_run_ends_on_its_budget_and_resumes_with_more_time() {
 }
 
 #[test]
+fn a_time_budget_run_checkpoints_even_when_the_time_runs_out_between_steps() {
+    // CI saw it: on a loaded machine a step decided to go on, and then its evaluation
+    // took long enough that the budget had no room for another step, and the run ended
+    // with no checkpoint. An evaluation of many batches after every step is that machine.
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = setup(dir.path());
+    cfg.steps = 100;
+    cfg.schedule = Schedule::Time;
+    cfg.time_budget_s = Some(0.3);
+    let val = dir.path().join("long_val.npy");
+    let ids = corpus(20_000, 3);
+    npy::write(&val, &[ids.len()], &ids).unwrap();
+    cfg.val_data = Some(val);
+    cfg.eval_interval = 1;
+    cfg.eval_batches = 0;
+    let s = train(&cfg, &never(), &mut |_: &Progress| {}).unwrap();
+    assert!(
+        s.checkpoint.exists(),
+        "no checkpoint after {} steps",
+        s.steps
+    );
+    let saved = checkpoint::load(&s.checkpoint).unwrap();
+    assert_eq!(saved.meta::<u64>("step", &s.checkpoint).unwrap(), s.steps);
+}
+
+#[test]
 fn bad_resume_divergence_and_data_are_clear_errors() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = setup(dir.path());
