@@ -141,6 +141,10 @@ fn bench(c: &ModelConfig, b: usize, t: usize, args: &BenchArgs) -> Result<()> {
     } else {
         println!("device: {device}, precision {}", args.device.precision);
     }
+    // The products' peak is measured between the timed steps, so that both see the
+    // same machine: on a shared one, a product timed alone after the steps (or a step
+    // alone) may catch a quiet moment the other never had.
+    let mut peak = (device == Device::Cpu && !args.no_peak).then(|| PeakProducts::new(c, n));
     let timed = TimedSteps {
         c,
         ids: &ids,
@@ -148,6 +152,7 @@ fn bench(c: &ModelConfig, b: usize, t: usize, args: &BenchArgs) -> Result<()> {
         b,
         t,
         steps: args.steps,
+        peak: peak.as_mut(),
     };
     let (mut times, loss, cpu_per_step, params) = run_on(device, args.device.precision, timed)?;
     times.sort_by(f64::total_cmp);
@@ -184,8 +189,8 @@ fn bench(c: &ModelConfig, b: usize, t: usize, args: &BenchArgs) -> Result<()> {
     }
 
     breakdown(c, params, &ids, &targets, b, t)?;
-    if !args.no_peak {
-        let peak = peak(c, n);
+    if let Some(peak) = peak {
+        let peak = peak.report();
         let step = flops / best * 1e-9;
         println!(
             "\nwhole step (best) {step:.1} GFLOP/s = {:.0}% of the measured matrix-product peak \
@@ -207,12 +212,14 @@ struct TimedSteps<'a> {
     b: usize,
     t: usize,
     steps: usize,
+    /// Products timed once after each timed step.
+    peak: Option<&'a mut PeakProducts>,
 }
 
 impl BackendTask for TimedSteps<'_> {
     type Output = (Vec<f64>, f32, Option<f64>, Vec<f32>);
 
-    fn run<B: Backend<f32>>(self, backend: B) -> LmResult<Self::Output> {
+    fn run<B: Backend<f32>>(mut self, backend: B) -> LmResult<Self::Output> {
         let mut model = Model::init_with_backend(self.c.clone(), 0, backend)?;
         let mut opt = model.new_adamw(AdamWParams {
             beta2: 0.95,
@@ -231,15 +238,20 @@ impl BackendTask for TimedSteps<'_> {
         }
         let mut times = Vec::with_capacity(self.steps);
         let mut loss = 0.0;
-        let cpu_start = cpu_seconds();
+        // CPU seconds of the steps alone (not of the peak products between them).
+        let mut cpu = Some(0.0);
         for _ in 0..self.steps {
-            let start = Instant::now();
+            let (start, cpu_start) = (Instant::now(), cpu_seconds());
             loss = step(&mut model)?;
             times.push(start.elapsed().as_secs_f64());
+            cpu = cpu
+                .zip(cpu_seconds().zip(cpu_start))
+                .map(|(sum, (end, start))| sum + end - start);
+            if let Some(peak) = self.peak.as_deref_mut() {
+                peak.time_each();
+            }
         }
-        let cpu_per_step = cpu_seconds()
-            .zip(cpu_start)
-            .map(|(end, start)| (end - start) / self.steps as f64);
+        let cpu_per_step = cpu.map(|sum| sum / self.steps as f64);
         Ok((times, loss, cpu_per_step, model.download_params()?))
     }
 }
@@ -304,41 +316,82 @@ fn breakdown(
     Ok(())
 }
 
-/// GFLOP/s of the matrix-product library alone on the step's distinct shapes; returns
-/// the best.
-fn peak(c: &ModelConfig, n: usize) -> f64 {
-    let (d, f, v) = (c.d_model, c.d_ff, c.vocab_size);
-    let shapes = [
-        ("qkv      x·Wᵀ", MatMul::linear(n, d, 3 * d)),
-        ("w1/w3    x·Wᵀ", MatMul::linear(n, d, f)),
-        ("w2       x·Wᵀ", MatMul::linear(n, f, d)),
-        ("lm_head  x·Wᵀ", MatMul::linear(n, d, v)),
-        ("w1/w3    dy·W", MatMul::linear_dx(n, d, f)),
-        ("lm_head  dy·W", MatMul::linear_dx(n, d, v)),
-        ("w1/w3    dyᵀ·x", MatMul::linear_dw(n, d, f)),
-        ("lm_head  dyᵀ·x", MatMul::linear_dw(n, d, v)),
-    ];
-    println!("\nmatrix-product peak (gemm crate, best of 6):");
-    let mut best_overall = 0f64;
-    for (name, s) in shapes {
-        let a = vec![0.5f32; s.m * s.k];
-        let bm = vec![0.25f32; s.k * s.n];
-        let mut out = vec![0f32; s.m * s.n];
-        let mut best = f64::MAX;
-        for _ in 0..6 {
-            let start = Instant::now();
-            matmul(&mut out, &a, &bm, s);
-            best = best.min(start.elapsed().as_secs_f64());
+/// The matrix-product library alone on the step's distinct shapes, each timed once
+/// per [`PeakProducts::time_each`]; the peak is the best GFLOP/s of any.
+struct PeakProducts {
+    products: Vec<Product>,
+    rounds: usize,
+}
+
+/// One product of [`PeakProducts`]: its operands and its best time so far.
+struct Product {
+    name: &'static str,
+    shape: MatMul,
+    a: Vec<f32>,
+    b: Vec<f32>,
+    out: Vec<f32>,
+    best_s: f64,
+}
+
+impl PeakProducts {
+    fn new(c: &ModelConfig, n: usize) -> Self {
+        let (d, f, v) = (c.d_model, c.d_ff, c.vocab_size);
+        let shapes = [
+            ("qkv      x·Wᵀ", MatMul::linear(n, d, 3 * d)),
+            ("w1/w3    x·Wᵀ", MatMul::linear(n, d, f)),
+            ("w2       x·Wᵀ", MatMul::linear(n, f, d)),
+            ("lm_head  x·Wᵀ", MatMul::linear(n, d, v)),
+            ("w1/w3    dy·W", MatMul::linear_dx(n, d, f)),
+            ("lm_head  dy·W", MatMul::linear_dx(n, d, v)),
+            ("w1/w3    dyᵀ·x", MatMul::linear_dw(n, d, f)),
+            ("lm_head  dyᵀ·x", MatMul::linear_dw(n, d, v)),
+        ];
+        let products = shapes
+            .into_iter()
+            .map(|(name, s)| Product {
+                name,
+                shape: s,
+                a: vec![0.5; s.m * s.k],
+                b: vec![0.25; s.k * s.n],
+                out: vec![0.0; s.m * s.n],
+                best_s: f64::MAX,
+            })
+            .collect();
+        PeakProducts {
+            products,
+            rounds: 0,
         }
-        let gflops = s.flops() as f64 / best * 1e-9;
-        best_overall = best_overall.max(gflops);
-        println!(
-            "  {name:<16} ({:>5} x {:>5} x {:>5})  {:>6.1} GFLOP/s",
-            s.m, s.k, s.n, gflops
-        );
     }
-    println!("  peak {best_overall:.1} GFLOP/s");
-    best_overall
+
+    /// Times every product once.
+    fn time_each(&mut self) {
+        for p in &mut self.products {
+            let start = Instant::now();
+            matmul(&mut p.out, &p.a, &p.b, p.shape);
+            p.best_s = p.best_s.min(start.elapsed().as_secs_f64());
+        }
+        self.rounds += 1;
+    }
+
+    /// Prints each product's best GFLOP/s; returns the peak.
+    fn report(&self) -> f64 {
+        println!(
+            "\nmatrix-product peak (gemm crate, best of {} rounds, each after a timed step):",
+            self.rounds
+        );
+        let mut peak = 0f64;
+        for p in &self.products {
+            let s = p.shape;
+            let gflops = s.flops() as f64 / p.best_s * 1e-9;
+            peak = peak.max(gflops);
+            println!(
+                "  {:<16} ({:>5} x {:>5} x {:>5})  {:>6.1} GFLOP/s",
+                p.name, s.m, s.k, s.n, gflops
+            );
+        }
+        println!("  peak {peak:.1} GFLOP/s");
+        peak
+    }
 }
 
 /// CPU seconds this process's threads have run so far (Linux; `None` elsewhere).
