@@ -17,6 +17,12 @@
 //! batch generator's state; [`resolve_config`] gives it the configuration the
 //! checkpoint recorded, so on the same machine and thread count it reproduces the
 //! uninterrupted run's losses bit for bit.
+//!
+//! The loop never waits for a step it has just queued ([`Model::train_step`]): it
+//! logs, reports and checks step `k − 1` while step `k` runs, so a non-finite loss
+//! or gradient norm is found at most one step late (the error names its step). A
+//! step that evaluates, checkpoints or stops is read at once, before anything is
+//! saved, so the last good checkpoint is never overwritten after a non-finite value.
 
 use crate::checkpoint::{self, check_same_config};
 use crate::data::{Batch, SplitMix64, TokenDataset};

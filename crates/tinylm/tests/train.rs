@@ -495,10 +495,14 @@ fn loss_falls_on_real_text_when_available() {
     assert_eq!(s.val_loss, None);
 }
 
+/// A logged step, exactly: step, learning rate, and the bits of the training loss,
+/// gradient norm and validation loss.
+type StepBits = (u64, f64, u64, u64, Option<u64>);
+
 /// The same run as a synchronous hand loop of the model's public steps (forward and
 /// loss, backward, gradient norm, clipped AdamW, evaluation): each step's record, the
 /// validation losses and the final parameters.
-fn hand_loop(cfg: &TrainConfig) -> (Vec<(u64, f64, u64, u64, Option<u64>)>, Vec<f32>) {
+fn hand_loop(cfg: &TrainConfig) -> (Vec<StepBits>, Vec<f32>) {
     let (b, t) = (cfg.batch_size, cfg.model.context_length);
     let train_data = TokenDataset::open(&cfg.train_data, cfg.model.vocab_size).unwrap();
     let val_data = TokenDataset::open(cfg.val_data.as_ref().unwrap(), 256).unwrap();
@@ -548,7 +552,7 @@ fn the_loop_one_step_ahead_logs_what_a_synchronous_loop_computes() {
     let s = train(&cfg, &never(), &mut |p: &Progress| seen.push(p.record.step)).unwrap();
     assert_eq!(s.steps, 12);
     assert_eq!(seen, (1..=12).collect::<Vec<u64>>());
-    let got: Vec<_> = read_log(&cfg)
+    let got: Vec<StepBits> = read_log(&cfg)
         .iter()
         .map(|r| {
             (
