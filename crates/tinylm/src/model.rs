@@ -2,7 +2,9 @@
 //! interface ([`Backend`]), llm.c style. Parameters and gradients are flat buffers in
 //! the [`ParamLayout`], owned by the backend (host memory on the CPU, device memory
 //! on a GPU) for the model's whole life; activations are allocated once per `(B, T)`
-//! and reused. Only token ids go in and logits or the loss come out.
+//! and reused. Only token ids go in and logits or the loss come out: a training
+//! step ([`Model::train_step`]) is queued whole, and its loss and gradient norm are
+//! read later ([`Model::step_stats`]), so a GPU never waits for the host.
 //!
 //! Shapes: `B` sequences of `T` tokens, `N = B·T` rows, `C = d_model`, `F = d_ff`,
 //! `H` heads of `D` channels, `V = vocab_size`. One block (pre-norm, the default):
@@ -17,7 +19,9 @@
 
 use crate::config::{Ffn, ModelConfig, Norm, Positional};
 use crate::kernels::cpu::rope::rope_tables;
-use crate::kernels::{AdamWStep, AttnShape, Backend, BufKind, Buffer, Cpu, Float, MatMul, Span};
+use crate::kernels::{
+    AdamWStep, AttnShape, Backend, BufKind, Buffer, Cpu, Float, MatMul, Span, StepStats,
+};
 use crate::optim::{AdamW, AdamWParams};
 use crate::params::ParamLayout;
 use crate::{Error, Result};
@@ -43,6 +47,16 @@ pub struct Model<F: Float = f32, B: Backend<F> = Cpu> {
     host_logits: Vec<F>,
     /// Whether `acts` holds a `forward_loss` (logits replaced by their gradient).
     loss_ready: bool,
+    /// Statistics of the training steps in flight, slot `k % 2` for step `k`, so
+    /// step `k + 1` can be queued while step `k`'s are on their way to the host.
+    step_stats: [B::Stats; 2],
+    /// Training steps queued by [`Model::train_step`], and of those, read by
+    /// [`Model::step_stats`].
+    steps_launched: u64,
+    steps_read: u64,
+    /// Statistics read at once: [`Model::forward_loss`], [`Model::grad_norm`] and
+    /// the clipping of [`Model::adamw_step`].
+    stats: B::Stats,
     backend: B,
 }
 
@@ -370,6 +384,10 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
             decode_acts: None,
             host_logits: Vec::new(),
             loss_ready: false,
+            step_stats: [backend.alloc_stats()?, backend.alloc_stats()?],
+            steps_launched: 0,
+            steps_read: 0,
+            stats: backend.alloc_stats()?,
             backend,
         })
     }
@@ -414,28 +432,88 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
     }
 
     /// The global L2 norm of the gradient of the last [`Model::backward`].
-    pub fn grad_norm(&self) -> Result<f64> {
-        let sum = self.backend.sum_squares(self.grads.all());
-        self.backend.sync()?;
-        Ok(sum.sqrt())
+    pub fn grad_norm(&mut self) -> Result<f64> {
+        self.backend.sum_squares(self.grads.all(), &mut self.stats);
+        self.backend.send_stats(&mut self.stats);
+        Ok(self.backend.read_stats(&self.stats)?.grad_norm())
     }
 
     /// One AdamW update (SPEC §3) of every parameter from the last gradient,
-    /// multiplied by `grad_scale` first (the clipping factor).
-    pub fn adamw_step(&mut self, opt: &mut AdamW<B::Buf>, lr: f64, grad_scale: f32) {
+    /// clipped first to the global norm `max_norm` when given.
+    pub fn adamw_step(&mut self, opt: &mut AdamW<B::Buf>, lr: f64, max_norm: Option<f64>) {
+        if max_norm.is_some() {
+            self.backend.sum_squares(self.grads.all(), &mut self.stats);
+        }
+        self.queue_adamw(opt, lr, max_norm, None);
+    }
+
+    /// Queues one whole training step on token ids and `targets (B, T)` — forward,
+    /// loss, backward, the gradient's sum of squares, AdamW with learning rate `lr`
+    /// and clipping to `max_norm` computed by the backend — and returns without
+    /// waiting for it. [`Model::step_stats`] reads its loss and gradient norm later;
+    /// at most two steps are in flight.
+    #[allow(clippy::too_many_arguments)]
+    pub fn train_step(
+        &mut self,
+        ids: &[u32],
+        targets: &[u32],
+        b: usize,
+        t: usize,
+        opt: &mut AdamW<B::Buf>,
+        lr: f64,
+        max_norm: Option<f64>,
+    ) -> Result<()> {
+        let slot = (self.steps_launched % 2) as usize;
+        if self.steps_launched - self.steps_read == 2 {
+            return Err(Error::Invalid(
+                "two training steps are in flight: read the older one's statistics first".into(),
+            ));
+        }
+        self.queue_loss(ids, targets, b, t, Some(slot))?;
+        self.backward()?;
+        let stats = &mut self.step_stats[slot];
+        self.backend.sum_squares(self.grads.all(), stats);
+        self.queue_adamw(opt, lr, max_norm, Some(slot));
+        self.backend.send_stats(&mut self.step_stats[slot]);
+        self.steps_launched += 1;
+        Ok(())
+    }
+
+    /// The statistics of the oldest training step in flight ([`Model::train_step`]),
+    /// when they reach the host (this waits for that step only).
+    pub fn step_stats(&mut self) -> Result<StepStats> {
+        if self.steps_read == self.steps_launched {
+            return Err(Error::Invalid("no training step in flight".into()));
+        }
+        let slot = (self.steps_read % 2) as usize;
+        self.steps_read += 1;
+        self.backend.read_stats(&self.step_stats[slot])
+    }
+
+    /// Queues AdamW step `opt.step + 1`, clipping by the sum of squares in the
+    /// statistics of step slot `slot` (`None`: the ones read at once).
+    fn queue_adamw(
+        &mut self,
+        opt: &mut AdamW<B::Buf>,
+        lr: f64,
+        max_norm: Option<f64>,
+        slot: Option<usize>,
+    ) {
         opt.step += 1;
         let step = AdamWStep {
             lr,
             t: opt.step,
             hp: opt.hp,
-            grad_scale,
+            max_norm,
         };
+        let stats = slot.map_or(&self.stats, |k| &self.step_stats[k]);
         self.backend.adamw(
             self.params.all_mut(),
             self.grads.all(),
             opt.m.all_mut(),
             opt.v.all_mut(),
             &step,
+            stats,
         );
     }
 
@@ -462,6 +540,21 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
     /// from `ids (B, T)`; keeps what [`Model::backward`] needs. The logits buffer then
     /// holds the loss gradient, so read logits with [`Model::forward`] instead.
     pub fn forward_loss(&mut self, ids: &[u32], targets: &[u32], b: usize, t: usize) -> Result<F> {
+        self.queue_loss(ids, targets, b, t, None)?;
+        self.backend.send_stats(&mut self.stats);
+        Ok(F::from_f64(self.backend.read_stats(&self.stats)?.loss))
+    }
+
+    /// Checks and uploads a batch, queues the forward pass and the loss with its
+    /// gradient into the statistics of step slot `slot` (`None`: the ones read at once).
+    fn queue_loss(
+        &mut self,
+        ids: &[u32],
+        targets: &[u32],
+        b: usize,
+        t: usize,
+        slot: Option<usize>,
+    ) -> Result<()> {
         self.check_tokens(ids, b, t, "token id")?;
         self.check_tokens(targets, b, t, "target id")?;
         self.prepare(b, t)?;
@@ -470,12 +563,14 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
         self.backend.upload_ids(&mut acts.targets, targets)?;
         self.run_forward();
         let acts = self.acts.as_mut().expect("prepared");
-        let loss = self
-            .backend
-            .cross_entropy(acts.logits.all_mut(), &acts.targets, true);
-        self.backend.sync()?;
+        let stats = match slot {
+            Some(k) => &mut self.step_stats[k],
+            None => &mut self.stats,
+        };
+        self.backend
+            .cross_entropy(acts.logits.all_mut(), &acts.targets, true, stats);
         self.loss_ready = true;
-        Ok(loss)
+        Ok(())
     }
 
     /// The gradient of the last [`Model::forward_loss`] into the model's gradient
@@ -1010,7 +1105,7 @@ mod tests {
             let mut step = |model: &mut Model| {
                 model.forward_loss(&ids, &ids, 3, 16).unwrap();
                 model.backward().unwrap();
-                model.adamw_step(&mut opt, 0.01, 1.0);
+                model.adamw_step(&mut opt, 0.01, None);
             };
             step(&mut model);
             let before = buffers(&model);

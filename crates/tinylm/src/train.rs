@@ -17,13 +17,19 @@
 //! batch generator's state; [`resolve_config`] gives it the configuration the
 //! checkpoint recorded, so on the same machine and thread count it reproduces the
 //! uninterrupted run's losses bit for bit.
+//!
+//! The loop never waits for a step it has just queued ([`Model::train_step`]): it
+//! logs, reports and checks step `k − 1` while step `k` runs, so a non-finite loss
+//! or gradient norm is found at most one step late (the error names its step). A
+//! step that evaluates, checkpoints or stops is read at once, before anything is
+//! saved, so the last good checkpoint is never overwritten after a non-finite value.
 
 use crate::checkpoint::{self, check_same_config};
 use crate::data::{Batch, SplitMix64, TokenDataset};
 use crate::device::{run_on, BackendTask, Device, Precision};
-use crate::kernels::Backend;
+use crate::kernels::{Backend, StepStats};
 use crate::model::Model;
-use crate::optim::{clip_scale, lr_cosine_schedule, AdamW, AdamWParams, CLIP_EPS};
+use crate::optim::{lr_cosine_schedule, AdamW, AdamWParams};
 use crate::plot::write_loss_plot;
 use crate::{Error, ModelConfig, Result};
 use serde::{Deserialize, Serialize};
@@ -32,7 +38,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// What the learning-rate schedule runs over.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -579,8 +585,17 @@ fn run<B: Backend<f32>>(
         }
     };
     opt.hp = cfg.adamw();
-    let mut history = read_history(&log_path, state.step)?;
-    let mut log = write_history(&log_path, &history)?;
+    let history = read_history(&log_path, state.step)?;
+    let log = write_history(&log_path, &history)?;
+    let mut journal = Journal {
+        log,
+        log_path,
+        plot_path,
+        history,
+        step_tokens: (b * t) as u64,
+        window_tokens: 0,
+        window_s: 0.0,
+    };
 
     let total = cfg.total_steps();
     // The time schedule ends on the budget alone, however many steps it holds.
@@ -588,46 +603,59 @@ fn run<B: Backend<f32>>(
         Schedule::Steps => total,
         Schedule::Time => u64::MAX,
     };
+    let clip = (cfg.grad_clip > 0.0).then_some(cfg.grad_clip);
     let mut rng = SplitMix64::new(state.rng);
     let mut batch = Batch::new(b, t);
     let wall_offset = state.wallclock_s;
-    let (mut window_tokens, mut window_s) = (0u64, 0f64);
     let mut last = None;
     // The last checkpoint written (or resumed from) and its step.
     let mut saved = cfg.resume.clone().map(|p| (p, state.step));
     let mut stopped_early = false;
+    // The step whose statistics are on their way, and when the last ones arrived.
+    let mut in_flight: Option<Launched> = None;
+    let mut last_ready: Option<Instant> = None;
+    // The loop runs one step ahead: it queues step k, then finishes step k - 1 with its
+    // statistics (on a GPU they arrive while step k runs). A step that evaluates,
+    // checkpoints or stops is finished at once, before another is queued.
     // Only the first step is checked here against the budget; after it, each step decides
     // whether another follows (`stopping` below), so the last one always evaluates and
     // checkpoints however long the logging in between took.
     while last.is_some()
+        || in_flight.is_some()
         || (state.step < step_limit
             && cfg.step_fits(state.wallclock_s, state.step_s + state.eval_s))
     {
-        let step = state.step;
-        let lr = cfg.learning_rate(step, wall_offset + started.elapsed().as_secs_f64());
-        let step_start = Instant::now();
+        let launched_at = Instant::now();
+        let lr = cfg.learning_rate(state.step, wall_offset + started.elapsed().as_secs_f64());
         train_data.fill_random(&mut batch, &mut rng);
-        let loss = model.forward_loss(&batch.inputs, &batch.targets, b, t)?;
-        if !loss.is_finite() {
-            return Err(diverged(step, "loss", loss as f64, &saved));
-        }
-        model.backward()?;
-        let grad_norm = model.grad_norm()?;
-        if !grad_norm.is_finite() {
-            return Err(diverged(step, "gradient norm", grad_norm, &saved));
-        }
-        model.adamw_step(&mut opt, lr, clip_scale(grad_norm, cfg.grad_clip, CLIP_EPS));
-        state.step_s = step_start.elapsed().as_secs_f64();
-        window_s += state.step_s;
-        window_tokens += (b * t) as u64;
+        model.train_step(&batch.inputs, &batch.targets, b, t, &mut opt, lr, clip)?;
         state.step += 1;
         state.tokens += (b * t) as u64;
         state.rng = rng.state;
+        let launched = Launched {
+            step: state.step,
+            tokens: state.tokens,
+            lr,
+            at: launched_at,
+        };
+        if let Some(previous) = in_flight.replace(launched) {
+            let (stats, step_s) = read_step(&mut model, &previous, &mut last_ready, &saved)?;
+            state.step_s = step_s;
+            state.wallclock_s = wall_offset + started.elapsed().as_secs_f64();
+            let record = journal.record(&previous, &stats, step_s, None, state.wallclock_s);
+            journal.write(cfg, &record, false, on_step)?;
+            last = Some(record);
+        }
 
         let done = state.step;
         // Another step and the final evaluation, as long as the last ones, would end
-        // past the budget.
-        let used_s = wall_offset + started.elapsed().as_secs_f64();
+        // past the budget. Counted from the end of this step: on a GPU it may still
+        // run, until about a step after the previous statistics arrived.
+        let step_start = last_ready.map_or(launched_at, |r| r.max(launched_at));
+        let running_s = (step_start + Duration::from_secs_f64(state.step_s))
+            .saturating_duration_since(Instant::now())
+            .as_secs_f64();
+        let used_s = wall_offset + started.elapsed().as_secs_f64() + running_s;
         let out_of_time = !cfg.step_fits(used_s, state.step_s + state.eval_s);
         let stopping = done == step_limit || stop.load(Ordering::Relaxed) || out_of_time;
         let schedule_done = match cfg.schedule {
@@ -637,6 +665,16 @@ fn run<B: Backend<f32>>(
         stopped_early = stopping && !schedule_done;
         let eval_now =
             stopping || (cfg.eval_interval > 0 && done.is_multiple_of(cfg.eval_interval));
+        let save_now = stopping
+            || (cfg.checkpoint_interval > 0 && done.is_multiple_of(cfg.checkpoint_interval));
+        if !(eval_now || save_now) {
+            continue;
+        }
+        // This step's parameters are evaluated or saved: its statistics first, so that
+        // nothing is saved after a non-finite loss.
+        let launched = in_flight.take().expect("queued above");
+        let (stats, step_s) = read_step(&mut model, &launched, &mut last_ready, &saved)?;
+        state.step_s = step_s;
         let eval_start = Instant::now();
         let val_loss = match (&val_data, eval_now) {
             (Some(v), true) => Some(evaluate(&mut model, v, b, cfg.eval_batches)?.loss),
@@ -646,40 +684,13 @@ fn run<B: Backend<f32>>(
             state.eval_s = eval_start.elapsed().as_secs_f64();
         }
         state.wallclock_s = wall_offset + started.elapsed().as_secs_f64();
-        let record = LogRecord {
-            step: done,
-            tokens: state.tokens,
-            wallclock_s: state.wallclock_s,
-            train_loss: loss as f64,
-            val_loss,
-            lr,
-            grad_norm,
-            tokens_per_s: window_tokens as f64 / window_s.max(1e-9),
-        };
-        if eval_now || done.is_multiple_of(cfg.log_interval) {
-            writeln!(
-                log,
-                "{}",
-                serde_json::to_string(&record).expect("serializes")
-            )
-            .and_then(|_| log.flush())
-            .map_err(|e| Error::io(&log_path, e))?;
-            history.push(record.clone());
-            (window_tokens, window_s) = (0, 0.0);
-        }
-        on_step(&Progress {
-            record: &record,
-            total_steps: cfg.planned_steps(done, state.wallclock_s),
-        });
-        if eval_now {
-            write_loss_plot(&plot_path, &history)?;
-        }
-        if stopping || (cfg.checkpoint_interval > 0 && done.is_multiple_of(cfg.checkpoint_interval))
-        {
+        let record = journal.record(&launched, &stats, step_s, val_loss, state.wallclock_s);
+        journal.write(cfg, &record, eval_now, on_step)?;
+        last = Some(record);
+        if save_now {
             save(cfg, &ckpt_path, &model, &opt, &state)?;
             saved = Some((ckpt_path.clone(), done));
         }
-        last = Some(record);
         if stopping {
             break;
         }
@@ -710,7 +721,115 @@ fn run<B: Backend<f32>>(
     })
 }
 
-/// The error for a non-finite loss or gradient.
+/// A training step queued on the model, its statistics not read yet.
+struct Launched {
+    /// Steps done with it (its number, from 1) and tokens.
+    step: u64,
+    tokens: u64,
+    lr: f64,
+    /// When the loop began it (batch sampling included).
+    at: Instant,
+}
+
+/// Waits for the statistics of `launched`, the oldest step in flight, and checks
+/// them (a non-finite value is the divergence error naming that step). Returns them
+/// and the step's time: from its start — its launch, or when the previous statistics
+/// arrived if it was queued behind them — to its statistics' arrival. On the CPU,
+/// where a step runs inside its launch, that is the launch's time.
+fn read_step<B: Backend<f32>>(
+    model: &mut Model<f32, B>,
+    launched: &Launched,
+    last_ready: &mut Option<Instant>,
+    saved: &Option<(PathBuf, u64)>,
+) -> Result<(StepStats, f64)> {
+    let stats = model.step_stats()?;
+    if !stats.loss.is_finite() {
+        return Err(diverged(launched.step, "loss", stats.loss, saved));
+    }
+    if !stats.grad_norm().is_finite() {
+        return Err(diverged(
+            launched.step,
+            "gradient norm",
+            stats.grad_norm(),
+            saved,
+        ));
+    }
+    let start = last_ready.map_or(launched.at, |r| r.max(launched.at));
+    *last_ready = Some(stats.ready);
+    let step_s = stats.ready.saturating_duration_since(start).as_secs_f64();
+    Ok((stats, step_s))
+}
+
+/// The run's log: `log.jsonl`, the records the plot is drawn from, and the
+/// training throughput since the last logged step.
+struct Journal {
+    log: std::fs::File,
+    log_path: PathBuf,
+    plot_path: PathBuf,
+    history: Vec<LogRecord>,
+    /// Tokens per step `B·T`.
+    step_tokens: u64,
+    window_tokens: u64,
+    window_s: f64,
+}
+
+impl Journal {
+    /// The record of a finished step that took `step_s` seconds.
+    fn record(
+        &mut self,
+        launched: &Launched,
+        stats: &StepStats,
+        step_s: f64,
+        val_loss: Option<f64>,
+        wallclock_s: f64,
+    ) -> LogRecord {
+        self.window_s += step_s;
+        self.window_tokens += self.step_tokens;
+        LogRecord {
+            step: launched.step,
+            tokens: launched.tokens,
+            wallclock_s,
+            train_loss: stats.loss,
+            val_loss,
+            lr: launched.lr,
+            grad_norm: stats.grad_norm(),
+            tokens_per_s: self.window_tokens as f64 / self.window_s.max(1e-9),
+        }
+    }
+
+    /// Writes `record` to the log when it was `evaluated` or falls on the log
+    /// interval, shows it to the progress callback, and redraws the plot after an
+    /// evaluation.
+    fn write(
+        &mut self,
+        cfg: &TrainConfig,
+        record: &LogRecord,
+        evaluated: bool,
+        on_step: &mut (dyn FnMut(&Progress) + Send),
+    ) -> Result<()> {
+        if evaluated || record.step.is_multiple_of(cfg.log_interval) {
+            writeln!(
+                self.log,
+                "{}",
+                serde_json::to_string(record).expect("serializes")
+            )
+            .and_then(|_| self.log.flush())
+            .map_err(|e| Error::io(&self.log_path, e))?;
+            self.history.push(record.clone());
+            (self.window_tokens, self.window_s) = (0, 0.0);
+        }
+        on_step(&Progress {
+            record,
+            total_steps: cfg.planned_steps(record.step, record.wallclock_s),
+        });
+        if evaluated {
+            write_loss_plot(&self.plot_path, &self.history)?;
+        }
+        Ok(())
+    }
+}
+
+/// The error for a non-finite loss or gradient at step `step` (from 1).
 fn diverged(step: u64, what: &str, value: f64, saved: &Option<(PathBuf, u64)>) -> Error {
     let kept = match saved {
         Some((path, step)) => format!(
@@ -720,8 +839,7 @@ fn diverged(step: u64, what: &str, value: f64, saved: &Option<(PathBuf, u64)>) -
         None => "no checkpoint was written yet".to_string(),
     };
     Error::Invalid(format!(
-        "training diverged: {what} is {value} at step {} ({kept}); try a lower lr_max or a grad_clip",
-        step + 1
+        "training diverged: {what} is {value} at step {step} ({kept}); try a lower lr_max or a grad_clip"
     ))
 }
 

@@ -439,8 +439,11 @@ fn adamw_and_sum_of_squares_match_the_cpu() {
             "sum of squares {} != {want}",
             got[0]
         );
-        // Three clipped steps: bit-for-bit the CPU's.
-        let scale = clip_scale(want.sqrt(), want.sqrt() / 2.0, CLIP_EPS);
+        // Three steps clipped on the device from its sum of squares: bit-for-bit the
+        // CPU's with the factor the CPU computes from that sum.
+        let max_norm = got[0].sqrt() / 2.0;
+        let scale = clip_scale(got[0].sqrt(), max_norm, CLIP_EPS);
+        assert!(scale < 1.0, "the steps are clipped");
         let mut params = random(&mut rng, n, 1.0);
         let (params_d, m_d, v_d) = (
             put_f32(&cuda, &params),
@@ -460,7 +463,7 @@ fn adamw_and_sum_of_squares_match_the_cpu() {
                 step,
                 1e-3,
                 &hp,
-                scale,
+                Some((sum.view(), max_norm)),
             );
             adamw_step(&mut params, &grads, &mut m, &mut v, step, 1e-3, &hp, scale);
         }
@@ -648,6 +651,47 @@ fn a_200_step_run_on_the_gpu_tracks_the_cpu_run() {
             g < 0.6 * gpu_losses[0],
             "{precision}: the loss did not fall"
         );
+    }
+}
+
+#[test]
+fn a_clipped_run_on_the_gpu_tracks_the_cpu_run_step_by_step_in_fp32() {
+    // Every step within 1% of the CPU's (the 200-step run allows 2%), with clipping on
+    // every step (the norm limit well under the gradient norms), computed
+    // by the AdamW kernel from the device's sum of squares while the loop reads each
+    // step's statistics one step late.
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = training_config(dir.path(), 30);
+    cfg.grad_clip = 0.05;
+    let log = |cfg: &TrainConfig| -> Vec<LogRecord> {
+        train(cfg, &AtomicBool::new(false), &mut |_: &Progress| {}).unwrap();
+        std::fs::read_to_string(cfg.out_dir.join("log.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    cfg.out_dir = dir.path().join("cpu");
+    let on_cpu = log(&cfg);
+    assert_eq!(on_cpu.len(), 30);
+    assert!(on_cpu.iter().all(|r| r.grad_norm > 2.0 * cfg.grad_clip));
+    cfg.out_dir = dir.path().join("gpu");
+    cfg.device = Device::Cuda(0);
+    cfg.precision = Precision::Fp32;
+    let on_gpu = log(&cfg);
+    assert_eq!(on_gpu.len(), 30);
+    for (g, c) in on_gpu.iter().zip(&on_cpu) {
+        assert_eq!((g.step, g.tokens, g.lr), (c.step, c.tokens, c.lr));
+        for (what, got, want) in [
+            ("loss", g.train_loss, c.train_loss),
+            ("gradient norm", g.grad_norm, c.grad_norm),
+        ] {
+            assert!(
+                (got - want).abs() <= 1e-2 * want,
+                "step {}: GPU {what} {got}, CPU {want}",
+                c.step
+            );
+        }
     }
 }
 

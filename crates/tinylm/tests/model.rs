@@ -326,3 +326,49 @@ fn bad_input_is_an_error_not_a_panic() {
     let e = msg(model.decode_step(&mut cache, 99).map(|_| ()));
     assert!(e.contains("99") && e.contains("position 0"), "{e}");
 }
+
+#[test]
+fn queued_training_steps_read_in_order_and_at_most_two_in_flight() {
+    let c = config(Norm::Pre, Positional::Rope, Ffn::Swiglu, false);
+    let mut rng = ChaCha8Rng::seed_from_u64(6);
+    let (b, t) = (2, 9);
+    let batches: Vec<(Vec<u32>, Vec<u32>)> = (0..3)
+        .map(|_| {
+            let ids = random_ids(&mut rng, b * t, c.vocab_size);
+            (ids, random_ids(&mut rng, b * t, c.vocab_size))
+        })
+        .collect();
+    // The synchronous steps, clipped on the host's terms.
+    let mut sync = Model::new(c.clone(), 0).unwrap();
+    let mut opt = sync.new_adamw(Default::default()).unwrap();
+    let mut want = Vec::new();
+    for (ids, targets) in &batches {
+        let loss = sync.forward_loss(ids, targets, b, t).unwrap();
+        sync.backward().unwrap();
+        want.push((loss as f64, sync.grad_norm().unwrap()));
+        sync.adamw_step(&mut opt, 1e-2, Some(0.5));
+    }
+    let mut queued = Model::new(c, 0).unwrap();
+    let mut opt = queued.new_adamw(Default::default()).unwrap();
+    let msg = |r: tinylm::Result<()>| r.unwrap_err().to_string();
+    let e = msg(queued.step_stats().map(|_| ()));
+    assert!(e.contains("no training step in flight"), "{e}");
+    let mut step = |model: &mut Model, k: usize| {
+        let (ids, targets) = &batches[k];
+        model.train_step(ids, targets, b, t, &mut opt, 1e-2, Some(0.5))
+    };
+    step(&mut queued, 0).unwrap();
+    step(&mut queued, 1).unwrap();
+    assert!(msg(step(&mut queued, 2)).contains("two training steps are in flight"));
+    let mut got = Vec::new();
+    let stats = queued.step_stats().unwrap();
+    got.push((stats.loss, stats.grad_norm()));
+    step(&mut queued, 2).unwrap();
+    for _ in 0..2 {
+        let stats = queued.step_stats().unwrap();
+        got.push((stats.loss, stats.grad_norm()));
+    }
+    assert_eq!(got, want);
+    assert!(want.iter().any(|&(_, norm)| norm > 0.5), "{want:?}");
+    assert_eq!(queued.params(), sync.params());
+}

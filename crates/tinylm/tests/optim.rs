@@ -176,3 +176,55 @@ fn clipping_scales_to_the_limit_across_arrays() {
     let after = global_norm(&[&big]);
     assert!((after - 2.0).abs() < 1e-5, "{after}");
 }
+
+#[test]
+fn backend_clipping_equals_clip_scale_bit_for_bit() {
+    use tinylm::kernels::{AdamWStep, Backend, Buffer, Cpu};
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    let n = 100_003;
+    let grads = random(&mut rng, n);
+    let norm = global_norm(&[&grads]);
+    let hp = AdamWParams {
+        weight_decay: 0.1,
+        ..AdamWParams::default()
+    };
+    // Clipped (the limit under the norm, also a hair under), not clipped (above), off.
+    for max_norm in [
+        Some(norm / 3.0),
+        Some(norm * (1.0 - 1e-12)),
+        Some(norm * 2.0),
+        Some(0.0),
+        None,
+    ] {
+        let want_scale = max_norm.map_or(1.0, |max| clip_scale(norm, max, CLIP_EPS));
+        let (mut want, mut m, mut v) = (random(&mut rng, n), vec![0f32; n], vec![0f32; n]);
+        let mut params = want.clone();
+        let (mut got_m, mut got_v) = (m.clone(), v.clone());
+        let mut stats = Backend::<f32>::alloc_stats(&Cpu).unwrap();
+        Backend::<f32>::sum_squares(&Cpu, grads.all(), &mut stats);
+        assert_eq!(stats.grad_norm(), norm);
+        for t in 1..=3 {
+            let step = AdamWStep {
+                lr: 1e-3,
+                t,
+                hp,
+                max_norm,
+            };
+            assert_eq!(
+                step.grad_scale(stats.sum_squares).to_bits(),
+                want_scale.to_bits()
+            );
+            Cpu.adamw(
+                params.all_mut(),
+                grads.all(),
+                got_m.all_mut(),
+                got_v.all_mut(),
+                &step,
+                &stats,
+            );
+            adamw_step(&mut want, &grads, &mut m, &mut v, t, 1e-3, &hp, want_scale);
+        }
+        assert_eq!(params, want, "{max_norm:?}: parameters");
+        assert_eq!((got_m, got_v), (m, v), "{max_norm:?}: moments");
+    }
+}

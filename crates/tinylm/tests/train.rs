@@ -4,9 +4,9 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use tinylm::data::SplitMix64;
-use tinylm::train::{resolve_config, train, LogRecord, Progress, Schedule, TrainConfig};
-use tinylm::{checkpoint, ModelConfig};
+use tinylm::data::{Batch, SplitMix64, TokenDataset};
+use tinylm::train::{evaluate, resolve_config, train, LogRecord, Progress, Schedule, TrainConfig};
+use tinylm::{checkpoint, Model, ModelConfig};
 use tinylm_bpe::npy;
 
 /// Byte-level ids of `n` generated sentences ("the small dog sees a red ball. …").
@@ -493,4 +493,133 @@ fn loss_falls_on_real_text_when_available() {
         log[0].train_loss
     );
     assert_eq!(s.val_loss, None);
+}
+
+/// A logged step, exactly: step, learning rate, and the bits of the training loss,
+/// gradient norm and validation loss.
+type StepBits = (u64, f64, u64, u64, Option<u64>);
+
+/// The same run as a synchronous hand loop of the model's public steps (forward and
+/// loss, backward, gradient norm, clipped AdamW, evaluation): each step's record, the
+/// validation losses and the final parameters.
+fn hand_loop(cfg: &TrainConfig) -> (Vec<StepBits>, Vec<f32>) {
+    let (b, t) = (cfg.batch_size, cfg.model.context_length);
+    let train_data = TokenDataset::open(&cfg.train_data, cfg.model.vocab_size).unwrap();
+    let val_data = TokenDataset::open(cfg.val_data.as_ref().unwrap(), 256).unwrap();
+    let mut model = Model::new(cfg.model.clone(), cfg.seed).unwrap();
+    let mut opt = model.new_adamw(cfg.adamw()).unwrap();
+    let mut rng = SplitMix64::new(cfg.seed);
+    let mut batch = Batch::new(b, t);
+    let mut records = Vec::new();
+    for step in 0..cfg.steps {
+        let lr = cfg.learning_rate(step, 0.0);
+        train_data.fill_random(&mut batch, &mut rng);
+        let loss = model
+            .forward_loss(&batch.inputs, &batch.targets, b, t)
+            .unwrap();
+        model.backward().unwrap();
+        let grad_norm = model.grad_norm().unwrap();
+        model.adamw_step(&mut opt, lr, Some(cfg.grad_clip));
+        let done = step + 1;
+        let val_loss = (done % cfg.eval_interval == 0 || done == cfg.steps).then(|| {
+            evaluate(&mut model, &val_data, b, cfg.eval_batches)
+                .unwrap()
+                .loss
+                .to_bits()
+        });
+        records.push((
+            done,
+            lr,
+            (loss as f64).to_bits(),
+            grad_norm.to_bits(),
+            val_loss,
+        ));
+    }
+    (records, model.params().to_vec())
+}
+
+#[test]
+fn the_loop_one_step_ahead_logs_what_a_synchronous_loop_computes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = setup(dir.path());
+    cfg.steps = 12;
+    cfg.eval_interval = 5;
+    cfg.checkpoint_interval = 4;
+    // Clipping on some steps and not others.
+    cfg.grad_clip = 1.0;
+    let (want, params) = hand_loop(&cfg);
+    let mut seen = Vec::new();
+    let s = train(&cfg, &never(), &mut |p: &Progress| seen.push(p.record.step)).unwrap();
+    assert_eq!(s.steps, 12);
+    assert_eq!(seen, (1..=12).collect::<Vec<u64>>());
+    let got: Vec<StepBits> = read_log(&cfg)
+        .iter()
+        .map(|r| {
+            (
+                r.step,
+                r.lr,
+                r.train_loss.to_bits(),
+                r.grad_norm.to_bits(),
+                r.val_loss.map(f64::to_bits),
+            )
+        })
+        .collect();
+    assert_eq!(got, want);
+    let norms: Vec<f64> = want.iter().map(|r| f64::from_bits(r.3)).collect();
+    assert!(
+        norms.iter().any(|&n| n > cfg.grad_clip) && norms.iter().any(|&n| n < cfg.grad_clip),
+        "clipping on some steps only: {norms:?}"
+    );
+    assert_eq!(checkpoint::load(&s.checkpoint).unwrap().params, params);
+}
+
+#[test]
+fn divergence_found_a_step_late_names_its_step_and_keeps_the_last_good_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = setup(dir.path());
+    cfg.val_data = None;
+    cfg.steps = 40;
+    cfg.grad_clip = 0.0;
+    // A learning rate that ramps up to absurd: a few good steps, then NaN.
+    cfg.lr_max = 1e6;
+    cfg.lr_min = 1e6;
+    cfg.warmup_steps = 1_000_000;
+    // The first step whose loss or gradient norm is not finite, by the hand loop.
+    let (b, t) = (cfg.batch_size, cfg.model.context_length);
+    let data = TokenDataset::open(&cfg.train_data, 256).unwrap();
+    let mut model = Model::new(cfg.model.clone(), cfg.seed).unwrap();
+    let mut opt = model.new_adamw(cfg.adamw()).unwrap();
+    let (mut rng, mut batch) = (SplitMix64::new(cfg.seed), Batch::new(b, t));
+    let bad = (0..cfg.steps)
+        .find(|&step| {
+            data.fill_random(&mut batch, &mut rng);
+            let loss = model
+                .forward_loss(&batch.inputs, &batch.targets, b, t)
+                .unwrap();
+            model.backward().unwrap();
+            let norm = model.grad_norm().unwrap();
+            model.adamw_step(&mut opt, cfg.learning_rate(step, 0.0), None);
+            !(loss.is_finite() && norm.is_finite())
+        })
+        .expect("the run diverges")
+        + 1;
+    // Every 2 steps: an odd step, found while the next one is already queued. Every
+    // step: the step itself would be saved, so its statistics are read first.
+    assert!(bad >= 3 && bad % 2 == 1, "diverges at step {bad}");
+    for interval in [2, 1] {
+        cfg.checkpoint_interval = interval;
+        cfg.out_dir = dir.path().join(format!("every-{interval}"));
+        let e = train(&cfg, &never(), &mut |_: &Progress| {})
+            .unwrap_err()
+            .to_string();
+        let kept = bad - 1;
+        assert!(
+            e.contains(&format!("at step {bad} ")) && e.contains(&format!("(step {kept})")),
+            "{e}"
+        );
+        let path = cfg.out_dir.join("checkpoint.safetensors");
+        let saved = checkpoint::load(&path).unwrap();
+        assert_eq!(saved.meta::<u64>("step", &path).unwrap(), kept);
+        assert!(saved.params.iter().all(|x| x.is_finite()));
+    }
 }

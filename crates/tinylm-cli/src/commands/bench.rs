@@ -229,7 +229,7 @@ impl BackendTask for TimedSteps<'_> {
         let mut step = |model: &mut Model<f32, B>| -> LmResult<f32> {
             let loss = model.forward_loss(self.ids, self.targets, self.b, self.t)?;
             model.backward()?;
-            model.adamw_step(&mut opt, 1e-3, 1.0);
+            model.adamw_step(&mut opt, 1e-3, None);
             model.backend().sync()?;
             Ok(loss)
         };
@@ -279,7 +279,7 @@ fn breakdown(
         model.forward_loss(ids, targets, b, t)?;
         model.backward()?;
         let opt_start = Instant::now();
-        model.adamw_step(&mut opt, 1e-3, 1.0);
+        model.adamw_step(&mut opt, 1e-3, None);
         opt_time += opt_start.elapsed().as_secs_f64();
         total += start.elapsed().as_secs_f64();
     }

@@ -402,7 +402,7 @@ impl BackendTask for TimeOneStep<'_> {
         let mut step = |model: &mut Model<f32, B>| -> tinylm::Result<()> {
             model.forward_loss(&ids, &ids, batch_size, config.context_length)?;
             model.backward()?;
-            model.adamw_step(&mut opt, 1e-3, 1.0);
+            model.adamw_step(&mut opt, 1e-3, None);
             Ok(())
         };
         step(&mut model)?;

@@ -22,12 +22,13 @@ pub mod profile;
 pub use cpu::Cpu;
 pub use profile::Profiled;
 
-use crate::optim::AdamWParams;
+use crate::optim::{clip_scale, AdamWParams, CLIP_EPS};
 use crate::Result;
 use std::fmt::Debug;
 use std::iter::Sum;
 use std::ops::Range;
 use std::ops::{Add, AddAssign, Div, Mul, MulAssign, Neg, Sub, SubAssign};
+use std::time::Instant;
 
 /// The element type of parameters and activations: `f32`, or `f64` in gradient checks.
 pub trait Float:
@@ -361,14 +362,55 @@ impl<'a, T> SpanMut<'a, Vec<T>> {
     }
 }
 
-/// One AdamW update's scalars (SPEC §3), step `t` counting from 1; gradients are
-/// multiplied by `grad_scale` (the clipping factor) first.
+/// One AdamW update's scalars (SPEC §3), step `t` counting from 1. With `max_norm`,
+/// gradients are first multiplied by the clipping factor [`AdamWStep::grad_scale`]
+/// of the gradient's sum of squares, which the backend reads from the step's
+/// statistics ([`Backend::sum_squares`]) where they are: on a GPU, on the device.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AdamWStep {
     pub lr: f64,
     pub t: u64,
     pub hp: AdamWParams,
-    pub grad_scale: f32,
+    /// The global gradient-norm limit (`None`: no clipping).
+    pub max_norm: Option<f64>,
+}
+
+impl AdamWStep {
+    /// The factor gradients with sum of squares `sum_squares` are multiplied by:
+    /// [`clip_scale`]`(sqrt(sum_squares), max_norm, CLIP_EPS)` (f64, then rounded to
+    /// f32), or 1 without clipping. The CUDA kernel does the same operations.
+    pub fn grad_scale(&self, sum_squares: f64) -> f32 {
+        self.max_norm
+            .map_or(1.0, |max| clip_scale(sum_squares.sqrt(), max, CLIP_EPS))
+    }
+}
+
+/// A training step's statistics as they reach the host ([`Backend::read_stats`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepStats {
+    /// Mean cross-entropy of the step's batch ([`Backend::cross_entropy`]).
+    pub loss: f64,
+    /// `Σ g²` of its gradient before clipping ([`Backend::sum_squares`]).
+    pub sum_squares: f64,
+    /// When they were ready: when the CPU wrote them, or when the host saw a GPU's
+    /// copy complete.
+    pub ready: Instant,
+}
+
+impl StepStats {
+    /// The global L2 norm of the gradient.
+    pub fn grad_norm(&self) -> f64 {
+        self.sum_squares.sqrt()
+    }
+
+    /// Not yet written: NaN values.
+    pub fn unset() -> Self {
+        StepStats {
+            loss: f64::NAN,
+            sum_squares: f64::NAN,
+            ready: Instant::now(),
+        }
+    }
 }
 
 /// The kernels one backend provides, over buffers it owns ([`Backend::Buf`]).
@@ -377,18 +419,32 @@ pub struct AdamWStep {
 ///
 /// Kernels may run asynchronously (a GPU stream): they return nothing, and a
 /// backend that can fail keeps the first failure for [`Backend::sync`]. Values
-/// reach the host only through [`Backend::download`], [`Backend::cross_entropy`]
-/// and [`Backend::sum_squares`], which wait for the kernels before them.
+/// reach the host only through [`Backend::download`], which waits for the kernels
+/// before it, and [`Backend::read_stats`]: a step's loss and gradient sum of squares
+/// stay in a small buffer of the backend's ([`Backend::Stats`]) until
+/// [`Backend::send_stats`] queues their copy to the host, and only reading them
+/// waits — for that copy alone, so the next step can be queued meanwhile.
 pub trait Backend<F: Float>: Sync {
     /// A buffer of `F` values (in the precision its [`BufKind`] says).
     type Buf: Buffer;
     /// A buffer of token ids.
     type Ids: Send + Sync;
+    /// One step's statistics (loss and gradient sum of squares) where the kernels
+    /// write them, and their host copy: [`StepStats`] on the CPU, a device buffer
+    /// and pinned host memory on a GPU.
+    type Stats: Send + Sync;
 
     /// A zeroed buffer of `len` values.
     fn alloc(&self, len: usize, kind: BufKind) -> Result<Self::Buf>;
     /// A buffer of `len` token ids.
     fn alloc_ids(&self, len: usize) -> Result<Self::Ids>;
+    /// A buffer for one step's statistics.
+    fn alloc_stats(&self) -> Result<Self::Stats>;
+    /// Queues the copy of `stats` to the host; returns without waiting.
+    fn send_stats(&self, stats: &mut Self::Stats);
+    /// The statistics [`Backend::send_stats`] sent, when their copy is done (waits
+    /// for it and the kernels before it only); the first failure of those kernels.
+    fn read_stats(&self, stats: &Self::Stats) -> Result<StepStats>;
     /// `dst = src` from the host.
     fn upload(&self, dst: SpanMut<Self::Buf>, src: &[F]) -> Result<()>;
     /// `dst = src` from the host; `src.len()` ids are written.
@@ -497,14 +553,23 @@ pub trait Backend<F: Float>: Sync {
         shape: AttnShape,
     );
 
-    /// Mean cross-entropy of `logits (N, V)` against `targets (N)`; with `grad`, the
-    /// logits are overwritten in the same pass by `∂loss/∂logits = (softmax − onehot)/N`.
-    fn cross_entropy(&self, logits: SpanMut<Self::Buf>, targets: &Self::Ids, grad: bool) -> F;
+    /// Mean cross-entropy of `logits (N, V)` against `targets (N)` into `stats`' loss;
+    /// with `grad`, the logits are overwritten in the same pass by
+    /// `∂loss/∂logits = (softmax − onehot)/N`.
+    fn cross_entropy(
+        &self,
+        logits: SpanMut<Self::Buf>,
+        targets: &Self::Ids,
+        grad: bool,
+        stats: &mut Self::Stats,
+    );
 
-    /// `Σ x²` in `f64`, the same sum whatever the number of threads.
-    fn sum_squares(&self, x: Span<Self::Buf>) -> f64;
+    /// `Σ x²` in `f64` into `stats`' sum of squares, the same sum whatever the
+    /// number of threads.
+    fn sum_squares(&self, x: Span<Self::Buf>, stats: &mut Self::Stats);
 
-    /// One AdamW update of `params` from `grads`, moments `m`, `v` (all the same length).
+    /// One AdamW update of `params` from `grads`, moments `m`, `v` (all the same
+    /// length); with `step.max_norm`, clipped by the sum of squares in `stats`.
     fn adamw(
         &self,
         params: SpanMut<Self::Buf>,
@@ -512,6 +577,7 @@ pub trait Backend<F: Float>: Sync {
         m: SpanMut<Self::Buf>,
         v: SpanMut<Self::Buf>,
         step: &AdamWStep,
+        stats: &Self::Stats,
     );
 }
 

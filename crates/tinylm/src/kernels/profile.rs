@@ -1,6 +1,6 @@
 //! A backend wrapper that times every kernel call by kind: where a step's time goes.
 
-use super::{AdamWStep, AttnShape, Backend, BufKind, Float, MatMul, Span, SpanMut};
+use super::{AdamWStep, AttnShape, Backend, BufKind, Float, MatMul, Span, SpanMut, StepStats};
 use crate::Result;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -102,6 +102,7 @@ impl<B> Profiled<B> {
 impl<F: Float, B: Backend<F>> Backend<F> for Profiled<B> {
     type Buf = B::Buf;
     type Ids = B::Ids;
+    type Stats = B::Stats;
 
     fn alloc(&self, len: usize, kind: BufKind) -> Result<B::Buf> {
         self.inner.alloc(len, kind)
@@ -109,6 +110,18 @@ impl<F: Float, B: Backend<F>> Backend<F> for Profiled<B> {
 
     fn alloc_ids(&self, len: usize) -> Result<B::Ids> {
         self.inner.alloc_ids(len)
+    }
+
+    fn alloc_stats(&self) -> Result<B::Stats> {
+        self.inner.alloc_stats()
+    }
+
+    fn send_stats(&self, stats: &mut B::Stats) {
+        self.inner.send_stats(stats)
+    }
+
+    fn read_stats(&self, stats: &B::Stats) -> Result<StepStats> {
+        self.inner.read_stats(stats)
     }
 
     fn upload(&self, dst: SpanMut<B::Buf>, src: &[F]) -> Result<()> {
@@ -236,14 +249,20 @@ impl<F: Float, B: Backend<F>> Backend<F> for Profiled<B> {
         })
     }
 
-    fn cross_entropy(&self, logits: SpanMut<B::Buf>, targets: &B::Ids, grad: bool) -> F {
+    fn cross_entropy(
+        &self,
+        logits: SpanMut<B::Buf>,
+        targets: &B::Ids,
+        grad: bool,
+        stats: &mut B::Stats,
+    ) {
         self.time(Kind::CrossEntropy, || {
-            self.inner.cross_entropy(logits, targets, grad)
+            self.inner.cross_entropy(logits, targets, grad, stats)
         })
     }
 
-    fn sum_squares(&self, x: Span<B::Buf>) -> f64 {
-        self.time(Kind::Optimizer, || self.inner.sum_squares(x))
+    fn sum_squares(&self, x: Span<B::Buf>, stats: &mut B::Stats) {
+        self.time(Kind::Optimizer, || self.inner.sum_squares(x, stats))
     }
 
     fn adamw(
@@ -253,9 +272,10 @@ impl<F: Float, B: Backend<F>> Backend<F> for Profiled<B> {
         m: SpanMut<B::Buf>,
         v: SpanMut<B::Buf>,
         step: &AdamWStep,
+        stats: &B::Stats,
     ) {
         self.time(Kind::Optimizer, || {
-            self.inner.adamw(params, grads, m, v, step)
+            self.inner.adamw(params, grads, m, v, step, stats)
         })
     }
 }

@@ -9,8 +9,9 @@ pub mod rmsnorm;
 pub mod rope;
 pub mod swiglu;
 
-use super::{AdamWStep, AttnShape, Backend, BufKind, Float, MatMul, Span, SpanMut};
+use super::{AdamWStep, AttnShape, Backend, BufKind, Float, MatMul, Span, SpanMut, StepStats};
 use crate::{optim, Result};
+use std::time::Instant;
 
 /// The CPU backend (stateless; threads come from the global rayon pool).
 #[derive(Clone, Copy, Debug, Default)]
@@ -19,6 +20,7 @@ pub struct Cpu;
 impl<F: Float> Backend<F> for Cpu {
     type Buf = Vec<F>;
     type Ids = Vec<u32>;
+    type Stats = StepStats;
 
     fn alloc(&self, len: usize, _kind: BufKind) -> Result<Vec<F>> {
         Ok(vec![F::ZERO; len])
@@ -26,6 +28,19 @@ impl<F: Float> Backend<F> for Cpu {
 
     fn alloc_ids(&self, len: usize) -> Result<Vec<u32>> {
         Ok(vec![0; len])
+    }
+
+    fn alloc_stats(&self) -> Result<StepStats> {
+        Ok(StepStats::unset())
+    }
+
+    /// The kernels have run: the statistics are ready now.
+    fn send_stats(&self, stats: &mut StepStats) {
+        stats.ready = Instant::now();
+    }
+
+    fn read_stats(&self, stats: &StepStats) -> Result<StepStats> {
+        Ok(*stats)
     }
 
     fn upload(&self, dst: SpanMut<Vec<F>>, src: &[F]) -> Result<()> {
@@ -165,12 +180,18 @@ impl<F: Float> Backend<F> for Cpu {
         );
     }
 
-    fn cross_entropy(&self, logits: SpanMut<Vec<F>>, targets: &Vec<u32>, grad: bool) -> F {
-        cross_entropy::cross_entropy(logits.slice(), targets, grad)
+    fn cross_entropy(
+        &self,
+        logits: SpanMut<Vec<F>>,
+        targets: &Vec<u32>,
+        grad: bool,
+        stats: &mut StepStats,
+    ) {
+        stats.loss = cross_entropy::cross_entropy(logits.slice(), targets, grad).to_f64();
     }
 
-    fn sum_squares(&self, x: Span<Vec<F>>) -> f64 {
-        optim::sum_squares(x.slice())
+    fn sum_squares(&self, x: Span<Vec<F>>, stats: &mut StepStats) {
+        stats.sum_squares = optim::sum_squares(x.slice());
     }
 
     fn adamw(
@@ -180,6 +201,7 @@ impl<F: Float> Backend<F> for Cpu {
         m: SpanMut<Vec<F>>,
         v: SpanMut<Vec<F>>,
         step: &AdamWStep,
+        stats: &StepStats,
     ) {
         optim::adamw_step(
             params.slice(),
@@ -189,7 +211,7 @@ impl<F: Float> Backend<F> for Cpu {
             step.t,
             step.lr,
             &step.hp,
-            step.grad_scale,
+            step.grad_scale(stats.sum_squares),
         );
     }
 }

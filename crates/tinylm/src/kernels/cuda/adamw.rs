@@ -1,7 +1,7 @@
 //! Launches of `adamw.cu`.
 
 use super::{expect, grid, Cuda, DType, Dev, BLOCK, NULL};
-use crate::optim::AdamWParams;
+use crate::optim::{AdamWParams, CLIP_EPS};
 use cudarc::driver::PushKernelArg;
 
 /// The most blocks of the grid-stride AdamW loop.
@@ -9,9 +9,11 @@ const MAX_BLOCKS: usize = 65535;
 
 impl Cuda {
     /// AdamW step number `step` (from 1) on the flat buffers `params`, `grads`, `m`,
-    /// `v` (f32), exactly as [`crate::optim::adamw_step`], the gradient scaled by
-    /// `grad_scale` first. `shadow` (floatX), when given, receives the new
-    /// parameters for the matrix products.
+    /// `v` (f32), exactly as [`crate::optim::adamw_step`]. With `clip` — the
+    /// gradient's sum of squares `(1)` f64 on the device and the norm limit — the
+    /// gradient is first scaled by [`crate::optim::clip_scale`] of them, computed by
+    /// the kernel. `shadow` (floatX), when given, receives the new parameters for
+    /// the matrix products.
     #[allow(clippy::too_many_arguments)]
     pub fn adamw(
         &self,
@@ -23,7 +25,7 @@ impl Cuda {
         step: u64,
         lr: f64,
         hp: &AdamWParams,
-        grad_scale: f32,
+        clip: Option<(Dev, f64)>,
     ) {
         let n = params.len;
         for (x, what) in [(params, "params"), (grads, "grads"), (m, "m"), (v, "v")] {
@@ -39,6 +41,10 @@ impl Cuda {
         let (b1, b2, eps) = (hp.beta1 as f32, hp.beta2 as f32, hp.eps as f32);
         let decay = (lr * hp.weight_decay) as f32;
         let shadow_ptr = shadow.map_or(NULL, |s| s.ptr);
+        if let Some((sum, _)) = clip {
+            expect(sum, 1, DType::F64, "adamw sum of squares");
+        }
+        let (sum_ptr, max_norm) = clip.map_or((NULL, 0.0), |(sum, max)| (sum.ptr, max));
         let n_ = n as u64;
         let mut args = self.kernel("adamw");
         args.arg(&params.ptr)
@@ -52,7 +58,7 @@ impl Cuda {
             .arg(&b2)
             .arg(&eps)
             .arg(&decay);
-        args.arg(&grad_scale);
+        args.arg(&sum_ptr).arg(&max_norm).arg(&CLIP_EPS);
         self.run(
             "adamw",
             args,

@@ -1,15 +1,21 @@
 //! [`Backend`] for [`Cuda`]: the model's buffers live on the device, in the type
 //! their [`BufKind`] and the precision say, and every kernel is queued on the
-//! backend's stream. Values reach the host only through `download`,
-//! `cross_entropy` (the loss) and `sum_squares` (the gradient norm).
+//! backend's stream. Values reach the host only through `download` (which waits)
+//! and a step's statistics ([`CudaStats`]: the loss and the gradient's sum of
+//! squares), copied asynchronously to pinned host memory, whose read waits for
+//! that copy alone.
 
 use super::attention::attention_scratch_len;
 use super::global_norm::NORM_BLOCKS;
 use super::rmsnorm::ROW_BLOCKS;
-use super::{Cuda, DType, Dev, DeviceBuffer};
+use super::{driver_error, Cuda, DType, Dev, DeviceBuffer};
 use crate::kernels::cpu::rmsnorm::EPS;
-use crate::kernels::{AdamWStep, AttnShape, Backend, BufKind, Buffer, MatMul, Span, SpanMut};
+use crate::kernels::{
+    AdamWStep, AttnShape, Backend, BufKind, Buffer, MatMul, Span, SpanMut, StepStats,
+};
 use crate::Result;
+use cudarc::driver::PinnedHostSlice;
+use std::time::Instant;
 
 /// A model buffer on the device. Parameters and full-precision buffers are f32;
 /// activations are `floatX`. Under bf16, parameters also keep a bf16 copy, the
@@ -25,6 +31,30 @@ impl Buffer for CudaBuf {
     }
 }
 
+/// A training step's statistics on the device — bytes `0..4` the loss (f32), `8..16`
+/// the gradient's sum of squares (f64) — and the pinned host memory they are
+/// copied to, asynchronously, by [`Backend::send_stats`].
+pub struct CudaStats {
+    device: DeviceBuffer,
+    host: PinnedHostSlice<u8>,
+}
+
+/// Bytes of [`CudaStats`].
+const STATS_BYTES: usize = 16;
+
+impl CudaStats {
+    fn loss(&self) -> Dev {
+        Dev {
+            dtype: DType::F32,
+            ..self.device.slice(0..1)
+        }
+    }
+
+    fn sum_squares(&self) -> Dev {
+        self.device.slice(1..2)
+    }
+}
+
 /// The kernels' work space, one buffer per use, grown to the largest request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Scratch {
@@ -32,12 +62,10 @@ pub enum Scratch {
     Attention,
     /// RMSNorm gain-gradient partial sums `(ROW_BLOCKS, C)` f32.
     NormGain,
-    /// Per-row losses `(N)` f32 and the mean.
+    /// Per-row losses `(N)` f32.
     Losses,
-    Loss,
-    /// Sum-of-squares partials and the sum, f64.
+    /// Sum-of-squares partials, f64.
     Squares,
-    Sum,
 }
 
 fn view(span: Span<CudaBuf>) -> Dev {
@@ -100,6 +128,7 @@ impl Cuda {
 impl Backend<f32> for Cuda {
     type Buf = CudaBuf;
     type Ids = DeviceBuffer;
+    type Stats = CudaStats;
 
     fn alloc(&self, len: usize, kind: BufKind) -> Result<CudaBuf> {
         let what = match kind {
@@ -116,6 +145,37 @@ impl Backend<f32> for Cuda {
 
     fn alloc_ids(&self, len: usize) -> Result<DeviceBuffer> {
         Cuda::alloc(self, len, DType::U32, "token ids")
+    }
+
+    fn alloc_stats(&self) -> Result<CudaStats> {
+        let device = Cuda::alloc(self, STATS_BYTES / 8, DType::F64, "step statistics")?;
+        // SAFETY: bytes (any value is valid), written by `send_stats` before they are read.
+        let host = unsafe { self.ctx.alloc_pinned_with_flags::<u8>(STATS_BYTES, 0) }
+            .map_err(|e| driver_error("allocating pinned host memory", e))?;
+        Ok(CudaStats { device, host })
+    }
+
+    fn send_stats(&self, stats: &mut CudaStats) {
+        self.bind();
+        // Recorded on the pinned memory's event, which `read_stats` waits for.
+        let copied = self
+            .stream
+            .memcpy_dtoh(&stats.device._memory, &mut stats.host);
+        self.check("copy of the step statistics", copied);
+    }
+
+    fn read_stats(&self, stats: &CudaStats) -> Result<StepStats> {
+        let copied = stats.host.as_slice();
+        self.take_error()?;
+        let bytes = copied.map_err(|e| driver_error("running the training step", e))?;
+        let ready = Instant::now();
+        let loss = f32::from_ne_bytes(bytes[0..4].try_into().expect("4 bytes"));
+        let sum_squares = f64::from_ne_bytes(bytes[8..16].try_into().expect("8 bytes"));
+        Ok(StepStats {
+            loss: loss as f64,
+            sum_squares,
+            ready,
+        })
     }
 
     fn upload(&self, dst: SpanMut<CudaBuf>, src: &[f32]) -> Result<()> {
@@ -277,38 +337,25 @@ impl Backend<f32> for Cuda {
         Cuda::attention_backward(self, dqkv, datt, dout, qkv, att, shape, scratch);
     }
 
-    fn cross_entropy(&self, logits: SpanMut<CudaBuf>, targets: &DeviceBuffer, grad: bool) -> f32 {
-        let n = targets.len();
-        let scratch = (
-            self.scratch(Scratch::Losses, n, DType::F32),
-            self.scratch(Scratch::Loss, 1, DType::F32),
-        );
-        let (Some(losses), Some(loss)) = scratch else {
-            return f32::NAN;
+    fn cross_entropy(
+        &self,
+        logits: SpanMut<CudaBuf>,
+        targets: &DeviceBuffer,
+        grad: bool,
+        stats: &mut CudaStats,
+    ) {
+        let Some(losses) = self.scratch(Scratch::Losses, targets.len(), DType::F32) else {
+            return;
         };
-        Cuda::cross_entropy(self, loss, losses, view_mut(logits), targets.view(), grad);
-        let mut host = [f32::NAN];
-        // A failure stays recorded for the caller's `sync`.
-        if let Err(e) = Cuda::download(self, loss, &mut host) {
-            self.check::<(), _>("cross-entropy", Err(e));
-        }
-        host[0]
+        let (logits, targets) = (view_mut(logits), targets.view());
+        Cuda::cross_entropy(self, stats.loss(), losses, logits, targets, grad);
     }
 
-    fn sum_squares(&self, x: Span<CudaBuf>) -> f64 {
-        let scratch = (
-            self.scratch(Scratch::Squares, NORM_BLOCKS, DType::F64),
-            self.scratch(Scratch::Sum, 1, DType::F64),
-        );
-        let (Some(partial), Some(sum)) = scratch else {
-            return f64::NAN;
+    fn sum_squares(&self, x: Span<CudaBuf>, stats: &mut CudaStats) {
+        let Some(partial) = self.scratch(Scratch::Squares, NORM_BLOCKS, DType::F64) else {
+            return;
         };
-        Cuda::sum_squares(self, sum, view(x), partial);
-        let mut host = [f64::NAN];
-        if let Err(e) = Cuda::download(self, sum, &mut host) {
-            self.check::<(), _>("sum of squares", Err(e));
-        }
-        host[0]
+        Cuda::sum_squares(self, stats.sum_squares(), view(x), partial);
     }
 
     fn adamw(
@@ -318,6 +365,7 @@ impl Backend<f32> for Cuda {
         m: SpanMut<CudaBuf>,
         v: SpanMut<CudaBuf>,
         step: &AdamWStep,
+        stats: &CudaStats,
     ) {
         let (start, len, buf) = (params.start, params.len, &*params.buf);
         let shadow = buf.shadow.as_ref().map(|s| s.slice(start..start + len));
@@ -333,7 +381,7 @@ impl Backend<f32> for Cuda {
             step.t,
             step.lr,
             &step.hp,
-            step.grad_scale,
+            step.max_norm.map(|max| (stats.sum_squares(), max)),
         );
     }
 }
