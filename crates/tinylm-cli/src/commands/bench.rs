@@ -226,12 +226,12 @@ impl BackendTask for TimedSteps<'_> {
             weight_decay: 0.1,
             ..AdamWParams::default()
         })?;
+        // The training loop's step (clipping included), timed until its statistics
+        // reach the host.
         let mut step = |model: &mut Model<f32, B>| -> LmResult<f32> {
-            let loss = model.forward_loss(self.ids, self.targets, self.b, self.t)?;
-            model.backward()?;
-            model.adamw_step(&mut opt, 1e-3, None);
-            model.backend().sync()?;
-            Ok(loss)
+            let (ids, targets) = (self.ids, self.targets);
+            model.train_step(ids, targets, self.b, self.t, &mut opt, 1e-3, Some(1.0))?;
+            Ok(model.step_stats()?.loss as f32)
         };
         for _ in 0..2 {
             step(&mut model)?;

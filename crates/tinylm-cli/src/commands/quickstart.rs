@@ -399,11 +399,10 @@ impl BackendTask for TimeOneStep<'_> {
             .map(|i| ((i * 7919) % config.vocab_size) as u32)
             .collect();
         let mut opt = model.new_adamw(Default::default())?;
+        let t = config.context_length;
         let mut step = |model: &mut Model<f32, B>| -> tinylm::Result<()> {
-            model.forward_loss(&ids, &ids, batch_size, config.context_length)?;
-            model.backward()?;
-            model.adamw_step(&mut opt, 1e-3, None);
-            Ok(())
+            model.train_step(&ids, &ids, batch_size, t, &mut opt, 1e-3, Some(1.0))?;
+            model.step_stats().map(|_| ())
         };
         step(&mut model)?;
         let t0 = Instant::now();
