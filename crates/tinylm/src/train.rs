@@ -652,9 +652,10 @@ fn run<B: Backend<f32>>(
         // past the budget. Counted from the end of this step: on a GPU it may still
         // run, until about a step after the previous statistics arrived.
         let step_start = last_ready.map_or(launched_at, |r| r.max(launched_at));
-        let running_s = (step_start + Duration::from_secs_f64(state.step_s))
-            .saturating_duration_since(Instant::now())
-            .as_secs_f64();
+        let running_s = (step_start
+            + Duration::try_from_secs_f64(state.step_s).unwrap_or_default())
+        .saturating_duration_since(Instant::now())
+        .as_secs_f64();
         let used_s = wall_offset + started.elapsed().as_secs_f64() + running_s;
         let out_of_time = !cfg.step_fits(used_s, state.step_s + state.eval_s);
         let stopping = done == step_limit || stop.load(Ordering::Relaxed) || out_of_time;

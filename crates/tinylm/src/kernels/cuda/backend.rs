@@ -14,7 +14,7 @@ use crate::kernels::{
     AdamWStep, AttnShape, Backend, BufKind, Buffer, MatMul, Span, SpanMut, StepStats,
 };
 use crate::Result;
-use cudarc::driver::PinnedHostSlice;
+use cudarc::driver::{CudaEvent, PinnedHostSlice};
 use std::time::Instant;
 
 /// A model buffer on the device. Parameters and full-precision buffers are f32;
@@ -33,10 +33,20 @@ impl Buffer for CudaBuf {
 
 /// A training step's statistics on the device — bytes `0..4` the loss (f32), `8..16`
 /// the gradient's sum of squares (f64) — and the pinned host memory they are
-/// copied to, asynchronously, by [`Backend::send_stats`].
+/// copied to, asynchronously, by [`Backend::send_stats`], with the event recorded
+/// after that copy. (The context runs without cudarc's own event tracking, so the
+/// pinned slice's accessors do not wait: `read_stats` waits on `copied`.)
 pub struct CudaStats {
     device: DeviceBuffer,
     host: PinnedHostSlice<u8>,
+    copied: CudaEvent,
+}
+
+impl Drop for CudaStats {
+    /// A copy still in flight finishes before its host memory is freed.
+    fn drop(&mut self) {
+        let _ = self.copied.synchronize();
+    }
 }
 
 /// Bytes of [`CudaStats`].
@@ -152,22 +162,36 @@ impl Backend<f32> for Cuda {
         // SAFETY: bytes (any value is valid), written by `send_stats` before they are read.
         let host = unsafe { self.ctx.alloc_pinned_with_flags::<u8>(STATS_BYTES, 0) }
             .map_err(|e| driver_error("allocating pinned host memory", e))?;
-        Ok(CudaStats { device, host })
+        let copied = self
+            .ctx
+            .new_event(None)
+            .map_err(|e| driver_error("creating an event", e))?;
+        Ok(CudaStats {
+            device,
+            host,
+            copied,
+        })
     }
 
     fn send_stats(&self, stats: &mut CudaStats) {
         self.bind();
-        // Recorded on the pinned memory's event, which `read_stats` waits for.
         let copied = self
             .stream
             .memcpy_dtoh(&stats.device._memory, &mut stats.host);
         self.check("copy of the step statistics", copied);
+        // `read_stats` waits for this event: the copy and every kernel before it.
+        let recorded = stats.copied.record(&self.stream);
+        self.check("recording the statistics' event", recorded);
     }
 
     fn read_stats(&self, stats: &CudaStats) -> Result<StepStats> {
-        let copied = stats.host.as_slice();
+        let waited = stats.copied.synchronize();
         self.take_error()?;
-        let bytes = copied.map_err(|e| driver_error("running the training step", e))?;
+        waited.map_err(|e| driver_error("running the training step", e))?;
+        let bytes = stats
+            .host
+            .as_slice()
+            .map_err(|e| driver_error("reading the step statistics", e))?;
         let ready = Instant::now();
         let loss = f32::from_ne_bytes(bytes[0..4].try_into().expect("4 bytes"));
         let sum_squares = f64::from_ne_bytes(bytes[8..16].try_into().expect("8 bytes"));
