@@ -45,6 +45,16 @@ fn fails(args: &[&str], message: &str) {
     assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
 }
 
+/// `tinylm export KIND --checkpoint CKPT [--tokenizer TOK] --out OUT` fails with `message`.
+fn export_fails(kind: &str, ckpt: &str, tokenizer: Option<&str>, out: &str, message: &str) {
+    let mut args = vec!["export", kind, "--checkpoint", ckpt];
+    if let Some(tok) = tokenizer {
+        args.extend(["--tokenizer", tok]);
+    }
+    args.extend(["--out", out]);
+    fails(&args, message);
+}
+
 /// A tokenizer `tok/`, a training checkpoint `ckpt.safetensors` (with optimizer
 /// state, recording `tok`) of `config`, and ids `ids.npy`.
 fn setup(dir: &Path, config: &ModelConfig, record_tokenizer: bool) {
@@ -188,78 +198,29 @@ fn bad_input_is_one_line_exit_2_and_leaves_nothing_behind() {
     setup(dir.path(), &config(), false);
     let ckpt = d("ckpt.safetensors");
     // A checkpoint that records no tokenizer, and no --tokenizer.
-    fails(
-        &["export", "hf", "--checkpoint", &ckpt, "--out", &d("hf")],
+    export_fails(
+        "hf",
+        &ckpt,
+        None,
+        &d("hf"),
         "records no tokenizer: pass --tokenizer DIR",
     );
-    fails(
-        &[
-            "export",
-            "gguf",
-            "--checkpoint",
-            &ckpt,
-            "--out",
-            &d("m.gguf"),
-        ],
-        "records no tokenizer",
-    );
-    fails(
-        &[
-            "export",
-            "hf",
-            "--checkpoint",
-            &ckpt,
-            "--tokenizer",
-            &d("nowhere"),
-            "--out",
-            &d("hf"),
-        ],
-        "nowhere",
-    );
+    export_fails("gguf", &ckpt, None, &d("m.gguf"), "records no tokenizer");
+    export_fails("hf", &ckpt, Some(&d("nowhere")), &d("hf"), "nowhere");
     // An output that cannot be written: its parent is a file.
     std::fs::write(d("file"), "x").unwrap();
-    fails(
-        &[
-            "export",
-            "hf",
-            "--checkpoint",
-            &ckpt,
-            "--tokenizer",
-            &d("tok"),
-            "--out",
-            &d("file/hf"),
-        ],
-        "file/hf",
-    );
-    fails(
-        &[
-            "export",
-            "gguf",
-            "--checkpoint",
-            &ckpt,
-            "--tokenizer",
-            &d("tok"),
-            "--out",
-            &d("file/m.gguf"),
-        ],
+    export_fails("hf", &ckpt, Some(&d("tok")), &d("file/hf"), "file/hf");
+    export_fails(
+        "gguf",
+        &ckpt,
+        Some(&d("tok")),
+        &d("file/m.gguf"),
         "file/m.gguf",
     );
     // A directory that is not empty is not overwritten.
     std::fs::create_dir(d("full")).unwrap();
     std::fs::write(d("full/keep.txt"), "mine").unwrap();
-    fails(
-        &[
-            "export",
-            "hf",
-            "--checkpoint",
-            &ckpt,
-            "--tokenizer",
-            &d("tok"),
-            "--out",
-            &d("full"),
-        ],
-        "not empty",
-    );
+    export_fails("hf", &ckpt, Some(&d("tok")), &d("full"), "not empty");
     assert_eq!(std::fs::read_to_string(d("full/keep.txt")).unwrap(), "mine");
     // An ablation Llama cannot express.
     let post = tempfile::tempdir().unwrap();
@@ -272,26 +233,18 @@ fn bad_input_is_one_line_exit_2_and_leaves_nothing_behind() {
         true,
     );
     let post_ckpt = post.path().join("ckpt.safetensors");
-    fails(
-        &[
-            "export",
-            "hf",
-            "--checkpoint",
-            post_ckpt.to_str().unwrap(),
-            "--out",
-            &d("hf"),
-        ],
+    export_fails(
+        "hf",
+        post_ckpt.to_str().unwrap(),
+        None,
+        &d("hf"),
         "norm = \"post\"",
     );
-    fails(
-        &[
-            "export",
-            "gguf",
-            "--checkpoint",
-            post_ckpt.to_str().unwrap(),
-            "--out",
-            &d("m.gguf"),
-        ],
+    export_fails(
+        "gguf",
+        post_ckpt.to_str().unwrap(),
+        None,
+        &d("m.gguf"),
         "norm = \"post\"",
     );
     // Neither a checkpoint nor weights.
