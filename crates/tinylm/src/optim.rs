@@ -6,6 +6,7 @@
 //! runs in fixed-size chunks on rayon; reductions sum the chunks in order, so the
 //! results are bit-identical whatever the number of threads.
 
+use crate::kernels::cpu::{sum_by, vectorized};
 use crate::kernels::Float;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -103,13 +104,18 @@ pub fn adamw_step<F: Float>(
         .zip(m.par_chunks_mut(CHUNK))
         .zip(v.par_chunks_mut(CHUNK))
         .for_each(|(((p, g), m), v)| {
-            for i in 0..p.len() {
-                let g = g[i] * grad_scale;
-                m[i] = b1 * m[i] + (one - b1) * g;
-                v[i] = b2 * v[i] + (one - b2) * g * g;
-                let theta = p[i] - alpha_t * m[i] / (v[i].sqrt() + eps);
-                p[i] = theta - decay * theta;
-            }
+            vectorized(
+                #[inline(always)]
+                || {
+                    for i in 0..p.len() {
+                        let g = g[i] * grad_scale;
+                        m[i] = b1 * m[i] + (one - b1) * g;
+                        v[i] = b2 * v[i] + (one - b2) * g * g;
+                        let theta = p[i] - alpha_t * m[i] / (v[i].sqrt() + eps);
+                        p[i] = theta - decay * theta;
+                    }
+                },
+            )
         });
 }
 
@@ -155,11 +161,17 @@ pub fn sum_squares<F: Float>(x: &[F]) -> f64 {
     chunked_sum_squares(x.chunks(CHUNK).collect())
 }
 
-/// Sums of squares of `chunks` in parallel, added in order.
+/// Sums of squares of `chunks` in parallel (each in interleaved `f64` partial sums,
+/// so it vectorizes), added in order.
 fn chunked_sum_squares<F: Float>(chunks: Vec<&[F]>) -> f64 {
     let partial: Vec<f64> = chunks
         .par_iter()
-        .map(|c| c.iter().map(|&x| x.to_f64() * x.to_f64()).sum::<f64>())
+        .map(|c| {
+            vectorized(
+                #[inline(always)]
+                || sum_by(c, |x| x.to_f64() * x.to_f64()),
+            )
+        })
         .collect();
     partial.iter().sum()
 }

@@ -155,6 +155,14 @@ fn bench(c: &ModelConfig, b: usize, t: usize, args: &BenchArgs) -> Result<()> {
         peak: peak.as_mut(),
     };
     let (mut times, loss, cpu_per_step, params) = run_on(device, args.device.precision, timed)?;
+    // Each step's GFLOP/s over the product peak timed right after it (same machine state).
+    let paired: Option<Vec<f64>> = peak.as_ref().map(|p| {
+        let mut shares: Vec<f64> = (times.iter().zip(&p.round_peaks))
+            .map(|(s, peak)| flops / s * 1e-9 / peak)
+            .collect();
+        shares.sort_by(f64::total_cmp);
+        shares
+    });
     times.sort_by(f64::total_cmp);
     let (best, median) = (times[0], times[times.len() / 2]);
     println!(
@@ -189,7 +197,7 @@ fn bench(c: &ModelConfig, b: usize, t: usize, args: &BenchArgs) -> Result<()> {
     }
 
     breakdown(c, params, &ids, &targets, b, t)?;
-    if let Some(peak) = peak {
+    if let (Some(peak), Some(shares)) = (peak, paired) {
         let peak = peak.report();
         let step = flops / best * 1e-9;
         println!(
@@ -197,6 +205,14 @@ fn bench(c: &ModelConfig, b: usize, t: usize, args: &BenchArgs) -> Result<()> {
              {peak:.1} GFLOP/s ({})",
             100.0 * step / peak,
             matmul_isa()
+        );
+        println!(
+            "each step against the peak of the products timed right after it: median {:.0}% \
+             (lowest {:.0}%, highest {:.0}%, {} steps)",
+            100.0 * shares[shares.len() / 2],
+            100.0 * shares[0],
+            100.0 * shares[shares.len() - 1],
+            shares.len()
         );
     }
     Ok(())
@@ -320,7 +336,8 @@ fn breakdown(
 /// per [`PeakProducts::time_each`]; the peak is the best GFLOP/s of any.
 struct PeakProducts {
     products: Vec<Product>,
-    rounds: usize,
+    /// The best GFLOP/s of any product, round by round.
+    round_peaks: Vec<f64>,
 }
 
 /// One product of [`PeakProducts`]: its operands and its best time so far.
@@ -359,25 +376,28 @@ impl PeakProducts {
             .collect();
         PeakProducts {
             products,
-            rounds: 0,
+            round_peaks: Vec::new(),
         }
     }
 
-    /// Times every product once.
+    /// Times every product once (one round).
     fn time_each(&mut self) {
+        let mut round_peak = 0f64;
         for p in &mut self.products {
             let start = Instant::now();
             matmul(&mut p.out, &p.a, &p.b, p.shape);
-            p.best_s = p.best_s.min(start.elapsed().as_secs_f64());
+            let seconds = start.elapsed().as_secs_f64();
+            p.best_s = p.best_s.min(seconds);
+            round_peak = round_peak.max(p.shape.flops() as f64 / seconds * 1e-9);
         }
-        self.rounds += 1;
+        self.round_peaks.push(round_peak);
     }
 
     /// Prints each product's best GFLOP/s; returns the peak.
     fn report(&self) -> f64 {
         println!(
             "\nmatrix-product peak (gemm crate, best of {} rounds, each after a timed step):",
-            self.rounds
+            self.round_peaks.len()
         );
         let mut peak = 0f64;
         for p in &self.products {

@@ -81,7 +81,9 @@ pub fn attention_forward<F: Float>(out: &mut [F], att: &mut [F], qkv: &[F], s: A
 /// Backward (full passes, `q0 = 0`): per (b, h), with `dO` the head's output
 /// gradient, `dV = Pᵀ dO`, `dP = dO Vᵀ`, `dS = P ⊙ (dP − rowsum(dP ⊙ P)) / sqrt(D)`,
 /// `dQ = dS K`, `dK = dSᵀ Q`, written into `dqkv (B, T, 3C)`.
-/// `dout (B, T, C)`, `qkv (B, T, 3C)`, `att (B, H, T, T)`, scratch `datt (B, H, T, T)`.
+/// `dout (B, T, C)`, `qkv (B, T, 3C)`, `att (B, H, T, T)`, scratch `datt (B, H, T, T)`
+/// of which each head reuses its first `QUERY_BLOCK` rows for every query block: the
+/// block stays in cache instead of streaming the whole `dP` through memory.
 pub fn attention_backward<F: Float>(
     dqkv: &mut [F],
     datt: &mut [F],
@@ -119,9 +121,9 @@ pub fn attention_backward<F: Float>(
                 let dout = View::new(&dout[(b * t + i0) * c + h * d..], c, false);
                 let p_block_t = View::new(&p[i0 * t..], t, true);
                 let q_block = View::new(&seq[i0 * 3 * c + h * d..], 3 * c, false);
-                let dp_block = &mut dp[i0 * t..i1 * t];
+                let dp_block = &mut dp[..(i1 - i0) * t];
                 // SAFETY: reads stay inside this sequence's rows; writes go to this
-                // task's own `dp` block and to head h's columns of sequence b's rows
+                // task's own `dp` rows and to head h's columns of sequence b's rows
                 // of `dqkv` (q, k and v parts): disjoint across tasks.
                 unsafe {
                     // dV[..keys] (+)= P[block, ..keys]ᵀ · dO[block]

@@ -245,11 +245,12 @@ pub(crate) fn vectorized<R>(f: impl FnOnce() -> R) -> R {
 
 /// Independent accumulators in reductions: without them a float sum is one serial
 /// chain (the compiler may not reorder it) and does not vectorize.
-const LANES: usize = 8;
+pub(crate) const LANES: usize = 8;
 
-/// `Σ f(x)` over `xs`, in `LANES` interleaved partial sums.
+/// `Σ f(x)` over `xs`, in `LANES` interleaved partial sums of `f`'s type (which may
+/// be wider than the elements': `f64` sums of `f32` squares).
 #[inline(always)]
-pub(crate) fn sum_by<F: Float>(xs: &[F], f: impl Fn(F) -> F) -> F {
+pub(crate) fn sum_by<T: Copy, F: Float>(xs: &[T], f: impl Fn(T) -> F) -> F {
     let mut acc = [F::ZERO; LANES];
     let chunks = xs.chunks_exact(LANES);
     let rest = chunks.remainder().iter().map(|&x| f(x)).sum::<F>();
