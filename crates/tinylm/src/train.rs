@@ -658,7 +658,8 @@ fn run<B: Backend<f32>>(
         .as_secs_f64();
         let used_s = wall_offset + started.elapsed().as_secs_f64() + running_s;
         let out_of_time = !cfg.step_fits(used_s, state.step_s + state.eval_s);
-        let stopping = done == step_limit || stop.load(Ordering::Relaxed) || out_of_time;
+        let stop_now = done == step_limit || stop.load(Ordering::Relaxed);
+        let stopping = stop_now || out_of_time;
         let schedule_done = match cfg.schedule {
             Schedule::Steps => done >= total,
             Schedule::Time => out_of_time,
@@ -692,7 +693,11 @@ fn run<B: Backend<f32>>(
             save(cfg, &ckpt_path, &model, &opt, &state)?;
             saved = Some((ckpt_path.clone(), done));
         }
-        if stopping {
+        // Out of time by the estimate above, but the state just measured and saved
+        // (the numbers a resumed run would check) still has room for a step and an
+        // evaluation: the step came out faster than estimated, so the run goes on.
+        let room_left = cfg.step_fits(state.wallclock_s, state.step_s + state.eval_s);
+        if stop_now || (stopping && !room_left) {
             break;
         }
     }
