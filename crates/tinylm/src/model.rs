@@ -864,7 +864,16 @@ fn backward_pass<F: Float, B: Backend<F>>(
     let (pre, post) = (c.norm == Norm::Pre, c.norm == Norm::Post);
     let layout = w.layout;
     let gain_range = |r: &Option<Range<usize>>| r.clone().expect("norm gain present");
-    be.fill_zero(grads.all_mut());
+    // Each weight matrix's gradient is written by its one product (overwritten); the
+    // norm gains' and an untied embedding's gradients are only added to: zeroed here.
+    let added_to = (layout.layers.iter())
+        .flat_map(|l| [l.ln1.clone(), l.ln2.clone()])
+        .chain([layout.ln_final.clone()])
+        .flatten()
+        .chain((!c.tie_embeddings).then(|| layout.token_embeddings.clone()));
+    for range in added_to {
+        be.fill_zero(grads.at_mut(range));
+    }
 
     // LM head (and ln_final): dresid = ∂loss/∂(last block's output).
     let last = acts.resid[c.num_layers].all();

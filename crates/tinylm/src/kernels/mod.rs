@@ -197,7 +197,7 @@ impl MatMul {
         }
     }
 
-    /// `dW (out, in) += dyᵀ · x`: a linear layer's weight gradient (always accumulates).
+    /// `dW (out, in) = dyᵀ · x`: a linear layer's weight gradient.
     pub fn linear_dw(n: usize, d_in: usize, d_out: usize) -> Self {
         MatMul {
             m: d_out,
@@ -205,7 +205,7 @@ impl MatMul {
             n: d_in,
             a_transposed: true,
             b_transposed: false,
-            accumulate: true,
+            accumulate: false,
         }
     }
 

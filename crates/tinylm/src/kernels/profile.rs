@@ -42,7 +42,7 @@ impl Kind {
             Kind::Embedding => "embedding",
             Kind::CrossEntropy => "cross-entropy",
             Kind::Residual => "residual copies",
-            Kind::Optimizer => "AdamW, gradient norm",
+            Kind::Optimizer => "AdamW, gradient norm, zeroing",
         }
     }
 }

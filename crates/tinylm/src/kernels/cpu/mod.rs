@@ -11,6 +11,7 @@ pub mod swiglu;
 
 use super::{AdamWStep, AttnShape, Backend, BufKind, Float, MatMul, Span, SpanMut, StepStats};
 use crate::{optim, Result};
+use rayon::prelude::*;
 use std::time::Instant;
 
 /// The CPU backend (stateless; threads come from the global rayon pool).
@@ -67,11 +68,15 @@ impl<F: Float> Backend<F> for Cpu {
     }
 
     fn copy(&self, dst: SpanMut<Vec<F>>, src: Span<Vec<F>>) {
-        dst.slice().copy_from_slice(src.slice());
+        let src = src.slice();
+        assert_eq!(dst.len, src.len(), "copy size");
+        (dst.slice().par_chunks_mut(CHUNK))
+            .zip(src.par_chunks(CHUNK))
+            .for_each(|(dst, src)| dst.copy_from_slice(src));
     }
 
     fn fill_zero(&self, dst: SpanMut<Vec<F>>) {
-        dst.slice().fill(F::ZERO);
+        (dst.slice().par_chunks_mut(CHUNK)).for_each(|dst| dst.fill(F::ZERO));
     }
 
     fn embedding_forward(&self, out: SpanMut<Vec<F>>, ids: &Vec<u32>, table: Span<Vec<F>>) {
