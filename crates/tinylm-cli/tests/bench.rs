@@ -45,7 +45,8 @@ fn bench_reports_throughput_and_breakdown() {
         "where a step's time goes",
         "matmul",
         "attention",
-        "AdamW update",
+        "AdamW, gradient norm, zeroing",
+        "other (orchestration)",
         "total",
         "matrix products: gemm's ",
     ] {
@@ -77,6 +78,11 @@ fn bench_reports_the_step_as_a_share_of_the_product_peak() {
     assert!(share > 0.0, "{line}");
     let isa = ["AVX-512F", "AVX2+FMA", "NEON", "scalar"];
     assert!(isa.iter().any(|i| line.contains(i)), "{line}");
+    let paired = text
+        .lines()
+        .find(|l| l.contains("each step against the peak of the products timed right after it"))
+        .unwrap_or_else(|| panic!("no step-by-step share in\n{text}"));
+    assert!(paired.ends_with("1 steps)"), "{paired}");
 }
 
 #[test]
