@@ -3,9 +3,10 @@
 //! Every layer is a forward and a backward kernel, llm.c style: plain buffers in,
 //! plain buffers out, shapes in the doc comments as `(B, T, C)` with `N = B·T` rows,
 //! `C = d_model`, `F = d_ff`, `H` heads of `D = C / H` channels, `V = vocab_size`.
-//! Backward kernels *accumulate* (`+=`) into parameter gradients, like llm.c, so a
-//! tied matrix simply receives both contributions; activation gradients are written
-//! or accumulated as each signature says.
+//! A weight matrix's gradient is written by its one product ([`MatMul::linear_dw`]);
+//! the norm-gain and embedding kernels *accumulate* (`+=`) into theirs, so a tied
+//! matrix receives the LM head's product and then the embedding's rows. Activation
+//! gradients are written or accumulated as each signature says.
 //!
 //! [`Backend`] is the whole interface: [`model`](crate::model) runs forward and
 //! backward only through it. The CPU backend ([`cpu::Cpu`]) implements it for any
