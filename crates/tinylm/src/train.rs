@@ -697,7 +697,7 @@ fn run<B: Backend<f32>>(
         // (the numbers a resumed run would check) still has room for a step and an
         // evaluation: the step came out faster than estimated, so the run goes on.
         let room_left = cfg.step_fits(state.wallclock_s, state.step_s + state.eval_s);
-        if stop_now || (stopping && !room_left) {
+        if stop_now || (out_of_time && !room_left) {
             break;
         }
     }
