@@ -9,6 +9,7 @@ use std::time::Instant;
 use tinylm::config::{Ffn, ModelConfig};
 use tinylm::device::{resolve, run_on, BackendTask, Device};
 use tinylm::kernels::cpu::linear::{matmul, matmul_isa};
+use tinylm::kernels::cpu::zeroed;
 use tinylm::kernels::{profile::Kind, Backend, Cpu, MatMul, Profiled};
 use tinylm::optim::AdamWParams;
 use tinylm::{Model, Result as LmResult};
@@ -361,13 +362,21 @@ impl PeakProducts {
         ];
         let products = shapes
             .into_iter()
-            .map(|(name, s)| Product {
-                name,
-                shape: s,
-                a: vec![0.5; s.m * s.k],
-                b: vec![0.25; s.k * s.n],
-                out: vec![0.0; s.m * s.n],
-                best_s: f64::MAX,
+            .map(|(name, s)| {
+                // Allocated as the step's buffers are (huge pages where they exist).
+                let filled = |len, value| {
+                    let mut buf = zeroed(len);
+                    buf.fill(value);
+                    buf
+                };
+                Product {
+                    name,
+                    shape: s,
+                    a: filled(s.m * s.k, 0.5),
+                    b: filled(s.k * s.n, 0.25),
+                    out: zeroed(s.m * s.n),
+                    best_s: f64::MAX,
+                }
             })
             .collect();
         PeakProducts {

@@ -14,6 +14,36 @@ use crate::{optim, Result};
 use rayon::prelude::*;
 use std::time::Instant;
 
+/// A zeroed buffer of `len` elements. On Linux a buffer of several MiB asks for
+/// transparent huge pages before its first touch (`madvise`; a no-op where the
+/// kernel has them off): the products' packing and attention walk rows that lie
+/// kilobytes apart, and 2 MiB pages spare those walks most of their TLB misses.
+pub fn zeroed<F: Float>(len: usize) -> Vec<F> {
+    let buf = vec![F::ZERO; len];
+    #[cfg(target_os = "linux")]
+    {
+        const HUGE_PAGE: usize = 2 << 20;
+        let (start, end) = (
+            buf.as_ptr() as usize,
+            buf.as_ptr() as usize + len * size_of::<F>(),
+        );
+        let first = start.next_multiple_of(HUGE_PAGE);
+        let last = end / HUGE_PAGE * HUGE_PAGE;
+        if last > first {
+            // SAFETY: the range lies inside `buf`'s allocation; the advice changes
+            // how its pages are backed, never their contents.
+            unsafe {
+                libc::madvise(
+                    first as *mut libc::c_void,
+                    last - first,
+                    libc::MADV_HUGEPAGE,
+                )
+            };
+        }
+    }
+    buf
+}
+
 /// The CPU backend (stateless; threads come from the global rayon pool).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Cpu;
@@ -24,7 +54,7 @@ impl<F: Float> Backend<F> for Cpu {
     type Stats = StepStats;
 
     fn alloc(&self, len: usize, _kind: BufKind) -> Result<Vec<F>> {
-        Ok(vec![F::ZERO; len])
+        Ok(zeroed(len))
     }
 
     fn alloc_ids(&self, len: usize) -> Result<Vec<u32>> {
@@ -311,4 +341,45 @@ pub(crate) fn max<F: Float>(xs: &[F]) -> F {
         }
     }
     acc.into_iter().fold(rest, F::max)
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::zeroed;
+
+    /// The `VmFlags` of the mapping that holds `addr`, from `/proc/self/smaps`.
+    fn vm_flags(addr: usize) -> String {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").expect("read /proc/self/smaps");
+        let mut inside = false;
+        for line in smaps.lines() {
+            let range = line.split_whitespace().next().unwrap_or("");
+            if let Some((start, end)) = range.split_once('-') {
+                if let (Ok(start), Ok(end)) = (
+                    usize::from_str_radix(start, 16),
+                    usize::from_str_radix(end, 16),
+                ) {
+                    inside = (start..end).contains(&addr);
+                    continue;
+                }
+            }
+            if let Some(flags) = line.strip_prefix("VmFlags:").filter(|_| inside) {
+                return flags.to_string();
+            }
+        }
+        panic!("no mapping holds {addr:#x}")
+    }
+
+    #[test]
+    fn large_buffers_ask_for_huge_pages_and_are_zero() {
+        let buf: Vec<f32> = zeroed(8 << 20);
+        let aligned = (buf.as_ptr() as usize).next_multiple_of(2 << 20);
+        let flags = vm_flags(aligned);
+        assert!(
+            flags.split_whitespace().any(|f| f == "hg"),
+            "32 MiB buffer without MADV_HUGEPAGE: VmFlags{flags}"
+        );
+        assert!(buf.iter().all(|&x| x == 0.0));
+        let small: Vec<f64> = zeroed(100);
+        assert_eq!(small, vec![0.0; 100]);
+    }
 }
