@@ -88,8 +88,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
 }
 
 /// Model FLOPs of one training step: 6 per parameter of every matrix product
-/// (forward 2, backward 4) per token, plus attention's `QKᵀ` and `PV` (full `T×T`
-/// products, as the kernels compute them; 3× forward).
+/// (forward 2, backward 4) per token, plus attention's `QKᵀ` and `PV` as full `T×T`
+/// products (the usual model-FLOPs count; the kernels skip most of the masked
+/// triangle), 3× forward.
 fn step_flops(c: &ModelConfig, b: usize, t: usize) -> f64 {
     let (d, f) = (c.d_model as f64, c.d_ff as f64);
     let ffn_mats = if c.ffn == Ffn::Swiglu { 3.0 } else { 2.0 };
