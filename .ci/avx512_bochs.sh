@@ -12,8 +12,16 @@
 #       BINARY   default ${CARGO_TARGET_DIR:-target}/release/tinylm (cargo build --release -p tinylm-cli)
 #       OUT_DIR  default ${CARGO_TARGET_DIR:-target}/smoke/avx512-bochs
 #   Environment: BOCHS_CPU (default corei7_skylake_x), BOCHS_TIMEOUT (seconds, default 1800),
-#                BOCHS_ISA (expected isa line, default 'isa AVX-512F_(512-bit_FMA)').
-# Installs what it needs with apt-get (Debian bookworm; sudo when not root).
+#                BOCHS_ISA (expected isa line, default 'isa AVX-512F_(512-bit_FMA)'),
+#                BOCHS_BREAK=0 skips the breakpoint proof (below; it needs the binary's symbols).
+#   A control run on a CPU without AVX-512 (none of the breakpoints may be hit there):
+#     BOCHS_CPU=corei7_haswell_4770 BOCHS_ISA='isa AVX2+FMA_(256-bit_FMA)' .ci/avx512_bochs.sh
+# Besides the isa line (is_x86_feature_detected!("avx512f"), gemm's own dispatch test),
+# Bochs' debugger proves that gemm's AVX-512 code ran: a breakpoint on every
+# gemm_common::simd::x86::V4::vectorize function (the entry of gemm's AVX-512 path;
+# its code uses zmm registers) must be hit in the guest.
+# Installs what it needs with apt-get (Debian bookworm; sudo when not root); bochs-term
+# only stands for the GUI plugin the bochs package wants (the run uses rfb, headless).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -43,11 +51,11 @@ sudo=""
 [ "$(id -u)" = 0 ] || sudo=sudo
 if ! command -v bochs >/dev/null || ! [ -x /bin/busybox ] || ! command -v grub-mkrescue >/dev/null \
     || ! [ -d /usr/lib/grub/i386-pc ] || ! command -v xorriso >/dev/null \
-    || ! command -v mformat >/dev/null || ! command -v cpio >/dev/null \
+    || ! command -v mformat >/dev/null || ! command -v cpio >/dev/null || ! command -v nm >/dev/null \
     || ! [ -f /usr/share/bochs/BIOS-bochs-latest ] || ! [ -f /usr/share/vgabios/vgabios.bin ]; then
     $sudo apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
-        bochs bochsbios vgabios busybox-static grub-pc-bin grub-common xorriso mtools cpio >/dev/null
+        bochs bochs-term bochsbios vgabios busybox-static grub-pc-bin grub-common xorriso mtools cpio binutils >/dev/null
 fi
 
 rm -rf "$out"
@@ -111,6 +119,11 @@ chmod +x "$root/init"
 (cd "$root" && find . | LC_ALL=C sort | cpio -o -H newc --quiet) > "$out/initrd.cpio"
 
 # ---- the boot CD: GRUB (BIOS), the kernel and the initramfs
+# clearcpuid=xsaves,xsavec: Bochs 2.7 reports the standard XSAVE area size for the
+# compacted format too (CPUID 0xD.1 EBX 2688, not 2432), so Linux would find an
+# "XSAVE consistency problem" and turn XSAVE off, and with it AVX and AVX-512; without
+# XSAVES/XSAVEC it uses the standard format, whose size Bochs reports right.
+# norandmaps: the binary at its fixed PIE base (0x555555554000), for the breakpoints.
 iso_dir="$out/iso"
 mkdir -p "$iso_dir/boot/grub"
 cp "$vmlinuz" "$iso_dir/boot/vmlinuz"
@@ -119,7 +132,7 @@ cat > "$iso_dir/boot/grub/grub.cfg" <<'EOF'
 set timeout=0
 set default=0
 menuentry tinylm {
-    linux /boot/vmlinuz console=ttyS0,115200 quiet loglevel=3 rdinit=/init panic=-1 mitigations=off clearcpuid=xsaves,xsavec
+    linux /boot/vmlinuz console=ttyS0,115200 quiet loglevel=3 rdinit=/init panic=-1 mitigations=off clearcpuid=xsaves,xsavec norandmaps
     initrd /boot/initrd.cpio
 }
 EOF
@@ -142,12 +155,33 @@ panic: action=fatal
 error: action=report
 info: action=report
 debug: action=ignore
+speaker: enabled=0
 EOF
+# Debian's Bochs has its debugger built in, which reads commands first: the
+# breakpoints, continue (to the first hit), delete them, continue (to the power-off).
+break_syms=()
+if [ "${BOCHS_BREAK:-1}" = 1 ]; then
+    base=0
+    [ "$(readelf -h "$tinylm" | awk '$1 == "Type:" { print $2 }')" != DYN ] || base=$((0x555555554000))
+    mapfile -t break_syms < <(nm -C "$tinylm" \
+        | awk '$2 ~ /^[tT]$/ && $3 ~ /^gemm_common::simd::x86::V4::vectorize::/ { print $1, $3 }' | head -n 16)
+    [ "${#break_syms[@]}" -gt 0 ] || fail "no gemm_common::simd::x86::V4::vectorize symbols in $tinylm \
+(stripped? BOCHS_BREAK=0 skips the breakpoint proof)"
+fi
+{
+    for sym in "${break_syms[@]}"; do
+        printf 'lb 0x%x\n' $((base + 0x${sym%% *}))
+    done
+    echo continue
+    for i in "${!break_syms[@]}"; do
+        echo "d $((i + 1))"
+    done
+    echo continue
+    echo quit
+} > "$out/bochs.rc"
 echo "avx512_bochs: booting the guest in Bochs (cpu model $cpu_model, at most ${timeout_s}s)"
 start=$(date +%s)
 : > "$serial"
-# Debian's Bochs has its debugger built in, which waits for commands first: continue.
-printf 'continue\nquit\n' > "$out/bochs.rc"
 bochs -q -f "$out/bochsrc" -rc "$out/bochs.rc" </dev/null >"$out/bochs.stdout" 2>&1 &
 bochs_pid=$!
 done_line=""
@@ -188,6 +222,20 @@ case $want_isa in
         || fail "the guest's /proc/cpuinfo has no avx512f" ;;
 esac
 [ -s "$out/guest/figures.txt" ] || fail "no figures in the serial log"
+hit=$(grep -m1 -o 'Breakpoint [0-9]*, 0x[0-9a-f]*' "$out/bochs.stdout" || true)
+if [ "${#break_syms[@]}" -gt 0 ] && [[ $want_isa != *AVX-512* ]]; then
+    [ -z "$hit" ] || fail "$hit: gemm's AVX-512 code ran on a CPU model without AVX-512?"
+    echo "guest ran no AVX-512 gemm code (none of the ${#break_syms[@]} breakpoints hit)"
+elif [ "${#break_syms[@]}" -gt 0 ]; then
+    [ -n "$hit" ] || fail "no breakpoint on gemm's AVX-512 code (gemm_common::simd::x86::V4::vectorize) was hit"
+    n=${hit#Breakpoint }
+    n=${n%%,*}
+    # Bochs' time (ticks, about the instructions emulated) at the hit
+    ticks=$(awk '/Breakpoint [0-9]*, 0x/ { b = 1 } b && /^Next at t=/ { sub(/^Next at t=/, ""); print; exit }' \
+        "$out/bochs.stdout")
+    echo "guest ran gemm's AVX-512 code: Bochs breakpoint $n hit at ${hit##* } \
+(${break_syms[$((n - 1))]#* }, offset 0x${break_syms[$((n - 1))]%% *}), Bochs time t=$ticks"
+fi
 isa=$(head -1 "$out/guest/figures.txt")
 echo "guest (bochs $cpu_model): $isa"
 [ "$isa" = "$want_isa" ] || fail "the guest's ISA is '$isa', not '$want_isa'"
