@@ -71,7 +71,8 @@ if ! ls "$kernel_dir"/boot/vmlinuz-* >/dev/null 2>&1; then
     [ -n "$pkg" ] || fail "apt-cache knows no linux-image-amd64 (apt-get update?)"
     rm -rf "$kernel_dir"
     mkdir -p "$kernel_dir"
-    (cd "$kernel_dir" && chmod 777 . && apt-get download -qq "$pkg" 2>/dev/null && dpkg-deb -x ./*.deb . && rm ./*.deb) \
+    (cd "$kernel_dir" && chmod 777 . && apt-get download -qq "$pkg" 2>/dev/null && dpkg-deb -x ./*.deb . \
+        && find . -mindepth 1 -maxdepth 1 ! -name boot -exec rm -rf {} +) \
         || fail "could not download and extract $pkg"
 fi
 vmlinuz=$(ls "$kernel_dir"/boot/vmlinuz-*)
