@@ -9,13 +9,17 @@
 # CPU (model, AVX-512 or not) and the instruction set of each side come first.
 #
 #   PYTHON=.venv-bench/bin/python bench/model_step.sh
+#
+# The AVX2 figure on an AVX-512 CPU: build tinylm without its AVX-512 kernels,
+#   CARGO_TARGET_DIR=target/avx2 CARGO_FLAGS=--no-default-features bench/model_step.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 ROUNDS=${ROUNDS:-3}
+CARGO_FLAGS=${CARGO_FLAGS:-}
 THREADS=${THREADS:-2}
 
-cargo build --release -q -p tinylm-cli
+cargo build --release -q -p tinylm-cli $CARGO_FLAGS
 TINYLM=${CARGO_TARGET_DIR:-target}/release/tinylm
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
