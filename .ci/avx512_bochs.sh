@@ -8,9 +8,11 @@
 # then powers off. The guest's figures must name gemm's AVX-512 kernels
 # (`isa AVX-512F_(512-bit_FMA)`) and equal the native run's (`.ci/smoke.sh compare`).
 #
-#   .ci/avx512_bochs.sh [BINARY [OUT_DIR]]
-#       BINARY   default ${CARGO_TARGET_DIR:-target}/release/tinylm (cargo build --release -p tinylm-cli)
-#       OUT_DIR  default ${CARGO_TARGET_DIR:-target}/smoke/avx512-bochs
+#   .ci/avx512_bochs.sh [BINARY [OUT_DIR [NATIVE_FIGURES]]]
+#       BINARY          default ${CARGO_TARGET_DIR:-target}/release/tinylm (cargo build --release -p tinylm-cli)
+#       OUT_DIR         default ${CARGO_TARGET_DIR:-target}/smoke/avx512-bochs
+#       NATIVE_FIGURES  figures.txt of a native smoke run of BINARY, if one exists
+#                       (.ci/run has one); otherwise the native run is made here
 #   Environment: BOCHS_CPU (default corei7_skylake_x), BOCHS_TIMEOUT (seconds, default 1800),
 #                BOCHS_ISA (expected isa line, default 'isa AVX-512F_(512-bit_FMA)'),
 #                BOCHS_BREAK=0 skips the breakpoint proof (below; it needs the binary's symbols).
@@ -28,6 +30,7 @@ cd "$(dirname "$0")/.."
 target_dir="${CARGO_TARGET_DIR:-target}"
 tinylm="${1:-$target_dir/release/tinylm}"
 out="${2:-$target_dir/smoke/avx512-bochs}"
+native_figures="${3:-}"
 cpu_model="${BOCHS_CPU:-corei7_skylake_x}"
 timeout_s="${BOCHS_TIMEOUT:-1800}"
 want_isa="${BOCHS_ISA:-isa AVX-512F_(512-bit_FMA)}"
@@ -240,8 +243,11 @@ fi
 isa=$(head -1 "$out/guest/figures.txt")
 echo "guest (bochs $cpu_model): $isa"
 [ "$isa" = "$want_isa" ] || fail "the guest's ISA is '$isa', not '$want_isa'"
-.ci/smoke.sh run "$out/native" -- "$tinylm" 2> "$out/native.stderr" \
-    || { cat "$out/native.stderr" >&2; fail "the native smoke path failed"; }
-echo "native: $(head -1 "$out/native/figures.txt")"
-.ci/smoke.sh compare 1e-4 "$out/native/figures.txt" "$out/guest/figures.txt" \
+if [ -z "$native_figures" ]; then
+    .ci/smoke.sh run "$out/native" -- "$tinylm" 2> "$out/native.stderr" \
+        || { cat "$out/native.stderr" >&2; fail "the native smoke path failed"; }
+    native_figures="$out/native/figures.txt"
+fi
+echo "native: $(head -1 "$native_figures")"
+.ci/smoke.sh compare 1e-4 "$native_figures" "$out/guest/figures.txt" \
     || fail "the guest's figures differ from the native ones"
