@@ -355,19 +355,18 @@ thread_local! {
 /// later calls allocate nothing — for work inside a rayon task that needs a few
 /// KiB of its own (attention's transposed head). A nested call gets a fresh buffer.
 pub(crate) fn with_scratch<F: Float, R>(len: usize, f: impl FnOnce(&mut [F]) -> R) -> R {
-    let mut slot = SCRATCH.take();
-    if !slot.as_ref().is_some_and(|b| b.is::<Vec<F>>()) {
-        slot = Some(Box::new(Vec::<F>::new()));
-    }
+    let mut slot = SCRATCH
+        .take()
+        .filter(|b| b.is::<Vec<F>>())
+        .unwrap_or_else(|| Box::new(Vec::<F>::new()));
     let buf = slot
-        .as_mut()
-        .and_then(|b| b.downcast_mut::<Vec<F>>())
-        .expect("scratch holds a Vec<F>");
+        .downcast_mut::<Vec<F>>()
+        .expect("a Vec<F>, checked above");
     if buf.len() < len {
         buf.resize(len, F::ZERO);
     }
     let out = f(&mut buf[..len]);
-    SCRATCH.set(slot);
+    SCRATCH.set(Some(slot));
     out
 }
 
