@@ -6,9 +6,10 @@ use pyo3::prelude::*;
 use pyo3::types::{IntoPyDict, PyDict, PyType};
 use std::ops::ControlFlow;
 use std::path::PathBuf;
-use tinylm::device::{resolve, Device, Precision};
+use tinylm::device::{resolve, Device};
 use tinylm::generate::{generate, Sampler};
 use tinylm::kernels::Cpu;
+use tinylm::kernels::Precision;
 use tinylm::params::ParamLayout;
 use tinylm::{Model, ModelConfig};
 

@@ -4,7 +4,9 @@
 use crate::arrays::{Floats, InPlace};
 use crate::errors::{detached, invalid};
 use pyo3::prelude::*;
-use tinylm::optim::{adamw_step as adamw_kernel, clip_grad_norm_arrays, AdamWParams};
+use tinylm::kernels::cpu::adamw::adamw_step as adamw_kernel;
+use tinylm::kernels::AdamWParams;
+use tinylm::optim::clip_grad_norm_arrays;
 
 fn iteration(value: i64, name: &str) -> PyResult<u64> {
     u64::try_from(value).map_err(|_| invalid(format!("{name} must be ≥ 0, got {value}")))

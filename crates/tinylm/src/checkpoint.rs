@@ -12,7 +12,8 @@
 //!
 //! Files are written to `<path>.tmp` and renamed, so a crash never leaves a torn file.
 
-use crate::optim::{AdamW, AdamWParams};
+use crate::kernels::AdamWParams;
+use crate::optim::AdamW;
 use crate::params::{load_safetensors, save_safetensors, ParamLayout, Tensors};
 use crate::{Error, ModelConfig, Result};
 use serde::de::DeserializeOwned;

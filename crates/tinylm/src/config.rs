@@ -4,6 +4,10 @@ use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
+/// RMSNorm's ε (SPEC §2): every norm of every model, in both backends' kernels and
+/// in every export.
+pub const RMS_NORM_EPS: f64 = 1e-5;
+
 /// Where RMSNorm sits: before each sub-layer (CS336 default), after each residual
 /// add (post-norm, no `ln_final`), or nowhere.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]

@@ -5,7 +5,7 @@
 //! the task on it. The CUDA backend exists in builds with the cargo feature `cuda`;
 //! other builds refuse `cuda` with a line that says how to get it.
 
-use crate::kernels::{Backend, Cpu};
+use crate::kernels::{Backend, Cpu, Precision};
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -65,41 +65,6 @@ impl TryFrom<String> for Device {
 impl From<Device> for String {
     fn from(d: Device) -> String {
         d.to_string()
-    }
-}
-
-/// Arithmetic of a GPU run. The CPU always computes in `f32`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Precision {
-    /// bf16 activations and matrix-product operands; f32 master weights, AdamW
-    /// moments, normalization statistics, softmax and loss.
-    #[default]
-    Bf16,
-    /// f32 everywhere: the CPU engine's results, for exact comparison.
-    Fp32,
-}
-
-impl FromStr for Precision {
-    type Err = Error;
-
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "bf16" => Ok(Precision::Bf16),
-            "fp32" => Ok(Precision::Fp32),
-            _ => Err(Error::Config(format!(
-                "unknown precision '{s}': expected bf16 or fp32"
-            ))),
-        }
-    }
-}
-
-impl fmt::Display for Precision {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Precision::Bf16 => "bf16",
-            Precision::Fp32 => "fp32",
-        })
     }
 }
 

@@ -20,9 +20,10 @@
 use crate::config::{Ffn, ModelConfig, Norm, Positional};
 use crate::kernels::cpu::rope::rope_tables;
 use crate::kernels::{
-    AdamWStep, AttnShape, Backend, BufKind, Buffer, Cpu, Float, MatMul, Span, StepStats,
+    AdamWParams, AdamWStep, AttnShape, Backend, BufKind, Buffer, Cpu, Float, MatMul, Span,
+    StepStats,
 };
-use crate::optim::{AdamW, AdamWParams};
+use crate::optim::AdamW;
 use crate::params::ParamLayout;
 use crate::{Error, Result};
 use std::ops::Range;

@@ -1,38 +1,17 @@
-//! Optimizers (SPEC §3): AdamW, the SGD example, the cosine learning-rate schedule
-//! with warm-up and global-norm gradient clipping.
+//! Optimizers' host API (SPEC §3): the AdamW state, the SGD example, the cosine
+//! learning-rate schedule with warm-up, and global-norm gradient clipping of host
+//! arrays (the Python API).
 //!
-//! Every function works on flat `f32` slices: the model's whole parameter buffer
-//! (moments mirror it) or any single tensor (the Python API). Element-wise work
-//! runs in fixed-size chunks on rayon; reductions sum the chunks in order, so the
-//! results are bit-identical whatever the number of threads.
+//! The per-element work is the kernel layer's: the AdamW update
+//! ([`adamw_step`]) and the sum of squares
+//! ([`sum_squares_of`]), both bit-identical whatever the number of threads; a model
+//! runs them through its backend ([`Backend::adamw`](crate::kernels::Backend::adamw)).
 
-use crate::kernels::cpu::{sum_by, vectorized};
-use crate::kernels::Float;
+use crate::kernels::cpu::adamw::adamw_step;
+use crate::kernels::cpu::global_norm::sum_squares_of;
+use crate::kernels::cpu::simd::CHUNK;
+use crate::kernels::{clip_scale, AdamWParams, CLIP_EPS};
 use rayon::prelude::*;
-use serde::{Deserialize, Serialize};
-
-/// Elements per rayon task.
-const CHUNK: usize = 1 << 15;
-
-/// AdamW hyper-parameters (SPEC defaults β = (0.9, 0.999), ε = 1e-8).
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-pub struct AdamWParams {
-    pub beta1: f64,
-    pub beta2: f64,
-    pub eps: f64,
-    pub weight_decay: f64,
-}
-
-impl Default for AdamWParams {
-    fn default() -> Self {
-        AdamWParams {
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-            weight_decay: 0.0,
-        }
-    }
-}
 
 /// AdamW state: first and second moments mirroring the parameter buffer (host
 /// vectors, or a backend's buffers while a model trains), and the number of steps taken.
@@ -72,53 +51,6 @@ impl AdamW {
     }
 }
 
-/// AdamW step number `step` (from 1) on one array, exactly as SPEC §3:
-/// `g ← s·g`; `m ← β1 m + (1−β1) g`; `v ← β2 v + (1−β2) g²`;
-/// `α_t = α sqrt(1−β2^t)/(1−β1^t)`; `θ ← θ − α_t m/(sqrt(v)+ε)`; `θ ← θ − αλθ`.
-#[allow(clippy::too_many_arguments)]
-pub fn adamw_step<F: Float>(
-    param: &mut [F],
-    grad: &[F],
-    m: &mut [F],
-    v: &mut [F],
-    step: u64,
-    lr: f64,
-    hp: &AdamWParams,
-    grad_scale: f32,
-) {
-    let n = param.len();
-    assert!(
-        grad.len() == n && m.len() == n && v.len() == n,
-        "adamw_step: param, grad, m and v must have the same length"
-    );
-    assert!(step >= 1, "adamw_step: steps count from 1");
-    let t = step as i32;
-    let alpha_t = F::from_f64(lr * (1.0 - hp.beta2.powi(t)).sqrt() / (1.0 - hp.beta1.powi(t)));
-    let f = F::from_f64;
-    let (b1, b2, eps) = (f(hp.beta1), f(hp.beta2), f(hp.eps));
-    let decay = f(lr * hp.weight_decay);
-    let (one, grad_scale) = (F::ONE, F::from_f64(grad_scale as f64));
-    param
-        .par_chunks_mut(CHUNK)
-        .zip(grad.par_chunks(CHUNK))
-        .zip(m.par_chunks_mut(CHUNK))
-        .zip(v.par_chunks_mut(CHUNK))
-        .for_each(|(((p, g), m), v)| {
-            vectorized(
-                #[inline(always)]
-                || {
-                    for i in 0..p.len() {
-                        let g = g[i] * grad_scale;
-                        m[i] = b1 * m[i] + (one - b1) * g;
-                        v[i] = b2 * v[i] + (one - b2) * g * g;
-                        let theta = p[i] - alpha_t * m[i] / (v[i].sqrt() + eps);
-                        p[i] = theta - decay * theta;
-                    }
-                },
-            )
-        });
-}
-
 /// The SPEC's SGD example, step `t` from 0: `θ ← θ − α/sqrt(t+1) · g`.
 pub fn sgd_step(param: &mut [f32], grad: &[f32], t: u64, lr: f64) {
     assert_eq!(
@@ -153,40 +85,7 @@ pub fn lr_cosine_schedule(it: u64, max_lr: f64, min_lr: f64, warmup: u64, cycle:
 
 /// The global L2 norm of several arrays taken together (sum of squares in `f64`).
 pub fn global_norm(arrays: &[&[f32]]) -> f64 {
-    chunked_sum_squares(arrays.iter().flat_map(|a| a.chunks(CHUNK)).collect()).sqrt()
-}
-
-/// `Σ x²` of one array in `f64`, the same sum whatever the number of threads.
-pub fn sum_squares<F: Float>(x: &[F]) -> f64 {
-    chunked_sum_squares(x.chunks(CHUNK).collect())
-}
-
-/// Sums of squares of `chunks` in parallel (each in interleaved `f64` partial sums,
-/// so it vectorizes), added in order.
-fn chunked_sum_squares<F: Float>(chunks: Vec<&[F]>) -> f64 {
-    let partial: Vec<f64> = chunks
-        .par_iter()
-        .map(|c| {
-            vectorized(
-                #[inline(always)]
-                || sum_by(c, |x| x.to_f64() * x.to_f64()),
-            )
-        })
-        .collect();
-    partial.iter().sum()
-}
-
-/// The SPEC's ε of gradient clipping.
-pub const CLIP_EPS: f64 = 1e-6;
-
-/// The factor clipping multiplies gradients by: `max/(norm + eps)` when
-/// `norm > max`, else 1 (also 1 when `max` is not positive: clipping off).
-pub fn clip_scale(norm: f64, max: f64, eps: f64) -> f32 {
-    if max > 0.0 && norm > max {
-        (max / (norm + eps)) as f32
-    } else {
-        1.0
-    }
+    sum_squares_of(arrays).sqrt()
 }
 
 /// Global-norm clipping of several arrays in place (scale `max/(norm + eps)`);

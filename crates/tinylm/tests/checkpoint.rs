@@ -2,7 +2,8 @@
 
 use std::collections::BTreeMap;
 use tinylm::checkpoint::{self, check_same_config};
-use tinylm::optim::{AdamW, AdamWParams};
+use tinylm::kernels::AdamWParams;
+use tinylm::optim::AdamW;
 use tinylm::params::{save_safetensors, ParamLayout};
 use tinylm::ModelConfig;
 

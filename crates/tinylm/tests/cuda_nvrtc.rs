@@ -4,7 +4,8 @@
 #![cfg(feature = "cuda")]
 
 use std::collections::BTreeSet;
-use tinylm::kernels::cuda::{nvrtc, Precision, FAMILIES};
+use tinylm::kernels::cuda::{nvrtc, FAMILIES};
+use tinylm::kernels::Precision;
 
 const ARCHS: [&str; 2] = ["compute_80", "compute_90"];
 

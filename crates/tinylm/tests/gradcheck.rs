@@ -3,7 +3,7 @@
 
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use tinylm::config::{Ffn, ModelConfig, Norm, Positional};
+use tinylm::config::{Ffn, ModelConfig, Norm, Positional, RMS_NORM_EPS};
 use tinylm::kernels::cpu::{attention, cross_entropy, embedding, linear, rmsnorm, rope, swiglu};
 use tinylm::kernels::{AttnShape, MatMul};
 use tinylm::Model;
@@ -135,7 +135,7 @@ fn rmsnorm_backward_matches_finite_differences() {
     let r = randn(&mut rng, n * c);
     let forward = |x: &[f64], g: &[f64]| {
         let (mut out, mut rstd) = (vec![0.0; n * c], vec![0.0; n]);
-        rmsnorm::rmsnorm_forward(&mut out, &mut rstd, x, g, rmsnorm::EPS);
+        rmsnorm::rmsnorm_forward(&mut out, &mut rstd, x, g, RMS_NORM_EPS);
         (out, rstd)
     };
     let (out, rstd) = forward(&x, &g);

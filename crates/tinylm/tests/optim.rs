@@ -2,6 +2,8 @@
 
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use tinylm::kernels::cpu::adamw::adamw_step;
+use tinylm::kernels::{clip_scale, AdamWParams, CLIP_EPS};
 use tinylm::optim::*;
 
 fn random(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {

@@ -9,9 +9,8 @@ use std::time::Instant;
 use tinylm::config::{Ffn, ModelConfig};
 use tinylm::device::{resolve, run_on, BackendTask, Device};
 use tinylm::kernels::cpu::linear::{matmul, matmul_isa};
-use tinylm::kernels::cpu::zeroed;
-use tinylm::kernels::{profile::Kind, Backend, Cpu, MatMul, Profiled};
-use tinylm::optim::AdamWParams;
+use tinylm::kernels::cpu::memory::zeroed;
+use tinylm::kernels::{profile::Kind, AdamWParams, Backend, Cpu, MatMul, Profiled};
 use tinylm::{Model, Result as LmResult};
 
 #[derive(Args, Debug)]

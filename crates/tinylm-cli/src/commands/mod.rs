@@ -33,5 +33,5 @@ pub struct DeviceArgs {
     pub device: tinylm::device::Device,
     /// GPU arithmetic: bf16 (mixed precision) or fp32 (the CPU's results).
     #[arg(long, default_value = "bf16")]
-    pub precision: tinylm::device::Precision,
+    pub precision: tinylm::kernels::Precision,
 }

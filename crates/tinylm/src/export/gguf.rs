@@ -9,7 +9,8 @@
 //! undoes `transformers`' halves permutation. That is tinylm's own order, so the
 //! rows are stored as they are.
 
-use super::{check_llama, rename, write_file, BpeTokenizer, Naming, RMS_NORM_EPS};
+use super::{check_llama, rename, write_file, BpeTokenizer, Naming};
+use crate::config::RMS_NORM_EPS;
 use crate::params::ParamLayout;
 use crate::{ModelConfig, Result};
 use std::io::Write;

@@ -12,8 +12,8 @@
 
 use super::{
     check_llama, is_rope_projection, permute_rope_rows, rename, write_dir, BpeTokenizer, Naming,
-    RMS_NORM_EPS,
 };
+use crate::config::RMS_NORM_EPS;
 use crate::params::{load_safetensors, save_safetensors, ParamLayout};
 use crate::{Error, ModelConfig, Result};
 use serde_json::{json, Map, Value};

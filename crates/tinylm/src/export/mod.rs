@@ -19,9 +19,6 @@ use tinylm_bpe::{Merges, Vocab};
 /// The special token that ends a document: Llama's `bos` and `eos` when present.
 pub const END_OF_TEXT: &str = "<|endoftext|>";
 
-/// RMSNorm's epsilon in tinylm's kernels (SPEC §2), written into every export.
-pub const RMS_NORM_EPS: f64 = 1e-5;
-
 /// Refuses the ablations that have no Llama equivalent, naming the setting.
 pub fn check_llama(config: &ModelConfig) -> Result<()> {
     let setting = if config.norm != Norm::Pre {

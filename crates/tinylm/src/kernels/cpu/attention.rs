@@ -5,9 +5,10 @@
 //! the thread's scratch: `gemm` reads a right operand's rows in place but would
 //! transpose a strided `Kᵀ` view again for every query block.
 
-use super::super::{AttnShape, Float};
 use super::linear::{gemm_view, View};
-use super::{dot, max, sum_by, transpose, vectorized, with_scratch, SharedMut};
+use super::memory::{transpose, with_scratch, SharedMut};
+use super::simd::{dot, max, sum_by, vectorized};
+use crate::kernels::{AttnShape, Float};
 use rayon::prelude::*;
 
 /// Queries per block: a block's products only reach the keys its last query sees,

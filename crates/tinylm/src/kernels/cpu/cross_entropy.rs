@@ -1,7 +1,7 @@
 //! Cross-entropy over the LM head's logits, fused with its gradient.
 
-use super::super::Float;
-use super::{max, sum_by, vectorized};
+use super::simd::{max, sum_by, vectorized};
+use crate::kernels::Float;
 use rayon::prelude::*;
 
 /// Mean over the `N` rows of `logsumexp(logits) − logits[target]`, `logits (N, V)`,

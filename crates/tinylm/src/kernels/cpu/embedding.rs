@@ -1,6 +1,6 @@
 //! Token embedding: a row lookup and its scatter-add backward.
 
-use super::super::Float;
+use crate::kernels::Float;
 use rayon::prelude::*;
 
 /// `out (N, C) = table[ids]`, `table (V, C)`; ids are checked by the caller.

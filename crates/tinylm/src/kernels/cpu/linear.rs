@@ -2,8 +2,8 @@
 //! (`y = x Wᵀ`) and backward (`dx = dy W`, `dW += dyᵀ x`) and attention's per-head
 //! products, all as strided views so transposes cost nothing.
 
-use super::super::{Float, MatMul};
-use super::SharedMut;
+use super::memory::SharedMut;
+use crate::kernels::{Float, MatMul};
 use gemm::Parallelism;
 use rayon::prelude::*;
 

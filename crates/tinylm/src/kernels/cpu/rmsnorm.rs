@@ -1,12 +1,9 @@
 //! RMSNorm: `out = x / sqrt(mean(x²) + eps) ⊙ g`, statistics in the working
 //! precision (f32 for the model).
 
-use super::super::Float;
-use super::{dot3, sum_by, vectorized, CHUNK};
+use super::simd::{dot3, sum_by, vectorized, CHUNK};
+use crate::kernels::Float;
 use rayon::prelude::*;
-
-/// The SPEC's epsilon (the model always uses it).
-pub const EPS: f64 = 1e-5;
 
 /// `out (N, C)`, `rstd (N)` = `1 / sqrt(mean(x²) + eps)` from `x (N, C)`, `g (C)`.
 pub fn rmsnorm_forward<F: Float>(out: &mut [F], rstd: &mut [F], x: &[F], g: &[F], eps: f64) {

@@ -1,8 +1,8 @@
 //! Rotary position embedding on adjacent pairs `(2k, 2k+1)` of every query and key
 //! head, `θ = pos / Θ^{2k/D}` from a precomputed table.
 
-use super::super::{AttnShape, Float};
-use super::vectorized;
+use super::simd::vectorized;
+use crate::kernels::{AttnShape, Float};
 use rayon::prelude::*;
 
 /// `cos`, `sin` tables `(context_length, D/2)` for head dimension `d`, computed in f64.

@@ -1,8 +1,8 @@
 //! SiLU and SwiGLU: `SiLU(a) = a·σ(a)`, SwiGLU `= SiLU(a) ⊙ b` (one kernel; the
 //! plain SiLU FFN passes no `b`).
 
-use super::super::Float;
-use super::{vectorized, CHUNK};
+use super::simd::{vectorized, CHUNK};
+use crate::kernels::Float;
 use rayon::prelude::*;
 
 #[inline(always)]

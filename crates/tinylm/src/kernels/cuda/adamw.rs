@@ -1,7 +1,9 @@
 //! Launches of `adamw.cu`.
 
-use super::{expect, grid, Cuda, DType, Dev, BLOCK, NULL};
-use crate::optim::{AdamWParams, CLIP_EPS};
+use super::buffer::{DType, Dev, NULL};
+use super::context::Cuda;
+use super::launch::{expect, grid, BLOCK};
+use crate::kernels::{AdamWParams, CLIP_EPS};
 use cudarc::driver::PushKernelArg;
 
 /// The most blocks of the grid-stride AdamW loop.
@@ -9,9 +11,9 @@ const MAX_BLOCKS: usize = 65535;
 
 impl Cuda {
     /// AdamW step number `step` (from 1) on the flat buffers `params`, `grads`, `m`,
-    /// `v` (f32), exactly as [`crate::optim::adamw_step`]. With `clip` — the
+    /// `v` (f32), exactly as [`adamw_step`](crate::kernels::cpu::adamw::adamw_step). With `clip` — the
     /// gradient's sum of squares `(1)` f64 on the device and the norm limit — the
-    /// gradient is first scaled by [`crate::optim::clip_scale`] of them, computed by
+    /// gradient is first scaled by [`clip_scale`](crate::kernels::clip_scale) of them, computed by
     /// the kernel. `shadow` (floatX), when given, receives the new parameters for
     /// the matrix products.
     #[allow(clippy::too_many_arguments)]

@@ -1,8 +1,10 @@
 //! Launches of `attention.cu` and the batched products between them: causal
 //! attention over heads split out of the fused `qkv` rows (see the `.cu` file).
 
-use super::matmul::Batch;
-use super::{expect, expect_u32, int, per_element, per_row_warp, Cuda, Dev};
+use super::blas::Batch;
+use super::buffer::Dev;
+use super::context::Cuda;
+use super::launch::{expect, expect_u32, int, per_element, per_row_warp};
 use crate::kernels::{AttnShape, MatMul};
 use cudarc::driver::PushKernelArg;
 

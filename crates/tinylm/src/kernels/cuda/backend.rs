@@ -6,91 +6,16 @@
 //! that copy alone.
 
 use super::attention::attention_scratch_len;
+use super::buffer::{
+    operand, view, view_mut, CudaBuf, CudaStats, DType, Dev, DeviceBuffer, STATS_BYTES,
+};
+use super::context::{driver_error, Cuda, Scratch};
 use super::global_norm::NORM_BLOCKS;
 use super::rmsnorm::ROW_BLOCKS;
-use super::{driver_error, Cuda, DType, Dev, DeviceBuffer};
-use crate::kernels::cpu::rmsnorm::EPS;
-use crate::kernels::{
-    AdamWStep, AttnShape, Backend, BufKind, Buffer, MatMul, Span, SpanMut, StepStats,
-};
+use crate::config::RMS_NORM_EPS;
+use crate::kernels::{AdamWStep, AttnShape, Backend, BufKind, MatMul, Span, SpanMut, StepStats};
 use crate::Result;
-use cudarc::driver::{CudaEvent, PinnedHostSlice};
 use std::time::Instant;
-
-/// A model buffer on the device. Parameters and full-precision buffers are f32;
-/// activations are `floatX`. Under bf16, parameters also keep a bf16 copy, the
-/// operand of the matrix products, refreshed by every write (upload, AdamW).
-pub struct CudaBuf {
-    data: DeviceBuffer,
-    shadow: Option<DeviceBuffer>,
-}
-
-impl Buffer for CudaBuf {
-    fn len(&self) -> usize {
-        self.data.len()
-    }
-}
-
-/// A training step's statistics on the device — bytes `0..4` the loss (f32), `8..16`
-/// the gradient's sum of squares (f64) — and the pinned host memory they are
-/// copied to, asynchronously, by [`Backend::send_stats`], with the event recorded
-/// after that copy. (The context runs without cudarc's own event tracking, so the
-/// pinned slice's accessors do not wait: `read_stats` waits on `copied`.)
-pub struct CudaStats {
-    device: DeviceBuffer,
-    host: PinnedHostSlice<u8>,
-    copied: CudaEvent,
-}
-
-impl Drop for CudaStats {
-    /// A copy still in flight finishes before its host memory is freed.
-    fn drop(&mut self) {
-        let _ = self.copied.synchronize();
-    }
-}
-
-/// Bytes of [`CudaStats`].
-const STATS_BYTES: usize = 16;
-
-impl CudaStats {
-    fn loss(&self) -> Dev {
-        Dev {
-            dtype: DType::F32,
-            ..self.device.slice(0..1)
-        }
-    }
-
-    fn sum_squares(&self) -> Dev {
-        self.device.slice(1..2)
-    }
-}
-
-/// The kernels' work space, one buffer per use, grown to the largest request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Scratch {
-    /// Heads of q, k, v and their gradients ([`attention_scratch_len`]).
-    Attention,
-    /// RMSNorm gain-gradient partial sums `(ROW_BLOCKS, C)` f32.
-    NormGain,
-    /// Per-row losses `(N)` f32.
-    Losses,
-    /// Sum-of-squares partials, f64.
-    Squares,
-}
-
-fn view(span: Span<CudaBuf>) -> Dev {
-    span.buf.data.slice(span.start..span.start + span.len)
-}
-
-fn view_mut(span: SpanMut<CudaBuf>) -> Dev {
-    span.buf.data.slice(span.start..span.start + span.len)
-}
-
-/// A matrix-product operand: the bf16 copy of parameters, else the values.
-fn operand(span: Span<CudaBuf>) -> Dev {
-    let buf = span.buf.shadow.as_ref().unwrap_or(&span.buf.data);
-    buf.slice(span.start..span.start + span.len)
-}
 
 impl Cuda {
     /// Scratch `slot` of at least `len` values, or `None` (the error recorded) when
@@ -176,11 +101,11 @@ impl Backend<f32> for Cuda {
     fn send_stats(&self, stats: &mut CudaStats) {
         self.bind();
         let copied = self
-            .stream
-            .memcpy_dtoh(&stats.device._memory, &mut stats.host);
+            .stream()
+            .memcpy_dtoh(&stats.device.memory, &mut stats.host);
         self.check("copy of the step statistics", copied);
         // `read_stats` waits for this event: the copy and every kernel before it.
-        let recorded = stats.copied.record(&self.stream);
+        let recorded = stats.copied.record(self.stream());
         self.check("recording the statistics' event", recorded);
     }
 
@@ -280,7 +205,7 @@ impl Backend<f32> for Cuda {
         g: Span<CudaBuf>,
     ) {
         let (out, rstd) = (view_mut(out), view_mut(rstd));
-        Cuda::rmsnorm_forward(self, out, rstd, view(x), view(g), EPS as f32);
+        Cuda::rmsnorm_forward(self, out, rstd, view(x), view(g), RMS_NORM_EPS as f32);
     }
 
     fn rmsnorm_backward(

@@ -1,6 +1,8 @@
 //! Launches of `convert.cu`.
 
-use super::{expect, per_element, Cuda, DType, Dev};
+use super::buffer::{DType, Dev};
+use super::context::Cuda;
+use super::launch::{expect, per_element};
 use cudarc::driver::PushKernelArg;
 
 impl Cuda {

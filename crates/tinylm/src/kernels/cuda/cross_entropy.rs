@@ -1,6 +1,8 @@
 //! Launches of `cross_entropy.cu`.
 
-use super::{expect, grid, int, Cuda, DType, Dev};
+use super::buffer::{DType, Dev};
+use super::context::Cuda;
+use super::launch::{expect, grid, int};
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 /// Threads per row of the fused cross-entropy.

@@ -1,6 +1,8 @@
 //! Launches of `embedding.cu`.
 
-use super::{expect, expect_u32, int, per_element, Cuda, DType, Dev};
+use super::buffer::{DType, Dev};
+use super::context::Cuda;
+use super::launch::{expect, expect_u32, int, per_element};
 use cudarc::driver::PushKernelArg;
 
 impl Cuda {

@@ -1,6 +1,8 @@
 //! Launches of `global_norm.cu`.
 
-use super::{expect, Cuda, DType, Dev};
+use super::buffer::{DType, Dev};
+use super::context::Cuda;
+use super::launch::expect;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 /// Blocks of the first stage: fixed, so the summation order (and the result) is the

@@ -1,9 +1,25 @@
 //! Run-time compilation of the kernel families with NVRTC: where the CUDA headers
 //! are, the options, and the one call that turns a family into PTX.
 
-pub use crate::device::Precision;
+use crate::kernels::Precision;
 use crate::{Error, Result};
 use std::path::{Path, PathBuf};
+
+/// The header prepended to every family: `floatX`, conversions, reductions.
+pub const COMMON: &str = include_str!("common.cuh");
+
+/// Every kernel family: its name (the file stem) and its CUDA C source.
+pub const FAMILIES: &[(&str, &str)] = &[
+    ("adamw", include_str!("adamw.cu")),
+    ("attention", include_str!("attention.cu")),
+    ("convert", include_str!("convert.cu")),
+    ("cross_entropy", include_str!("cross_entropy.cu")),
+    ("embedding", include_str!("embedding.cu")),
+    ("global_norm", include_str!("global_norm.cu")),
+    ("rmsnorm", include_str!("rmsnorm.cu")),
+    ("rope", include_str!("rope.cu")),
+    ("swiglu", include_str!("swiglu.cu")),
+];
 
 /// The NVRTC library cudarc loads (CUDA 13).
 pub const NVRTC_LIBRARY: &str = "libnvrtc.so.13";
@@ -71,7 +87,7 @@ pub fn missing_library(file: &str, what: &str) -> Error {
 pub fn family_source(family: &str, source: &str) -> String {
     format!(
         "#line 1 \"common.cuh\"\n{}\n#line 1 \"{family}.cu\"\n{source}",
-        super::COMMON
+        COMMON
     )
 }
 
@@ -89,7 +105,7 @@ pub fn compile_options(arch: &str, precision: Precision, include: Option<&Path>)
     options
 }
 
-/// Compiles kernel family `family` (its source from [`super::FAMILIES`]) to PTX for
+/// Compiles kernel family `family` (its source from [`FAMILIES`]) to PTX for
 /// `arch` in `precision`; a compile error carries NVRTC's log.
 pub fn compile(family: &str, source: &str, arch: &str, precision: Precision) -> Result<String> {
     if !nvrtc_available() {

@@ -1,6 +1,8 @@
 //! Launches of `rmsnorm.cu`.
 
-use super::{expect, int, per_element, per_row_warp, Cuda, DType, Dev};
+use super::buffer::{DType, Dev};
+use super::context::Cuda;
+use super::launch::{expect, int, per_element, per_row_warp};
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 /// Row blocks of the gain gradient's first stage (its scratch is `(ROW_BLOCKS, C)` f32).

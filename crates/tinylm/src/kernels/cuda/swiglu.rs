@@ -1,6 +1,8 @@
 //! Launches of `swiglu.cu`.
 
-use super::{expect, per_element, Cuda, Dev, NULL};
+use super::buffer::{Dev, NULL};
+use super::context::Cuda;
+use super::launch::{expect, per_element};
 use cudarc::driver::PushKernelArg;
 
 impl Cuda {

@@ -1,7 +1,7 @@
 //! Loss curves as SVG: train and validation loss against steps (left panel) and
 //! against wall-clock seconds (right panel).
 
-use crate::train::LogRecord;
+use super::log::LogRecord;
 use crate::{Error, Result};
 use plotters::prelude::*;
 use std::path::Path;

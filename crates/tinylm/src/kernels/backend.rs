@@ -1,0 +1,506 @@
+//! The kernel interface: [`Backend`], the kernels one backend provides over buffers
+//! it owns, and the types its methods take — spans of buffers ([`Buffer`],
+//! [`Span`], [`SpanMut`]), product and attention shapes ([`MatMul`],
+//! [`AttnShape`]), a step's statistics ([`StepStats`]) and AdamW's scalars
+//! ([`AdamWParams`], [`AdamWStep`], the clipping factor [`clip_scale`]), and the
+//! arithmetic of a GPU run ([`Precision`]).
+
+use super::float::Float;
+use crate::{Error, Result};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::ops::Range;
+use std::str::FromStr;
+use std::time::Instant;
+
+/// The shape of one matrix product `out (m, n) = a (m, k) · b (k, n)` over
+/// contiguous row-major buffers, either operand possibly stored transposed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MatMul {
+    pub m: usize,
+    pub k: usize,
+    pub n: usize,
+    /// `a` is stored `(k, m)`.
+    pub a_transposed: bool,
+    /// `b` is stored `(n, k)` — a PyTorch `(out, in)` weight used as `x Wᵀ`.
+    pub b_transposed: bool,
+    /// `out += a·b` instead of `out = a·b`.
+    pub accumulate: bool,
+}
+
+impl MatMul {
+    /// `y (N, out) = x (N, in) · Wᵀ`, `W (out, in)`: a linear layer's forward.
+    pub fn linear(n: usize, d_in: usize, d_out: usize) -> Self {
+        MatMul {
+            m: n,
+            k: d_in,
+            n: d_out,
+            a_transposed: false,
+            b_transposed: true,
+            accumulate: false,
+        }
+    }
+
+    /// `dx (N, in) = dy (N, out) · W`: a linear layer's input gradient.
+    pub fn linear_dx(n: usize, d_in: usize, d_out: usize) -> Self {
+        MatMul {
+            m: n,
+            k: d_out,
+            n: d_in,
+            a_transposed: false,
+            b_transposed: false,
+            accumulate: false,
+        }
+    }
+
+    /// `dW (out, in) = dyᵀ · x`: a linear layer's weight gradient.
+    pub fn linear_dw(n: usize, d_in: usize, d_out: usize) -> Self {
+        MatMul {
+            m: d_out,
+            k: n,
+            n: d_in,
+            a_transposed: true,
+            b_transposed: false,
+            accumulate: false,
+        }
+    }
+
+    /// The same product, accumulating into `out`.
+    pub fn accumulating(self) -> Self {
+        MatMul {
+            accumulate: true,
+            ..self
+        }
+    }
+
+    /// `2·m·k·n`.
+    pub fn flops(&self) -> u64 {
+        2 * (self.m * self.k * self.n) as u64
+    }
+}
+
+/// Shape of a batch of sequences for attention: `B` sequences of `T` positions,
+/// `H` heads of `D` channels (`C = H·D`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttnShape {
+    pub b: usize,
+    pub t: usize,
+    pub h: usize,
+    pub d: usize,
+    /// Only positions `q0..t` are queries (all positions are keys): 0 for a full
+    /// pass, `t - 1` to decode one token against a KV cache.
+    pub q0: usize,
+}
+
+impl AttnShape {
+    /// Queries per sequence.
+    pub fn tq(&self) -> usize {
+        self.t - self.q0
+    }
+    /// `C = H·D`.
+    pub fn c(&self) -> usize {
+        self.h * self.d
+    }
+}
+
+/// Arithmetic of a GPU run. The CPU always computes in `f32`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    /// bf16 activations and matrix-product operands; f32 master weights, AdamW
+    /// moments, normalization statistics, softmax and loss.
+    #[default]
+    Bf16,
+    /// f32 everywhere: the CPU engine's results, for exact comparison.
+    Fp32,
+}
+
+impl FromStr for Precision {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "bf16" => Ok(Precision::Bf16),
+            "fp32" => Ok(Precision::Fp32),
+            _ => Err(Error::Config(format!(
+                "unknown precision '{s}': expected bf16 or fp32"
+            ))),
+        }
+    }
+}
+
+impl fmt::Display for Precision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Precision::Bf16 => "bf16",
+            Precision::Fp32 => "fp32",
+        })
+    }
+}
+
+/// How a backend stores a buffer it allocates. The orchestration names the role; a
+/// mixed-precision backend picks the element type from it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BufKind {
+    /// The parameters: `F` master values. A mixed-precision backend also keeps a
+    /// low-precision copy for matrix-product operands, refreshed by every write
+    /// ([`Backend::upload`], [`Backend::adamw`]).
+    Params,
+    /// Activations and their gradients (bf16 under mixed precision).
+    Activations,
+    /// Always full precision: parameter gradients, AdamW moments, RMSNorm
+    /// statistics, RoPE tables.
+    Full,
+}
+
+/// A buffer a backend owns: a host `Vec` on the CPU, device memory on a GPU.
+pub trait Buffer: Send + Sync {
+    /// Number of values.
+    fn len(&self) -> usize;
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The whole buffer.
+    fn all(&self) -> Span<'_, Self> {
+        Span {
+            buf: self,
+            start: 0,
+            len: self.len(),
+        }
+    }
+
+    /// Values `range` of the buffer.
+    fn at(&self, range: Range<usize>) -> Span<'_, Self> {
+        assert!(range.start <= range.end && range.end <= self.len());
+        Span {
+            buf: self,
+            start: range.start,
+            len: range.end - range.start,
+        }
+    }
+
+    fn all_mut(&mut self) -> SpanMut<'_, Self> {
+        let len = self.len();
+        SpanMut {
+            buf: self,
+            start: 0,
+            len,
+        }
+    }
+
+    fn at_mut(&mut self, range: Range<usize>) -> SpanMut<'_, Self> {
+        assert!(range.start <= range.end && range.end <= self.len());
+        SpanMut {
+            buf: self,
+            start: range.start,
+            len: range.end - range.start,
+        }
+    }
+}
+
+impl<T: Send + Sync> Buffer for Vec<T> {
+    fn len(&self) -> usize {
+        Vec::len(self)
+    }
+}
+
+/// Values `start..start + len` of a backend buffer, read-only.
+pub struct Span<'a, B: ?Sized> {
+    pub buf: &'a B,
+    pub start: usize,
+    pub len: usize,
+}
+
+impl<B: ?Sized> Clone for Span<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<B: ?Sized> Copy for Span<'_, B> {}
+
+/// Values `start..start + len` of a backend buffer, to write.
+pub struct SpanMut<'a, B: ?Sized> {
+    pub buf: &'a mut B,
+    pub start: usize,
+    pub len: usize,
+}
+
+impl<B: ?Sized> SpanMut<'_, B> {
+    /// A shorter-lived mutable span over the same values.
+    pub fn reborrow(&mut self) -> SpanMut<'_, B> {
+        SpanMut {
+            buf: self.buf,
+            start: self.start,
+            len: self.len,
+        }
+    }
+}
+
+impl<'a, T> Span<'a, Vec<T>> {
+    /// The host values.
+    pub fn slice(self) -> &'a [T] {
+        &self.buf[self.start..self.start + self.len]
+    }
+}
+
+impl<'a, T> SpanMut<'a, Vec<T>> {
+    /// The host values.
+    pub fn slice(self) -> &'a mut [T] {
+        &mut self.buf[self.start..self.start + self.len]
+    }
+}
+
+/// AdamW hyper-parameters (SPEC defaults β = (0.9, 0.999), ε = 1e-8).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AdamWParams {
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
+}
+
+impl Default for AdamWParams {
+    fn default() -> Self {
+        AdamWParams {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.0,
+        }
+    }
+}
+
+/// The SPEC's ε of gradient clipping.
+pub const CLIP_EPS: f64 = 1e-6;
+
+/// The factor clipping multiplies gradients by: `max/(norm + eps)` when
+/// `norm > max`, else 1 (also 1 when `max` is not positive: clipping off).
+pub fn clip_scale(norm: f64, max: f64, eps: f64) -> f32 {
+    if max > 0.0 && norm > max {
+        (max / (norm + eps)) as f32
+    } else {
+        1.0
+    }
+}
+
+/// One AdamW update's scalars (SPEC §3), step `t` counting from 1. With `max_norm`,
+/// gradients are first multiplied by the clipping factor [`AdamWStep::grad_scale`]
+/// of the gradient's sum of squares, which the backend reads from the step's
+/// statistics ([`Backend::sum_squares`]) where they are: on a GPU, on the device.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamWStep {
+    pub lr: f64,
+    pub t: u64,
+    pub hp: AdamWParams,
+    /// The global gradient-norm limit (`None`: no clipping).
+    pub max_norm: Option<f64>,
+}
+
+impl AdamWStep {
+    /// The factor gradients with sum of squares `sum_squares` are multiplied by:
+    /// [`clip_scale`]`(sqrt(sum_squares), max_norm, CLIP_EPS)` (f64, then rounded to
+    /// f32), or 1 without clipping. The CUDA kernel does the same operations.
+    pub fn grad_scale(&self, sum_squares: f64) -> f32 {
+        self.max_norm
+            .map_or(1.0, |max| clip_scale(sum_squares.sqrt(), max, CLIP_EPS))
+    }
+}
+
+/// A training step's statistics as they reach the host ([`Backend::read_stats`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepStats {
+    /// Mean cross-entropy of the step's batch ([`Backend::cross_entropy`]).
+    pub loss: f64,
+    /// `Σ g²` of its gradient before clipping ([`Backend::sum_squares`]).
+    pub sum_squares: f64,
+    /// When they were ready: when the CPU wrote them, or when the host saw a GPU's
+    /// copy complete.
+    pub ready: Instant,
+}
+
+impl StepStats {
+    /// The global L2 norm of the gradient.
+    pub fn grad_norm(&self) -> f64 {
+        self.sum_squares.sqrt()
+    }
+
+    /// Not yet written: NaN values.
+    pub fn unset() -> Self {
+        StepStats {
+            loss: f64::NAN,
+            sum_squares: f64::NAN,
+            ready: Instant::now(),
+        }
+    }
+}
+
+/// The kernels one backend provides, over buffers it owns ([`Backend::Buf`]).
+/// Shapes: `N` rows of `C` channels etc. (see the module doc); every span is
+/// row-major and exactly the size its shape says.
+///
+/// Kernels may run asynchronously (a GPU stream): they return nothing, and a
+/// backend that can fail keeps the first failure for [`Backend::sync`]. Values
+/// reach the host only through [`Backend::download`], which waits for the kernels
+/// before it, and [`Backend::read_stats`]: a step's loss and gradient sum of squares
+/// stay in a small buffer of the backend's ([`Backend::Stats`]) until
+/// [`Backend::send_stats`] queues their copy to the host, and only reading them
+/// waits — for that copy alone, so the next step can be queued meanwhile.
+pub trait Backend<F: Float>: Sync {
+    /// A buffer of `F` values (in the precision its [`BufKind`] says).
+    type Buf: Buffer;
+    /// A buffer of token ids.
+    type Ids: Send + Sync;
+    /// One step's statistics (loss and gradient sum of squares) where the kernels
+    /// write them, and their host copy: [`StepStats`] on the CPU, a device buffer
+    /// and pinned host memory on a GPU.
+    type Stats: Send + Sync;
+
+    /// A zeroed buffer of `len` values.
+    fn alloc(&self, len: usize, kind: BufKind) -> Result<Self::Buf>;
+    /// A buffer of `len` token ids.
+    fn alloc_ids(&self, len: usize) -> Result<Self::Ids>;
+    /// A buffer for one step's statistics.
+    fn alloc_stats(&self) -> Result<Self::Stats>;
+    /// Queues the copy of `stats` to the host; returns without waiting.
+    fn send_stats(&self, stats: &mut Self::Stats);
+    /// The statistics [`Backend::send_stats`] sent, when their copy is done (waits
+    /// for it and the kernels before it only); the first failure of those kernels.
+    fn read_stats(&self, stats: &Self::Stats) -> Result<StepStats>;
+    /// `dst = src` from the host.
+    fn upload(&self, dst: SpanMut<Self::Buf>, src: &[F]) -> Result<()>;
+    /// `dst = src` from the host; `src.len()` ids are written.
+    fn upload_ids(&self, dst: &mut Self::Ids, src: &[u32]) -> Result<()>;
+    /// `dst = src` to the host (waits for the kernels writing `src`).
+    fn download(&self, src: Span<Self::Buf>, dst: &mut [F]) -> Result<()>;
+    /// Waits for every kernel launched so far; the first failure since the last call.
+    fn sync(&self) -> Result<()>;
+
+    /// `out = a·b` or `out += a·b` (see [`MatMul`]).
+    fn matmul(
+        &self,
+        out: SpanMut<Self::Buf>,
+        a: Span<Self::Buf>,
+        b: Span<Self::Buf>,
+        shape: MatMul,
+    );
+
+    /// `dst = src`.
+    fn copy(&self, dst: SpanMut<Self::Buf>, src: Span<Self::Buf>);
+    /// `dst = 0`.
+    fn fill_zero(&self, dst: SpanMut<Self::Buf>);
+
+    /// `out (N, C) = table[ids]`, `table (V, C)`; `N` = `out.len / C`.
+    fn embedding_forward(&self, out: SpanMut<Self::Buf>, ids: &Self::Ids, table: Span<Self::Buf>);
+    /// `dtable (V, C) += scatter(dout (N, C))` at rows `ids (N)`.
+    fn embedding_backward(
+        &self,
+        dtable: SpanMut<Self::Buf>,
+        dout: Span<Self::Buf>,
+        ids: &Self::Ids,
+    );
+
+    /// `out (N, C) = x / sqrt(mean(x²) + 1e-5) ⊙ g`; keeps `rstd (N)` for backward.
+    fn rmsnorm_forward(
+        &self,
+        out: SpanMut<Self::Buf>,
+        rstd: SpanMut<Self::Buf>,
+        x: Span<Self::Buf>,
+        g: Span<Self::Buf>,
+    );
+    /// `dx (N, C) (+)= ∂/∂x`, `dg (C) += ∂/∂g` for the gradient `dout (N, C)`;
+    /// `dx` is accumulated into when `accumulate`, else overwritten.
+    #[allow(clippy::too_many_arguments)]
+    fn rmsnorm_backward(
+        &self,
+        dx: SpanMut<Self::Buf>,
+        dg: SpanMut<Self::Buf>,
+        dout: Span<Self::Buf>,
+        x: Span<Self::Buf>,
+        g: Span<Self::Buf>,
+        rstd: Span<Self::Buf>,
+        accumulate: bool,
+    );
+
+    /// SwiGLU `out = SiLU(a) ⊙ b`, or plain `out = SiLU(a)` when `b` is `None`;
+    /// all `(N, F)`.
+    fn swiglu_forward(
+        &self,
+        out: SpanMut<Self::Buf>,
+        a: Span<Self::Buf>,
+        b: Option<Span<Self::Buf>>,
+    );
+    /// `da`, `db` (overwritten) from `dout`; `db`/`b` are `None` together for SiLU.
+    fn swiglu_backward(
+        &self,
+        da: SpanMut<Self::Buf>,
+        db: Option<SpanMut<Self::Buf>>,
+        dout: Span<Self::Buf>,
+        a: Span<Self::Buf>,
+        b: Option<Span<Self::Buf>>,
+    );
+
+    /// Rotates the query and key parts of the new rows `qkv (B, Tq, 3C)` in place by
+    /// RoPE (adjacent pairs; row `i` is at position `q0 + i`), or by the inverse
+    /// rotation — the backward pass — when `inverse`. `cos`, `sin`: `(context_length, D/2)`.
+    fn rope(
+        &self,
+        qkv: SpanMut<Self::Buf>,
+        cos: Span<Self::Buf>,
+        sin: Span<Self::Buf>,
+        shape: AttnShape,
+        inverse: bool,
+    );
+
+    /// Causal softmax attention: `out (B, Tq, C)` from `qkv (B, T, 3C)` = rows
+    /// `[q | k | v]`, query row `i` (position `q0 + i`) attending keys `0..=q0+i`;
+    /// keeps the probabilities `att (B, H, Tq, T)`.
+    fn attention_forward(
+        &self,
+        out: SpanMut<Self::Buf>,
+        att: SpanMut<Self::Buf>,
+        qkv: Span<Self::Buf>,
+        shape: AttnShape,
+    );
+    /// `dqkv (B, T, 3C)` (overwritten) from `dout (B, T, C)`; `datt (B, H, T, T)` is
+    /// scratch. Full passes only (`q0 = 0`).
+    #[allow(clippy::too_many_arguments)]
+    fn attention_backward(
+        &self,
+        dqkv: SpanMut<Self::Buf>,
+        datt: SpanMut<Self::Buf>,
+        dout: Span<Self::Buf>,
+        qkv: Span<Self::Buf>,
+        att: Span<Self::Buf>,
+        shape: AttnShape,
+    );
+
+    /// Mean cross-entropy of `logits (N, V)` against `targets (N)` into `stats`' loss;
+    /// with `grad`, the logits are overwritten in the same pass by
+    /// `∂loss/∂logits = (softmax − onehot)/N`.
+    fn cross_entropy(
+        &self,
+        logits: SpanMut<Self::Buf>,
+        targets: &Self::Ids,
+        grad: bool,
+        stats: &mut Self::Stats,
+    );
+
+    /// `Σ x²` in `f64` into `stats`' sum of squares, the same sum whatever the
+    /// number of threads.
+    fn sum_squares(&self, x: Span<Self::Buf>, stats: &mut Self::Stats);
+
+    /// One AdamW update of `params` from `grads`, moments `m`, `v` (all the same
+    /// length); with `step.max_norm`, clipped by the sum of squares in `stats`.
+    fn adamw(
+        &self,
+        params: SpanMut<Self::Buf>,
+        grads: Span<Self::Buf>,
+        m: SpanMut<Self::Buf>,
+        v: SpanMut<Self::Buf>,
+        step: &AdamWStep,
+        stats: &Self::Stats,
+    );
+}

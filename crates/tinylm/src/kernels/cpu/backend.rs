@@ -1,0 +1,221 @@
+//! [`Cpu`]: the [`Backend`] whose buffers are host `Vec`s, each kernel a call into
+//! its family's file (forward and backward side by side).
+
+use super::{
+    adamw, attention, cross_entropy, embedding, global_norm, linear, memory, rmsnorm, rope,
+    simd::CHUNK, swiglu,
+};
+use crate::config::RMS_NORM_EPS;
+use crate::kernels::{
+    AdamWStep, AttnShape, Backend, BufKind, Float, MatMul, Span, SpanMut, StepStats,
+};
+use crate::Result;
+use rayon::prelude::*;
+use std::time::Instant;
+
+/// The CPU backend (stateless; threads come from the global rayon pool).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Cpu;
+
+impl<F: Float> Backend<F> for Cpu {
+    type Buf = Vec<F>;
+    type Ids = Vec<u32>;
+    type Stats = StepStats;
+
+    fn alloc(&self, len: usize, _kind: BufKind) -> Result<Vec<F>> {
+        Ok(memory::zeroed(len))
+    }
+
+    fn alloc_ids(&self, len: usize) -> Result<Vec<u32>> {
+        Ok(vec![0; len])
+    }
+
+    fn alloc_stats(&self) -> Result<StepStats> {
+        Ok(StepStats::unset())
+    }
+
+    /// The kernels have run: the statistics are ready now.
+    fn send_stats(&self, stats: &mut StepStats) {
+        stats.ready = Instant::now();
+    }
+
+    fn read_stats(&self, stats: &StepStats) -> Result<StepStats> {
+        Ok(*stats)
+    }
+
+    fn upload(&self, dst: SpanMut<Vec<F>>, src: &[F]) -> Result<()> {
+        dst.slice().copy_from_slice(src);
+        Ok(())
+    }
+
+    fn upload_ids(&self, dst: &mut Vec<u32>, src: &[u32]) -> Result<()> {
+        dst[..src.len()].copy_from_slice(src);
+        Ok(())
+    }
+
+    fn download(&self, src: Span<Vec<F>>, dst: &mut [F]) -> Result<()> {
+        dst.copy_from_slice(src.slice());
+        Ok(())
+    }
+
+    fn sync(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn matmul(&self, out: SpanMut<Vec<F>>, a: Span<Vec<F>>, b: Span<Vec<F>>, shape: MatMul) {
+        linear::matmul(out.slice(), a.slice(), b.slice(), shape);
+    }
+
+    fn copy(&self, dst: SpanMut<Vec<F>>, src: Span<Vec<F>>) {
+        let src = src.slice();
+        assert_eq!(dst.len, src.len(), "copy size");
+        (dst.slice().par_chunks_mut(CHUNK))
+            .zip(src.par_chunks(CHUNK))
+            .for_each(|(dst, src)| dst.copy_from_slice(src));
+    }
+
+    fn fill_zero(&self, dst: SpanMut<Vec<F>>) {
+        (dst.slice().par_chunks_mut(CHUNK)).for_each(|dst| dst.fill(F::ZERO));
+    }
+
+    fn embedding_forward(&self, out: SpanMut<Vec<F>>, ids: &Vec<u32>, table: Span<Vec<F>>) {
+        embedding::embedding_forward(out.slice(), ids, table.slice());
+    }
+
+    fn embedding_backward(&self, dtable: SpanMut<Vec<F>>, dout: Span<Vec<F>>, ids: &Vec<u32>) {
+        embedding::embedding_backward(dtable.slice(), dout.slice(), ids);
+    }
+
+    fn rmsnorm_forward(
+        &self,
+        out: SpanMut<Vec<F>>,
+        rstd: SpanMut<Vec<F>>,
+        x: Span<Vec<F>>,
+        g: Span<Vec<F>>,
+    ) {
+        rmsnorm::rmsnorm_forward(
+            out.slice(),
+            rstd.slice(),
+            x.slice(),
+            g.slice(),
+            RMS_NORM_EPS,
+        );
+    }
+
+    fn rmsnorm_backward(
+        &self,
+        dx: SpanMut<Vec<F>>,
+        dg: SpanMut<Vec<F>>,
+        dout: Span<Vec<F>>,
+        x: Span<Vec<F>>,
+        g: Span<Vec<F>>,
+        rstd: Span<Vec<F>>,
+        accumulate: bool,
+    ) {
+        rmsnorm::rmsnorm_backward(
+            dx.slice(),
+            dg.slice(),
+            dout.slice(),
+            x.slice(),
+            g.slice(),
+            rstd.slice(),
+            accumulate,
+        );
+    }
+
+    fn swiglu_forward(&self, out: SpanMut<Vec<F>>, a: Span<Vec<F>>, b: Option<Span<Vec<F>>>) {
+        swiglu::swiglu_forward(out.slice(), a.slice(), b.map(Span::slice));
+    }
+
+    fn swiglu_backward(
+        &self,
+        da: SpanMut<Vec<F>>,
+        db: Option<SpanMut<Vec<F>>>,
+        dout: Span<Vec<F>>,
+        a: Span<Vec<F>>,
+        b: Option<Span<Vec<F>>>,
+    ) {
+        swiglu::swiglu_backward(
+            da.slice(),
+            db.map(SpanMut::slice),
+            dout.slice(),
+            a.slice(),
+            b.map(Span::slice),
+        );
+    }
+
+    fn rope(
+        &self,
+        qkv: SpanMut<Vec<F>>,
+        cos: Span<Vec<F>>,
+        sin: Span<Vec<F>>,
+        shape: AttnShape,
+        inverse: bool,
+    ) {
+        rope::rope(qkv.slice(), cos.slice(), sin.slice(), shape, inverse);
+    }
+
+    fn attention_forward(
+        &self,
+        out: SpanMut<Vec<F>>,
+        att: SpanMut<Vec<F>>,
+        qkv: Span<Vec<F>>,
+        shape: AttnShape,
+    ) {
+        attention::attention_forward(out.slice(), att.slice(), qkv.slice(), shape);
+    }
+
+    fn attention_backward(
+        &self,
+        dqkv: SpanMut<Vec<F>>,
+        datt: SpanMut<Vec<F>>,
+        dout: Span<Vec<F>>,
+        qkv: Span<Vec<F>>,
+        att: Span<Vec<F>>,
+        shape: AttnShape,
+    ) {
+        attention::attention_backward(
+            dqkv.slice(),
+            datt.slice(),
+            dout.slice(),
+            qkv.slice(),
+            att.slice(),
+            shape,
+        );
+    }
+
+    fn cross_entropy(
+        &self,
+        logits: SpanMut<Vec<F>>,
+        targets: &Vec<u32>,
+        grad: bool,
+        stats: &mut StepStats,
+    ) {
+        stats.loss = cross_entropy::cross_entropy(logits.slice(), targets, grad).to_f64();
+    }
+
+    fn sum_squares(&self, x: Span<Vec<F>>, stats: &mut StepStats) {
+        stats.sum_squares = global_norm::sum_squares(x.slice());
+    }
+
+    fn adamw(
+        &self,
+        params: SpanMut<Vec<F>>,
+        grads: Span<Vec<F>>,
+        m: SpanMut<Vec<F>>,
+        v: SpanMut<Vec<F>>,
+        step: &AdamWStep,
+        stats: &StepStats,
+    ) {
+        adamw::adamw_step(
+            params.slice(),
+            grads.slice(),
+            m.slice(),
+            v.slice(),
+            step.t,
+            step.lr,
+            &step.hp,
+            step.grad_scale(stats.sum_squares),
+        );
+    }
+}

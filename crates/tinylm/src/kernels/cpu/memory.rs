@@ -1,0 +1,170 @@
+//! Memory of the CPU kernels: zeroed buffers on huge pages, a pointer parallel tasks
+//! share to write disjoint parts of one buffer, per-thread scratch, and a blocked
+//! transpose.
+
+use crate::kernels::Float;
+
+/// A zeroed buffer of `len` elements. On Linux a buffer of several MiB asks for
+/// transparent huge pages before its first touch (`madvise`; a no-op where the
+/// kernel has them off): the products' packing and attention walk rows that lie
+/// kilobytes apart, and 2 MiB pages spare those walks most of their TLB misses.
+pub fn zeroed<F: Float>(len: usize) -> Vec<F> {
+    let buf = vec![F::ZERO; len];
+    #[cfg(target_os = "linux")]
+    {
+        const HUGE_PAGE: usize = 2 << 20;
+        let (start, end) = (
+            buf.as_ptr() as usize,
+            buf.as_ptr() as usize + len * size_of::<F>(),
+        );
+        let first = start.next_multiple_of(HUGE_PAGE);
+        let last = end / HUGE_PAGE * HUGE_PAGE;
+        if last > first {
+            // SAFETY: the range lies inside `buf`'s allocation; the advice changes
+            // how its pages are backed, never their contents.
+            unsafe {
+                libc::madvise(
+                    first as *mut libc::c_void,
+                    last - first,
+                    libc::MADV_HUGEPAGE,
+                )
+            };
+        }
+    }
+    buf
+}
+
+/// A raw pointer that parallel tasks may share to write disjoint parts of one buffer.
+#[derive(Clone, Copy)]
+pub(crate) struct SharedMut<F>(pub *mut F);
+// SAFETY: used only where each task writes a disjoint region (argued at each use).
+unsafe impl<F> Send for SharedMut<F> {}
+unsafe impl<F> Sync for SharedMut<F> {}
+
+impl<F> SharedMut<F> {
+    /// The pointer (a method, so closures capture the whole `Send` wrapper).
+    pub fn get(&self) -> *mut F {
+        self.0
+    }
+}
+
+thread_local! {
+    /// One worker thread's scratch buffer (see [`with_scratch`]), a `Vec<F>` for the
+    /// float type last asked for.
+    static SCRATCH: std::cell::Cell<Option<Box<dyn std::any::Any>>> =
+        const { std::cell::Cell::new(None) };
+}
+
+/// Runs `f` on this thread's scratch of `len` elements (contents unspecified). The
+/// buffer grows to the largest size asked for and is kept, so once a shape has run,
+/// later calls allocate nothing — for work inside a rayon task that needs a few
+/// KiB of its own (attention's transposed head). A nested call gets a fresh buffer.
+pub(crate) fn with_scratch<F: Float, R>(len: usize, f: impl FnOnce(&mut [F]) -> R) -> R {
+    let mut slot = SCRATCH
+        .take()
+        .filter(|b| b.is::<Vec<F>>())
+        .unwrap_or_else(|| Box::new(Vec::<F>::new()));
+    let buf = slot
+        .downcast_mut::<Vec<F>>()
+        .expect("a Vec<F>, checked above");
+    if buf.len() < len {
+        buf.resize(len, F::ZERO);
+    }
+    let out = f(&mut buf[..len]);
+    SCRATCH.set(Some(slot));
+    out
+}
+
+/// `dst (cols, rows)` = the transpose of `src (rows, cols)` (row stride `src_rs`),
+/// in blocks of rows so each block's source cache lines are read once.
+pub(crate) fn transpose<F: Float>(
+    dst: &mut [F],
+    src: &[F],
+    rows: usize,
+    cols: usize,
+    src_rs: usize,
+) {
+    const BLOCK: usize = 16;
+    assert_eq!(dst.len(), rows * cols, "transpose destination size");
+    for r0 in (0..rows).step_by(BLOCK) {
+        let r1 = (r0 + BLOCK).min(rows);
+        for (j, dst_row) in dst.chunks_exact_mut(rows).enumerate() {
+            for (r, x) in (r0..r1).zip(&mut dst_row[r0..r1]) {
+                *x = src[r * src_rs + j];
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{transpose, with_scratch};
+
+    /// The `VmFlags` of the mapping that holds `addr`, from `/proc/self/smaps`.
+    #[cfg(target_os = "linux")]
+    fn vm_flags(addr: usize) -> String {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").expect("read /proc/self/smaps");
+        let mut inside = false;
+        for line in smaps.lines() {
+            let range = line.split_whitespace().next().unwrap_or("");
+            if let Some((start, end)) = range.split_once('-') {
+                if let (Ok(start), Ok(end)) = (
+                    usize::from_str_radix(start, 16),
+                    usize::from_str_radix(end, 16),
+                ) {
+                    inside = (start..end).contains(&addr);
+                    continue;
+                }
+            }
+            if let Some(flags) = line.strip_prefix("VmFlags:").filter(|_| inside) {
+                return flags.to_string();
+            }
+        }
+        panic!("no mapping holds {addr:#x}")
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn large_buffers_ask_for_huge_pages_and_are_zero() {
+        use super::zeroed;
+        let buf: Vec<f32> = zeroed(8 << 20);
+        let aligned = (buf.as_ptr() as usize).next_multiple_of(2 << 20);
+        let flags = vm_flags(aligned);
+        assert!(
+            flags.split_whitespace().any(|f| f == "hg"),
+            "32 MiB buffer without MADV_HUGEPAGE: VmFlags{flags}"
+        );
+        assert!(buf.iter().all(|&x| x == 0.0));
+        let small: Vec<f64> = zeroed(100);
+        assert_eq!(small, vec![0.0; 100]);
+    }
+
+    #[test]
+    fn transpose_handles_strides_and_partial_blocks() {
+        let (rows, cols, rs) = (37, 5, 9);
+        let src: Vec<f32> = (0..rows * rs).map(|i| i as f32).collect();
+        let mut dst = vec![f32::NAN; rows * cols];
+        transpose(&mut dst, &src, rows, cols, rs);
+        for r in 0..rows {
+            for c in 0..cols {
+                assert_eq!(dst[c * rows + r], src[r * rs + c], "({r}, {c})");
+            }
+        }
+    }
+
+    #[test]
+    fn scratch_is_kept_per_thread_and_per_float_type() {
+        let first = with_scratch::<f32, _>(1000, |s| {
+            s.fill(1.0);
+            s.as_ptr()
+        });
+        // Smaller requests reuse the same buffer; a nested call gets its own.
+        let again = with_scratch::<f32, _>(10, |s| {
+            let nested = with_scratch::<f32, _>(10, |n| n.as_ptr());
+            assert_ne!(nested, s.as_ptr());
+            s.as_ptr()
+        });
+        assert_eq!(first, again);
+        assert_eq!(with_scratch::<f64, _>(3, |s| s.len()), 3);
+    }
+}

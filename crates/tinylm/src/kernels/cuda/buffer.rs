@@ -1,0 +1,175 @@
+//! Device memory: [`DeviceBuffer`] (an allocation that frees itself), [`Dev`] (a
+//! pointer, length and element type: what kernel wrappers take), and the model's
+//! buffers as the [`Backend`](crate::kernels::Backend) sees them ([`CudaBuf`],
+//! [`CudaStats`]).
+
+use crate::kernels::{Buffer, Span, SpanMut};
+use cudarc::driver::sys::CUdeviceptr;
+use cudarc::driver::{CudaEvent, CudaSlice, PinnedHostSlice};
+
+/// Element type of a device buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    F32,
+    Bf16,
+    /// Token ids.
+    U32,
+    /// Reductions.
+    F64,
+}
+
+impl DType {
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 | DType::U32 => 4,
+            DType::Bf16 => 2,
+            DType::F64 => 8,
+        }
+    }
+}
+
+/// A device allocation of `len` elements of `dtype`, freed on drop.
+pub struct DeviceBuffer {
+    /// The allocation, freed (stream-ordered) when the buffer is dropped.
+    pub(super) memory: CudaSlice<u8>,
+    pub(super) ptr: CUdeviceptr,
+    pub(super) len: usize,
+    pub(super) dtype: DType,
+}
+
+impl DeviceBuffer {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The whole buffer as a kernel argument.
+    pub fn view(&self) -> Dev {
+        self.slice(0..self.len)
+    }
+
+    /// Elements `range` as a kernel argument.
+    pub fn slice(&self, range: std::ops::Range<usize>) -> Dev {
+        assert!(
+            range.start <= range.end && range.end <= self.len,
+            "device slice {range:?} out of a buffer of {}",
+            self.len
+        );
+        Dev {
+            ptr: self.ptr + (range.start * self.dtype.size()) as CUdeviceptr,
+            len: range.end - range.start,
+            dtype: self.dtype,
+        }
+    }
+}
+
+/// A device pointer with its length and element type: what kernel wrappers take.
+/// It borrows nothing, so the caller keeps the buffer alive while work is queued
+/// (the backend owns every buffer for the whole run).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Dev {
+    pub ptr: CUdeviceptr,
+    pub len: usize,
+    pub dtype: DType,
+}
+
+impl Dev {
+    /// Elements `start..start + len` of this view.
+    pub fn sub(self, start: usize, len: usize) -> Dev {
+        assert!(start + len <= self.len, "device sub-slice out of range");
+        Dev {
+            ptr: self.ptr + (start * self.dtype.size()) as CUdeviceptr,
+            len,
+            dtype: self.dtype,
+        }
+    }
+}
+
+/// A null pointer argument (an absent optional buffer).
+pub(crate) const NULL: CUdeviceptr = 0;
+
+/// A host element type that crosses to the device as is.
+pub trait HostElement: Copy {
+    const DTYPE: DType;
+}
+
+impl HostElement for f32 {
+    const DTYPE: DType = DType::F32;
+}
+
+impl HostElement for u32 {
+    const DTYPE: DType = DType::U32;
+}
+
+impl HostElement for f64 {
+    const DTYPE: DType = DType::F64;
+}
+
+/// A model buffer on the device. Parameters and full-precision buffers are f32;
+/// activations are `floatX`. Under bf16, parameters also keep a bf16 copy, the
+/// operand of the matrix products, refreshed by every write (upload, AdamW).
+pub struct CudaBuf {
+    pub(super) data: DeviceBuffer,
+    pub(super) shadow: Option<DeviceBuffer>,
+}
+
+impl Buffer for CudaBuf {
+    fn len(&self) -> usize {
+        self.data.len()
+    }
+}
+
+/// A training step's statistics on the device — bytes `0..4` the loss (f32), `8..16`
+/// the gradient's sum of squares (f64) — and the pinned host memory they are
+/// copied to, asynchronously, by [`Backend::send_stats`](crate::kernels::Backend::send_stats), with the event recorded
+/// after that copy. (The context runs without cudarc's own event tracking, so the
+/// pinned slice's accessors do not wait: `read_stats` waits on `copied`.)
+pub struct CudaStats {
+    pub(super) device: DeviceBuffer,
+    pub(super) host: PinnedHostSlice<u8>,
+    pub(super) copied: CudaEvent,
+}
+
+impl Drop for CudaStats {
+    /// A copy still in flight finishes before its host memory is freed.
+    fn drop(&mut self) {
+        let _ = self.copied.synchronize();
+    }
+}
+
+/// Bytes of [`CudaStats`].
+pub(super) const STATS_BYTES: usize = 16;
+
+impl CudaStats {
+    pub(super) fn loss(&self) -> Dev {
+        Dev {
+            dtype: DType::F32,
+            ..self.device.slice(0..1)
+        }
+    }
+
+    pub(super) fn sum_squares(&self) -> Dev {
+        self.device.slice(1..2)
+    }
+}
+
+pub(super) fn view(span: Span<CudaBuf>) -> Dev {
+    span.buf.data.slice(span.start..span.start + span.len)
+}
+
+pub(super) fn view_mut(span: SpanMut<CudaBuf>) -> Dev {
+    span.buf.data.slice(span.start..span.start + span.len)
+}
+
+/// A matrix-product operand: the bf16 copy of parameters, else the values.
+pub(super) fn operand(span: Span<CudaBuf>) -> Dev {
+    let buf = span.buf.shadow.as_ref().unwrap_or(&span.buf.data);
+    buf.slice(span.start..span.start + span.len)
+}

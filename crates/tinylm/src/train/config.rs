@@ -1,0 +1,382 @@
+//! A training run's configuration: every hyper-parameter ([`TrainConfig`], with
+//! its defaults), the schedule it implies, and for a resumed run the configuration
+//! its checkpoint recorded with the given keys over it ([`resolve_config`]).
+
+use crate::checkpoint;
+use crate::device::Device;
+use crate::kernels::{AdamWParams, Precision};
+use crate::optim::lr_cosine_schedule;
+use crate::{Error, ModelConfig, Result};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use std::path::{Path, PathBuf};
+
+/// What the learning-rate schedule runs over.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Schedule {
+    /// Step `k` is at iteration `k` of the cosine schedule; the run ends after
+    /// [`TrainConfig::total_steps`] steps (or earlier, when the time budget ends).
+    #[default]
+    Steps,
+    /// The schedule runs over `time_budget_s`: a step starting `u` seconds into the run
+    /// is at iteration `⌊total_steps · u / time_budget_s⌋`, so `steps`, `warmup_steps`
+    /// and `cosine_steps` are in units of the budget's `1 / total_steps`, and the run
+    /// takes as many steps as the budget holds, however fast they are. The schedule's
+    /// end is where the budget's end is, whatever the load on the machine.
+    Time,
+}
+
+/// Every hyper-parameter of a training run. TOML/JSON files use these keys, with
+/// the model under `model` (the [`ModelConfig`] keys); missing keys take the defaults.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrainConfig {
+    /// Model shape and ablations (default: the CS336 TinyStories model).
+    pub model: ModelConfig,
+    /// Training tokens, a 1-D `.npy` of ids.
+    pub train_data: PathBuf,
+    /// Validation tokens (no validation when absent).
+    pub val_data: Option<PathBuf>,
+    /// Tokenizer directory, recorded in checkpoints for generation.
+    pub tokenizer: Option<PathBuf>,
+    /// Where the log, plot and checkpoint go.
+    pub out_dir: PathBuf,
+    /// Sequences per step `B`; the sequence length `T` is `model.context_length`.
+    pub batch_size: usize,
+    /// Optimizer steps.
+    pub steps: u64,
+    /// Token budget: when set, `steps = ceil(max_tokens / (B·T))` instead.
+    pub max_tokens: Option<u64>,
+    pub lr_max: f64,
+    pub lr_min: f64,
+    pub warmup_steps: u64,
+    /// End of the cosine cycle `T_c` (default: the number of steps).
+    pub cosine_steps: Option<u64>,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
+    /// Global gradient-norm limit (0: no clipping).
+    pub grad_clip: f64,
+    /// Seeds the initial weights and the batch order.
+    pub seed: u64,
+    /// Worker threads (0: one per core).
+    pub threads: usize,
+    /// Validate every this many steps (0: only at the end).
+    pub eval_interval: u64,
+    /// Cap on validation batches (0: the whole validation set).
+    pub eval_batches: usize,
+    /// Write the checkpoint every this many steps (0: only at the end).
+    pub checkpoint_interval: u64,
+    /// Log every this many steps.
+    pub log_interval: u64,
+    /// Seconds the run may take, counted across resumes: it stops (evaluation and
+    /// checkpoint) when the next step and that evaluation, as long as the last ones,
+    /// would end past them.
+    pub time_budget_s: Option<f64>,
+    /// What the learning-rate schedule runs over: the steps, or the time budget.
+    pub schedule: Schedule,
+    /// Continue from this checkpoint.
+    pub resume: Option<PathBuf>,
+    /// Where the model trains: `cpu`, `cuda`, `cuda:N` or `auto`.
+    pub device: Device,
+    /// GPU arithmetic (`bf16` mixed precision or `fp32`); the CPU always uses f32.
+    pub precision: Precision,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            model: ModelConfig::tinystories(),
+            train_data: PathBuf::new(),
+            val_data: None,
+            tokenizer: None,
+            out_dir: PathBuf::from("runs/train"),
+            batch_size: 32,
+            steps: 5000,
+            max_tokens: None,
+            lr_max: 1e-3,
+            lr_min: 1e-4,
+            warmup_steps: 100,
+            cosine_steps: None,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.1,
+            grad_clip: 1.0,
+            seed: 0,
+            threads: 0,
+            eval_interval: 500,
+            eval_batches: 0,
+            checkpoint_interval: 1000,
+            log_interval: 10,
+            time_budget_s: None,
+            schedule: Schedule::Steps,
+            resume: None,
+            device: Device::Cpu,
+            precision: Precision::Bf16,
+        }
+    }
+}
+
+impl TrainConfig {
+    /// Number of optimizer steps: from `max_tokens` when set, else `steps`.
+    pub fn total_steps(&self) -> u64 {
+        let tokens_per_step = (self.batch_size * self.model.context_length) as u64;
+        match self.max_tokens {
+            Some(n) => n.div_ceil(tokens_per_step.max(1)),
+            None => self.steps,
+        }
+    }
+
+    /// The learning rate of step `step` (from 0), which starts `used_s` seconds into
+    /// the run (see [`Schedule`]).
+    pub fn learning_rate(&self, step: u64, used_s: f64) -> f64 {
+        let total = self.total_steps();
+        let iteration = match (self.schedule, self.time_budget_s) {
+            (Schedule::Time, Some(budget_s)) => (total as f64 * used_s / budget_s) as u64,
+            _ => step,
+        };
+        let cycle = self.cosine_steps.unwrap_or(total);
+        lr_cosine_schedule(
+            iteration,
+            self.lr_max,
+            self.lr_min,
+            self.warmup_steps,
+            cycle,
+        )
+    }
+
+    /// Whether `step_s` seconds of work (a step, and an evaluation after it),
+    /// starting `used_s` seconds into the run, end inside the time budget (always,
+    /// without one).
+    pub fn step_fits(&self, used_s: f64, step_s: f64) -> bool {
+        self.time_budget_s
+            .is_none_or(|budget_s| used_s + step_s <= budget_s)
+    }
+
+    /// The steps the run is expected to take after `done` steps in `used_s` seconds:
+    /// [`Self::total_steps`], or with the time schedule the pace so far extended to
+    /// the whole budget.
+    pub fn planned_steps(&self, done: u64, used_s: f64) -> u64 {
+        match (self.schedule, self.time_budget_s) {
+            (Schedule::Time, Some(budget_s)) if done > 0 && used_s > 0.0 => {
+                done.max((done as f64 * budget_s / used_s) as u64)
+            }
+            _ => self.total_steps(),
+        }
+    }
+
+    pub fn adamw(&self) -> AdamWParams {
+        AdamWParams {
+            beta1: self.beta1,
+            beta2: self.beta2,
+            eps: self.eps,
+            weight_decay: self.weight_decay,
+        }
+    }
+
+    /// Checks every value is usable.
+    pub fn validate(&self) -> Result<()> {
+        self.model.validate()?;
+        let bad = |msg: String| Err(Error::Config(msg));
+        if self.train_data.as_os_str().is_empty() {
+            return bad("train_data is required".into());
+        }
+        if self.batch_size == 0 {
+            return bad("batch_size must be positive".into());
+        }
+        if self.total_steps() == 0 {
+            return bad("the number of steps must be positive".into());
+        }
+        if self.log_interval == 0 {
+            return bad("log_interval must be positive".into());
+        }
+        for (name, v) in [("lr_max", self.lr_max), ("lr_min", self.lr_min)] {
+            if !(v.is_finite() && v >= 0.0) {
+                return bad(format!("{name} must be a non-negative number, got {v}"));
+            }
+        }
+        for (name, v) in [("beta1", self.beta1), ("beta2", self.beta2)] {
+            if !(0.0..1.0).contains(&v) {
+                return bad(format!("{name} must lie in [0, 1), got {v}"));
+            }
+        }
+        if let Some(s) = self.time_budget_s {
+            if !(s.is_finite() && s > 0.0) {
+                return bad(format!("time_budget_s must be a positive number, got {s}"));
+            }
+        }
+        if self.schedule == Schedule::Time && self.time_budget_s.is_none() {
+            return bad("schedule = \"time\" needs a time_budget_s to run over".into());
+        }
+        if !(self.eps > 0.0 && self.weight_decay >= 0.0 && self.grad_clip >= 0.0) {
+            return bad(format!(
+                "eps must be positive and weight_decay, grad_clip non-negative (got {}, {}, {})",
+                self.eps, self.weight_decay, self.grad_clip
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A run's configuration, and for a resumed run what differs from the configuration
+/// its checkpoint recorded.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ResolvedConfig {
+    pub config: TrainConfig,
+    /// The keys given with `resume` whose values differ from the recorded run's.
+    pub changes: Vec<ConfigChange>,
+}
+
+impl ResolvedConfig {
+    /// For a resumed run, a line saying so and naming every change.
+    pub fn resume_note(&self) -> Option<String> {
+        let path = self.config.resume.as_ref()?;
+        let changes: Vec<String> = self.changes.iter().map(|c| c.to_string()).collect();
+        Some(format!(
+            "resuming {} with its recorded configuration{}",
+            path.display(),
+            match changes.is_empty() {
+                true => String::new(),
+                false => format!(", changed: {}", changes.join(", ")),
+            }
+        ))
+    }
+}
+
+/// A key of a resumed run whose value differs from the recorded one.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConfigChange {
+    /// The key, `model.<key>` for the model's.
+    pub key: String,
+    pub recorded: Value,
+    pub value: Value,
+}
+
+impl std::fmt::Display for ConfigChange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {} -> {}", self.key, self.recorded, self.value)
+    }
+}
+
+/// The configuration of a run from the keys `given` (a JSON object with any of
+/// [`TrainConfig`]'s keys, the model's under `model`) over the defaults — or, when
+/// `given` names a checkpoint under `resume`, over the configuration that
+/// checkpoint recorded (`train_config`): the resumed run continues with the same
+/// model, data, schedule, steps and seed unless a given key says otherwise. Given
+/// keys that differ from the recorded values are returned as changes; a change to
+/// the model is an error naming the key as `name` spells it (a CLI flag, a dict key).
+/// A given `steps` without `max_tokens` drops a recorded `max_tokens`.
+pub fn resolve_config(mut given: Value, name: &dyn Fn(&str) -> String) -> Result<ResolvedConfig> {
+    if !given.is_object() {
+        return Err(Error::Config(format!(
+            "expected a table of training keys, got {given}"
+        )));
+    }
+    // The checkpoint to resume from and the configuration it recorded.
+    let recorded = match &given["resume"] {
+        Value::Null => None,
+        value => {
+            let path =
+                PathBuf::deserialize(value).map_err(|e| Error::Config(format!("resume: {e}")))?;
+            Some((recorded_config(&path)?, path))
+        }
+    };
+    let mut merged = to_value(
+        recorded
+            .as_ref()
+            .map(|(r, _)| r.clone())
+            .unwrap_or_default(),
+    );
+    if given.get("steps").is_some() && given.get("max_tokens").is_none() {
+        merged["max_tokens"] = Value::Null;
+    }
+    merge(&mut merged, given.take());
+    let config: TrainConfig =
+        serde_json::from_value(merged).map_err(|e| Error::Config(e.to_string()))?;
+    config.validate()?;
+    let Some((recorded, path)) = recorded else {
+        return Ok(ResolvedConfig {
+            config,
+            changes: Vec::new(),
+        });
+    };
+    let changes = differences(&to_value(recorded), &to_value(&config));
+    let model: Vec<String> = changes
+        .iter()
+        .filter_map(|c| {
+            let key = c.key.strip_prefix("model.")?;
+            Some(format!(
+                "{} {} (the checkpoint's {key} is {})",
+                name(&c.key),
+                c.value,
+                c.recorded
+            ))
+        })
+        .collect();
+    if !model.is_empty() {
+        return Err(Error::Config(format!(
+            "cannot resume from {}: a resumed run keeps its model, but {} would change it",
+            path.display(),
+            model.join(", ")
+        )));
+    }
+    Ok(ResolvedConfig { config, changes })
+}
+
+/// The training configuration a checkpoint recorded; for a checkpoint without one,
+/// the defaults with the checkpoint's model.
+fn recorded_config(path: &Path) -> Result<TrainConfig> {
+    let metadata = crate::params::load_safetensors_metadata(path)?;
+    let mut config = match metadata.get("train_config") {
+        Some(_) => checkpoint::meta(&metadata, "train_config", path)?,
+        None => TrainConfig {
+            model: checkpoint::meta(&metadata, "config", path)?,
+            ..TrainConfig::default()
+        },
+    };
+    config.resume = Some(path.to_path_buf());
+    Ok(config)
+}
+
+/// Deep-merges `over` into `base` (objects key by key, everything else replaced).
+fn merge(base: &mut Value, over: Value) {
+    match (base, over) {
+        (Value::Object(base), Value::Object(over)) => {
+            for (k, v) in over {
+                merge(base.entry(k).or_insert(Value::Object(Map::new())), v);
+            }
+        }
+        (base, over) => *base = over,
+    }
+}
+
+/// The keys (one level into objects, `outer.inner`) whose values differ, but `resume`.
+fn differences(recorded: &Value, value: &Value) -> Vec<ConfigChange> {
+    let mut out = Vec::new();
+    for (key, was) in recorded.as_object().into_iter().flatten() {
+        let now = &value[key];
+        match (was, now) {
+            (Value::Object(_), Value::Object(_)) => {
+                out.extend(differences(was, now).into_iter().map(|c| ConfigChange {
+                    key: format!("{key}.{}", c.key),
+                    ..c
+                }))
+            }
+            _ if was != now && key != "resume" => out.push(ConfigChange {
+                key: key.clone(),
+                recorded: was.clone(),
+                value: now.clone(),
+            }),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// A value as a JSON value.
+fn to_value(value: impl Serialize) -> Value {
+    serde_json::to_value(value).expect("serializes")
+}

@@ -1,0 +1,174 @@
+//! The run's log: `log.jsonl` (one [`LogRecord`] per logged or evaluated step),
+//! the records a resumed run keeps, and the throughput since the last logged step.
+
+use super::config::TrainConfig;
+use crate::kernels::StepStats;
+use crate::{Error, Result};
+use serde::{Deserialize, Serialize};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// One line of `log.jsonl`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LogRecord {
+    /// Steps completed.
+    pub step: u64,
+    /// Training tokens processed.
+    pub tokens: u64,
+    /// Seconds since the run started (across resumes), evaluation included.
+    pub wallclock_s: f64,
+    /// Loss of this step's batch.
+    pub train_loss: f64,
+    pub val_loss: Option<f64>,
+    /// Learning rate of this step.
+    pub lr: f64,
+    /// Gradient norm before clipping.
+    pub grad_norm: f64,
+    /// Training throughput since the previous logged step (evaluation excluded).
+    pub tokens_per_s: f64,
+}
+
+/// What the progress callback sees after each step.
+pub struct Progress<'a> {
+    pub record: &'a LogRecord,
+    /// The steps the run is expected to take ([`TrainConfig::planned_steps`]).
+    pub total_steps: u64,
+}
+
+/// A training step queued on the model, its statistics not read yet.
+pub(super) struct QueuedStep {
+    /// Steps done with it (its number, from 1) and tokens.
+    pub step: u64,
+    pub tokens: u64,
+    pub lr: f64,
+    /// When the loop began it (batch sampling included).
+    pub at: Instant,
+}
+
+/// The run's log: `log.jsonl`, the records the plot is drawn from, and the
+/// training throughput since the last logged step.
+pub(super) struct Journal {
+    log: std::fs::File,
+    path: PathBuf,
+    history: Vec<LogRecord>,
+    /// Tokens per step `B·T`.
+    step_tokens: u64,
+    window_tokens: u64,
+    window_s: f64,
+}
+
+impl Journal {
+    /// The log at `path` for a run at step `step` (0: a new run): a resumed run
+    /// keeps the records up to its step (the file is rewritten without the later
+    /// ones, temporary file and rename), a new one starts empty.
+    pub fn open(path: PathBuf, step: u64, step_tokens: u64) -> Result<Journal> {
+        let history = read_history(&path, step)?;
+        let log = write_history(&path, &history)?;
+        Ok(Journal {
+            log,
+            path,
+            history,
+            step_tokens,
+            window_tokens: 0,
+            window_s: 0.0,
+        })
+    }
+
+    /// The records written so far (a resumed run's included).
+    pub fn history(&self) -> &[LogRecord] {
+        &self.history
+    }
+
+    /// The record of a finished step that took `step_s` seconds.
+    pub fn record(
+        &mut self,
+        queued: &QueuedStep,
+        stats: &StepStats,
+        step_s: f64,
+        val_loss: Option<f64>,
+        wallclock_s: f64,
+    ) -> LogRecord {
+        self.window_s += step_s;
+        self.window_tokens += self.step_tokens;
+        LogRecord {
+            step: queued.step,
+            tokens: queued.tokens,
+            wallclock_s,
+            train_loss: stats.loss,
+            val_loss,
+            lr: queued.lr,
+            grad_norm: stats.grad_norm(),
+            tokens_per_s: self.window_tokens as f64 / self.window_s.max(1e-9),
+        }
+    }
+
+    /// Writes `record` to the log when it was `evaluated` or falls on the log
+    /// interval, and shows it to the progress callback.
+    pub fn write(
+        &mut self,
+        cfg: &TrainConfig,
+        record: &LogRecord,
+        evaluated: bool,
+        on_step: &mut (dyn FnMut(&Progress) + Send),
+    ) -> Result<()> {
+        if evaluated || record.step.is_multiple_of(cfg.log_interval) {
+            writeln!(
+                self.log,
+                "{}",
+                serde_json::to_string(record).expect("serializes")
+            )
+            .and_then(|_| self.log.flush())
+            .map_err(|e| Error::io(&self.path, e))?;
+            self.history.push(record.clone());
+            (self.window_tokens, self.window_s) = (0, 0.0);
+        }
+        on_step(&Progress {
+            record,
+            total_steps: cfg.planned_steps(record.step, record.wallclock_s),
+        });
+        Ok(())
+    }
+}
+
+/// The records of an existing `log.jsonl` up to `step` (none for a fresh run).
+fn read_history(path: &Path, step: u64) -> Result<Vec<LogRecord>> {
+    if step == 0 || !path.exists() {
+        return Ok(Vec::new());
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let mut out = Vec::new();
+    for (i, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let r: LogRecord = serde_json::from_str(line).map_err(|e| {
+            Error::Invalid(format!(
+                "{}:{}: not a log record: {e}",
+                path.display(),
+                i + 1
+            ))
+        })?;
+        if r.step <= step {
+            out.push(r);
+        }
+    }
+    Ok(out)
+}
+
+/// Rewrites `path` with `records` (temporary file and rename) and opens it for appending.
+fn write_history(path: &Path, records: &[LogRecord]) -> Result<std::fs::File> {
+    let tmp = path.with_extension("jsonl.tmp");
+    let mut text = String::new();
+    for r in records {
+        text += &serde_json::to_string(r).expect("serializes");
+        text.push('\n');
+    }
+    std::fs::write(&tmp, text).map_err(|e| Error::io(&tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(path)
+        .map_err(|e| Error::io(path, e))
+}

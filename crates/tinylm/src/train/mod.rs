@@ -1,0 +1,471 @@
+//! The training loop (SPEC §3): AdamW with the cosine schedule and clipping on
+//! random batches of a memory-mapped token file, periodic validation, a JSONL log,
+//! loss plots, checkpoints and bit-exact resume.
+//!
+//! Output directory `out_dir`:
+//! - `log.jsonl`: one JSON object per logged step with the keys `step, tokens,
+//!   wallclock_s, train_loss, val_loss, lr, grad_norm, tokens_per_s` (`val_loss` is
+//!   `null` unless the step was evaluated);
+//! - `loss.svg`: train and validation loss against steps and against wall-clock,
+//!   redrawn at each evaluation and at the end;
+//! - `checkpoint.safetensors`: the latest checkpoint (see [`crate::checkpoint`]).
+//!
+//! Step `k` (from 0) uses learning rate `lr_cosine_schedule(k, …)` and AdamW step
+//! `k + 1` — or, with `schedule = "time"`, the schedule's iteration is the share of
+//! the time budget used before the step (see [`Schedule`]). A run resumed from the
+//! checkpoint of step `k` restores the weights, moments, step, seconds used and the
+//! batch generator's state; [`resolve_config`] gives it the configuration the
+//! checkpoint recorded, so on the same machine and thread count it reproduces the
+//! uninterrupted run's losses bit for bit.
+//!
+//! The loop never waits for a step it has just queued ([`Model::train_step`]): it
+//! logs, reports and checks step `k − 1` while step `k` runs, so a non-finite loss
+//! or gradient norm is found at most one step late (the error names its step). A
+//! step that evaluates, checkpoints or stops is read at once, before anything is
+//! saved, so the last good checkpoint is never overwritten after a non-finite value.
+
+mod config;
+mod log;
+mod plot;
+
+pub use config::{resolve_config, ConfigChange, ResolvedConfig, Schedule, TrainConfig};
+pub use log::{LogRecord, Progress};
+pub use plot::write_loss_plot;
+
+use crate::checkpoint::{self, check_same_config};
+use crate::data::{Batch, SplitMix64, TokenDataset};
+use crate::device::{run_on, BackendTask};
+use crate::kernels::{Backend, StepStats};
+use crate::model::Model;
+use crate::optim::AdamW;
+use crate::{Error, Result};
+use log::{Journal, QueuedStep};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// The outcome of [`train`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct TrainSummary {
+    /// Steps completed (including those before a resume).
+    pub steps: u64,
+    pub tokens: u64,
+    pub wallclock_s: f64,
+    pub train_loss: f64,
+    pub val_loss: Option<f64>,
+    /// True when the stop flag or the time budget ended the run early.
+    pub stopped_early: bool,
+    pub checkpoint: PathBuf,
+}
+
+/// Validation loss over sequential windows (see [`crate::data`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct EvalResult {
+    /// Mean cross-entropy per token.
+    pub loss: f64,
+    /// Windows of `T` predictions evaluated.
+    pub windows: usize,
+}
+
+impl EvalResult {
+    pub fn perplexity(&self) -> f64 {
+        self.loss.exp()
+    }
+}
+
+/// Mean loss over the first `max_batches` batches (0: all) of `B` consecutive
+/// validation windows of the model's context length.
+pub fn evaluate<B: Backend<f32>>(
+    model: &mut Model<f32, B>,
+    data: &TokenDataset,
+    batch_size: usize,
+    max_batches: usize,
+) -> Result<EvalResult> {
+    let t = model.config().context_length;
+    data.check_context(t)?;
+    let mut batch = Batch::new(batch_size, t);
+    let (mut sum, mut windows) = (0.0f64, 0usize);
+    let mut batches = 0;
+    while max_batches == 0 || batches < max_batches {
+        let rows = data.fill_windows(&mut batch, windows);
+        if rows == 0 {
+            break;
+        }
+        let n = rows * t;
+        let loss = model.forward_loss(&batch.inputs[..n], &batch.targets[..n], rows, t)?;
+        sum += loss as f64 * rows as f64;
+        windows += rows;
+        batches += 1;
+    }
+    Ok(EvalResult {
+        loss: sum / windows as f64,
+        windows,
+    })
+}
+
+/// Where a run stands; stored in checkpoints.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct RunState {
+    step: u64,
+    tokens: u64,
+    wallclock_s: f64,
+    rng: u64,
+    /// Seconds of the last step and of the last evaluation: what the next ones are
+    /// expected to take against the time budget.
+    step_s: f64,
+    eval_s: f64,
+}
+
+impl RunState {
+    /// Seconds the next step and an evaluation after it are expected to take.
+    fn expected_s(&self) -> f64 {
+        self.step_s + self.eval_s
+    }
+}
+
+/// Runs training as `cfg` says. `stop` is checked after every step: when set, the
+/// run evaluates, checkpoints and returns (Ctrl-C). `on_step` sees every step.
+pub fn train(
+    cfg: &TrainConfig,
+    stop: &AtomicBool,
+    on_step: &mut (dyn FnMut(&Progress) + Send),
+) -> Result<TrainSummary> {
+    cfg.validate()?;
+    let task = TrainTask { cfg, stop, on_step };
+    if cfg.threads == 0 {
+        return run_on(cfg.device, cfg.precision, task);
+    }
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(cfg.threads)
+        .build()
+        .map_err(|e| Error::Config(format!("cannot start {} threads: {e}", cfg.threads)))?
+        .install(|| run_on(cfg.device, cfg.precision, task))
+}
+
+/// A training run, on whichever backend its device names.
+struct TrainTask<'a, 'f> {
+    cfg: &'a TrainConfig,
+    stop: &'a AtomicBool,
+    on_step: &'a mut (dyn FnMut(&Progress) + Send + 'f),
+}
+
+impl BackendTask for TrainTask<'_, '_> {
+    type Output = TrainSummary;
+    fn run<B: Backend<f32>>(self, backend: B) -> Result<TrainSummary> {
+        run(self.cfg, backend, self.stop, self.on_step)
+    }
+}
+
+fn run<B: Backend<f32>>(
+    cfg: &TrainConfig,
+    backend: B,
+    stop: &AtomicBool,
+    on_step: &mut (dyn FnMut(&Progress) + Send),
+) -> Result<TrainSummary> {
+    let started = Instant::now();
+    let (b, t) = (cfg.batch_size, cfg.model.context_length);
+    let train_data = TokenDataset::open(&cfg.train_data, cfg.model.vocab_size)?;
+    train_data.check_context(t)?;
+    let val_data = match &cfg.val_data {
+        Some(p) => {
+            let d = TokenDataset::open(p, cfg.model.vocab_size)?;
+            d.check_context(t)?;
+            Some(d)
+        }
+        None => None,
+    };
+    std::fs::create_dir_all(&cfg.out_dir).map_err(|e| Error::io(&cfg.out_dir, e))?;
+    let ckpt_path = cfg.out_dir.join("checkpoint.safetensors");
+    let log_path = cfg.out_dir.join("log.jsonl");
+    let plot_path = cfg.out_dir.join("loss.svg");
+    if cfg.resume.is_none() {
+        // A new run never overwrites an earlier run's checkpoint or log.
+        for earlier in [&ckpt_path, &log_path] {
+            if std::fs::metadata(earlier).is_ok_and(|m| m.len() > 0) {
+                return Err(Error::Invalid(format!(
+                    "{} already exists: resume that run (--resume {}) or choose another output directory",
+                    earlier.display(),
+                    ckpt_path.display()
+                )));
+            }
+        }
+    }
+
+    let (mut model, mut opt, mut state) = match &cfg.resume {
+        Some(path) => resume(cfg, path, backend)?,
+        None => {
+            let model = Model::init_with_backend(cfg.model.clone(), cfg.seed, backend)?;
+            let opt = model.new_adamw(cfg.adamw())?;
+            let state = RunState {
+                rng: cfg.seed,
+                ..RunState::default()
+            };
+            (model, opt, state)
+        }
+    };
+    opt.hp = cfg.adamw();
+    let mut journal = Journal::open(log_path, state.step, (b * t) as u64)?;
+    if !(state.step < step_limit(cfg) && cfg.step_fits(state.wallclock_s, state.expected_s())) {
+        return Err(nothing_to_do(cfg, &state));
+    }
+
+    let clip = (cfg.grad_clip > 0.0).then_some(cfg.grad_clip);
+    let mut rng = SplitMix64::new(state.rng);
+    let mut batch = Batch::new(b, t);
+    let wall_offset = state.wallclock_s;
+    let elapsed_s = || wall_offset + started.elapsed().as_secs_f64();
+    // The last checkpoint written (or resumed from) and its step.
+    let mut saved = cfg.resume.clone().map(|p| (p, state.step));
+    // The step whose statistics are on their way, and when the last ones arrived.
+    let mut in_flight: Option<QueuedStep> = None;
+    let mut last_ready: Option<Instant> = None;
+    // The loop runs one step ahead: it queues step k, then finishes step k - 1 with its
+    // statistics (on a GPU they arrive while step k runs). A step that evaluates,
+    // checkpoints or stops is finished at once, before another is queued; the run ends
+    // only after such a step, so the last one always evaluates and checkpoints however
+    // long the logging in between took.
+    loop {
+        let queued_at = Instant::now();
+        let lr = cfg.learning_rate(state.step, elapsed_s());
+        train_data.fill_random(&mut batch, &mut rng);
+        model.train_step(&batch.inputs, &batch.targets, b, t, &mut opt, lr, clip)?;
+        state.step += 1;
+        state.tokens += (b * t) as u64;
+        state.rng = rng.state;
+        let queued = QueuedStep {
+            step: state.step,
+            tokens: state.tokens,
+            lr,
+            at: queued_at,
+        };
+        if let Some(previous) = in_flight.replace(queued) {
+            let (stats, step_s) = read_step(&mut model, &previous, &mut last_ready, &saved)?;
+            state.step_s = step_s;
+            state.wallclock_s = elapsed_s();
+            let record = journal.record(&previous, &stats, step_s, None, state.wallclock_s);
+            journal.write(cfg, &record, false, on_step)?;
+        }
+
+        // Another step and the final evaluation, as long as the last ones, would end
+        // past the budget. Counted from the end of this step: on a GPU it may still
+        // run, until about a step after the previous statistics arrived.
+        let step_start = last_ready.map_or(queued_at, |r| r.max(queued_at));
+        let running_s = (step_start
+            + Duration::try_from_secs_f64(state.step_s).unwrap_or_default())
+        .saturating_duration_since(Instant::now())
+        .as_secs_f64();
+        let out_of_time = !cfg.step_fits(elapsed_s() + running_s, state.expected_s());
+        let next = after_step(cfg, state.step, stop.load(Ordering::Relaxed), out_of_time);
+        if !(next.evaluate || next.save) {
+            continue;
+        }
+        // This step's parameters are evaluated or saved: its statistics first, so that
+        // nothing is saved after a non-finite loss.
+        let queued = in_flight.take().expect("queued above");
+        let (stats, step_s) = read_step(&mut model, &queued, &mut last_ready, &saved)?;
+        state.step_s = step_s;
+        let eval_start = Instant::now();
+        let val_loss = match (&val_data, next.evaluate) {
+            (Some(v), true) => Some(evaluate(&mut model, v, b, cfg.eval_batches)?.loss),
+            _ => None,
+        };
+        if val_loss.is_some() {
+            state.eval_s = eval_start.elapsed().as_secs_f64();
+        }
+        state.wallclock_s = elapsed_s();
+        let record = journal.record(&queued, &stats, step_s, val_loss, state.wallclock_s);
+        journal.write(cfg, &record, next.evaluate, on_step)?;
+        if next.evaluate {
+            write_loss_plot(&plot_path, journal.history())?;
+        }
+        if next.save {
+            save(cfg, &ckpt_path, &model, &opt, &state)?;
+            saved = Some((ckpt_path.clone(), state.step));
+        }
+        // Out of time by the estimate above, but the state just measured and saved
+        // (the numbers a resumed run would check) still has room for a step and an
+        // evaluation: the step came out faster than estimated, so the run goes on.
+        let room_left = cfg.step_fits(state.wallclock_s, state.expected_s());
+        if next.stop || (next.out_of_time && !room_left) {
+            return Ok(TrainSummary {
+                steps: state.step,
+                tokens: state.tokens,
+                wallclock_s: state.wallclock_s,
+                train_loss: record.train_loss,
+                val_loss: record.val_loss,
+                stopped_early: next.stopped_early,
+                checkpoint: ckpt_path,
+            });
+        }
+    }
+}
+
+/// The steps a run may take: the schedule's, or unbounded when the time budget
+/// alone ends it.
+fn step_limit(cfg: &TrainConfig) -> u64 {
+    match cfg.schedule {
+        Schedule::Steps => cfg.total_steps(),
+        Schedule::Time => u64::MAX,
+    }
+}
+
+/// What the loop does after queuing step `done` (from 1).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct AfterStep {
+    /// Evaluate this step's parameters on the validation set.
+    evaluate: bool,
+    /// Write the checkpoint.
+    save: bool,
+    /// The run ends here: its last step, or the stop flag.
+    stop: bool,
+    /// Another step and an evaluation would end past the time budget: the run ends
+    /// here unless this step, once measured, leaves room after all.
+    out_of_time: bool,
+    /// The run ends before its schedule does (the stop flag, or the budget of a
+    /// step schedule).
+    stopped_early: bool,
+}
+
+/// The stop/evaluate/save decision after step `done`, given whether the stop flag
+/// is set and whether another step would end `out_of_time`. A stopping run always
+/// evaluates and saves; otherwise the intervals say (0: never).
+fn after_step(cfg: &TrainConfig, done: u64, stop_flag: bool, out_of_time: bool) -> AfterStep {
+    let stop = done == step_limit(cfg) || stop_flag;
+    let stopping = stop || out_of_time;
+    let schedule_done = match cfg.schedule {
+        Schedule::Steps => done >= cfg.total_steps(),
+        Schedule::Time => out_of_time,
+    };
+    let every = |interval: u64| interval > 0 && done.is_multiple_of(interval);
+    AfterStep {
+        evaluate: stopping || every(cfg.eval_interval),
+        save: stopping || every(cfg.checkpoint_interval),
+        stop,
+        out_of_time,
+        stopped_early: stopping && !schedule_done,
+    }
+}
+
+/// The error for a run with no step left: at its last step, or out of time.
+fn nothing_to_do(cfg: &TrainConfig, state: &RunState) -> Error {
+    Error::Config(match cfg.time_budget_s {
+        Some(budget_s) if !cfg.step_fits(state.wallclock_s, state.expected_s()) => format!(
+            "nothing to do: the run has used its time budget ({:.1} s of time_budget_s = {budget_s}, and a step takes {:.2} s)",
+            state.wallclock_s,
+            state.expected_s()
+        ),
+        _ => format!(
+            "nothing to do: the run is already at step {} of {}",
+            state.step,
+            cfg.total_steps()
+        ),
+    })
+}
+
+/// Waits for the statistics of `queued`, the oldest step in flight, and checks
+/// them (a non-finite value is the divergence error naming that step). Returns them
+/// and the step's time: from its start — its launch, or when the previous statistics
+/// arrived if it was queued behind them — to its statistics' arrival. On the CPU,
+/// where a step runs inside its launch, that is the launch's time.
+fn read_step<B: Backend<f32>>(
+    model: &mut Model<f32, B>,
+    queued: &QueuedStep,
+    last_ready: &mut Option<Instant>,
+    saved: &Option<(PathBuf, u64)>,
+) -> Result<(StepStats, f64)> {
+    let stats = model.step_stats()?;
+    if !stats.loss.is_finite() {
+        return Err(diverged(queued.step, "loss", stats.loss, saved));
+    }
+    if !stats.grad_norm().is_finite() {
+        return Err(diverged(
+            queued.step,
+            "gradient norm",
+            stats.grad_norm(),
+            saved,
+        ));
+    }
+    let start = last_ready.map_or(queued.at, |r| r.max(queued.at));
+    *last_ready = Some(stats.ready);
+    let step_s = stats.ready.saturating_duration_since(start).as_secs_f64();
+    Ok((stats, step_s))
+}
+
+/// The error for a non-finite loss or gradient at step `step` (from 1).
+fn diverged(step: u64, what: &str, value: f64, saved: &Option<(PathBuf, u64)>) -> Error {
+    let kept = match saved {
+        Some((path, step)) => format!(
+            "the last good checkpoint, {} (step {step}), is kept",
+            path.display()
+        ),
+        None => "no checkpoint was written yet".to_string(),
+    };
+    Error::Invalid(format!(
+        "training diverged: {what} is {value} at step {step} ({kept}); try a lower lr_max or a grad_clip"
+    ))
+}
+
+/// A model, its optimizer state and where the run stands.
+type Resumed<B> = (Model<f32, B>, AdamW<<B as Backend<f32>>::Buf>, RunState);
+/// Loads `path` for resuming: the same model config, weights, AdamW state and run state.
+fn resume<B: Backend<f32>>(cfg: &TrainConfig, path: &Path, backend: B) -> Result<Resumed<B>> {
+    let ckpt = checkpoint::load(path)?;
+    check_same_config(path, &ckpt.config, &cfg.model)?;
+    let opt = ckpt.optimizer.as_ref().ok_or_else(|| {
+        Error::Invalid(format!(
+            "{}: no optimizer state (optim.m.*, optim.v.*) to resume from",
+            path.display()
+        ))
+    })?;
+    // Entries that checkpoints written before the time schedule lack.
+    let seconds = |key| match ckpt.metadata.contains_key(key) {
+        true => ckpt.meta(key, path),
+        false => Ok(0.0),
+    };
+    let state = RunState {
+        step: ckpt.meta("step", path)?,
+        tokens: ckpt.meta("tokens", path)?,
+        wallclock_s: ckpt.meta("wallclock_s", path)?,
+        rng: ckpt.meta("rng_state", path)?,
+        step_s: seconds("last_step_s")?,
+        eval_s: seconds("last_eval_s")?,
+    };
+    let model = Model::with_backend(ckpt.config, &ckpt.params, backend)?;
+    let opt = model.upload_adamw(opt)?;
+    Ok((model, opt, state))
+}
+
+/// Writes the checkpoint with the run's metadata.
+fn save<B: Backend<f32>>(
+    cfg: &TrainConfig,
+    path: &Path,
+    model: &Model<f32, B>,
+    opt: &AdamW<B::Buf>,
+    s: &RunState,
+) -> Result<()> {
+    let meta: BTreeMap<String, String> = [
+        ("step", json(s.step)),
+        ("tokens", json(s.tokens)),
+        ("wallclock_s", json(s.wallclock_s)),
+        ("rng_state", json(s.rng)),
+        ("last_step_s", json(s.step_s)),
+        ("last_eval_s", json(s.eval_s)),
+        ("train_config", json(cfg)),
+        ("train_data", json(&cfg.train_data)),
+        ("val_data", json(&cfg.val_data)),
+        ("tokenizer", json(&cfg.tokenizer)),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    let params = model.download_params()?;
+    let opt = model.download_adamw(opt)?;
+    checkpoint::save(path, model.config(), &params, Some(&opt), &meta)
+}
+
+/// A value as JSON text.
+fn json(value: impl Serialize) -> String {
+    serde_json::to_string(&value).expect("serializes")
+}
