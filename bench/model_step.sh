@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Training-step throughput (forward + backward + AdamW), side by side in one run:
 # `tinylm bench` against PyTorch (bench/torch_model.py: eager with a hand-written
-# attention, fused SDPA, torch.compile) on the issue-4 model — vocab 4,096,
+# attention, fused SDPA, torch.compile) on the benchmark model — vocab 4,096,
 # context 128, d_model 256, 4 layers, 8 heads, d_ff 704, batch 16 x 128, 2 threads.
 # The two alternate for ROUNDS rounds (default 3) so machine load hits both alike;
 # each figure is the best over the rounds. Then one full `tinylm bench` report

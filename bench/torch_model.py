@@ -11,7 +11,7 @@ tinylm's config JSON (`norm`, `positional`, `ffn`, `tie_embeddings`).
     # training-step throughput (forward + backward + AdamW), one JSON line per variant
     python bench/torch_model.py --bench [--config model.json] [--batch-size 16] [--threads 2]
 
-Without --config, the model is the benchmark config of issue 4: vocab 4,096,
+Without --config, the model is the benchmark config (tinylm bench's default): vocab 4,096,
 context 128, d_model 256, 4 layers, 8 heads, d_ff 704 (SwiGLU, RoPE, pre-norm).
 """
 
@@ -322,7 +322,7 @@ def main():
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument("--check", action="store_true", help="compare `tinylm forward` with PyTorch")
     mode.add_argument("--bench", action="store_true", help="training-step throughput of PyTorch")
-    p.add_argument("--config", help="model config JSON (default: the issue-4 benchmark model)")
+    p.add_argument("--config", help="model config JSON (default: the benchmark model of tinylm bench)")
     p.add_argument("--batch-size", type=int, help="default: 16 for --bench, 2 for --check")
     p.add_argument("--seq-len", type=int, help="default: the context length")
     p.add_argument("--seed", type=int, default=0)
