@@ -16,15 +16,21 @@
 //! Post-norm moves the norms after the adds (`r1 → ln1 → y`, `r2 → ln2 → out`, no
 //! `ln_final`); "none" drops them. `q_proj`, `k_proj`, `v_proj` are adjacent in the
 //! layout, so they are one `(3C, C)` matrix and one product.
+//!
+//! `block_forward` is this diagram as kernel calls, left to right, and
+//! `block_backward` the same right to left. Where the norms sit is behind
+//! `ModelView::norm_in` (what a sublayer reads: `ln(x)` or `x`) and
+//! `ModelView::norm_out` (what follows a residual add: `ln(r)` or `r`) and their
+//! backward counterparts. [`transformer_block`] runs one block on its own.
 
 use crate::config::{Ffn, ModelConfig, Norm, Positional};
 use crate::kernels::cpu::rope::rope_tables;
 use crate::kernels::{
-    AdamWParams, AdamWStep, AttnShape, Backend, BufKind, Buffer, Cpu, Float, MatMul, Span,
+    AdamWParams, AdamWStep, AttnShape, Backend, BufKind, Buffer, Cpu, Float, MatMul, Span, SpanMut,
     StepStats,
 };
 use crate::optim::AdamW;
-use crate::params::ParamLayout;
+use crate::params::{LayerOffsets, ParamLayout};
 use crate::{Error, Result};
 use std::ops::Range;
 
@@ -173,10 +179,11 @@ struct GradActivations<Buf> {
     dgate: Buf,
 }
 
-impl<Buf: Buffer, Ids> Activations<Buf, Ids> {
-    /// Buffers for `b` sequences of `t` queries attending `keys` positions
-    /// (`keys = t` for a full pass, `context_length` for decoding).
-    fn new<F: Float, B: Backend<F, Buf = Buf, Ids = Ids>>(
+impl<Buf: Buffer> LayerActs<Buf> {
+    /// One block's buffers for `b` sequences of `t` queries attending `keys`
+    /// positions (`keys = t` for a full pass, `context_length` for decoding, whose
+    /// `qkv` rows live in the [`KvCache`]).
+    fn new<F: Float, B: Backend<F, Buf = Buf>>(
         be: &B,
         c: &ModelConfig,
         b: usize,
@@ -192,23 +199,39 @@ impl<Buf: Buffer, Ids> Activations<Buf, Ids> {
         let act = |len: usize| be.alloc(len, BufKind::Activations);
         let act_if = |cond: bool, len: usize| act(if cond { len } else { 0 });
         let stat_if = |cond: bool, len: usize| be.alloc(if cond { len } else { 0 }, BufKind::Full);
+        Ok(LayerActs {
+            ln1: act_if(has_norm, n * d)?,
+            rstd1: stat_if(has_norm, n)?,
+            qkv: act_if(!decode, n * 3 * d)?,
+            att: act(b * c.num_heads * t * keys)?,
+            atty: act(n * d)?,
+            r1: act(n * d)?,
+            ln2: act_if(pre, n * d)?,
+            rstd2: stat_if(has_norm, n)?,
+            h1: act(n * f)?,
+            h3: act_if(c.ffn == Ffn::Swiglu, n * f)?,
+            gate: act(n * f)?,
+            r2: act_if(post, n * d)?,
+        })
+    }
+}
+
+impl<Buf: Buffer, Ids> Activations<Buf, Ids> {
+    /// Buffers for `b` sequences of `t` queries attending `keys` positions (see
+    /// [`LayerActs::new`]).
+    fn new<F: Float, B: Backend<F, Buf = Buf, Ids = Ids>>(
+        be: &B,
+        c: &ModelConfig,
+        b: usize,
+        t: usize,
+        keys: usize,
+        decode: bool,
+    ) -> Result<Self> {
+        let (n, d) = (b * t, c.d_model);
+        let pre = c.norm == Norm::Pre;
+        let act = |len: usize| be.alloc(len, BufKind::Activations);
         let layers = (0..c.num_layers)
-            .map(|_| {
-                Ok(LayerActs {
-                    ln1: act_if(has_norm, n * d)?,
-                    rstd1: stat_if(has_norm, n)?,
-                    qkv: act_if(!decode, n * 3 * d)?,
-                    att: act(b * c.num_heads * t * keys)?,
-                    atty: act(n * d)?,
-                    r1: act(n * d)?,
-                    ln2: act_if(pre, n * d)?,
-                    rstd2: stat_if(has_norm, n)?,
-                    h1: act(n * f)?,
-                    h3: act_if(c.ffn == Ffn::Swiglu, n * f)?,
-                    gate: act(n * f)?,
-                    r2: act_if(post, n * d)?,
-                })
-            })
+            .map(|_| LayerActs::new(be, c, b, t, keys, decode))
             .collect::<Result<_>>()?;
         Ok(Activations {
             b,
@@ -219,8 +242,8 @@ impl<Buf: Buffer, Ids> Activations<Buf, Ids> {
                 .map(|_| act(n * d))
                 .collect::<Result<_>>()?,
             layers,
-            lnf: act_if(pre, n * d)?,
-            lnf_rstd: stat_if(pre, n)?,
+            lnf: act(if pre { n * d } else { 0 })?,
+            lnf_rstd: be.alloc(if pre { n } else { 0 }, BufKind::Full)?,
             logits: act(n * c.vocab_size)?,
         })
     }
@@ -249,30 +272,73 @@ impl<Buf: Buffer> GradActivations<Buf> {
     }
 }
 
-/// Read-only view of what every pass needs: shape, layout, parameters, RoPE tables.
-struct Weights<'a, Buf> {
-    c: &'a ModelConfig,
+/// Read-only view of what every pass needs: the backend, the shape, the layout, the
+/// parameters and the RoPE tables; built by [`Model::split`].
+struct ModelView<'a, F: Float, B: Backend<F>> {
+    backend: &'a B,
+    config: &'a ModelConfig,
     layout: &'a ParamLayout,
-    params: &'a Buf,
-    cos: &'a Buf,
-    sin: &'a Buf,
+    params: &'a B::Buf,
+    /// RoPE tables `(context_length, D/2)` (empty without RoPE).
+    cos: &'a B::Buf,
+    sin: &'a B::Buf,
 }
 
-impl<Buf: Buffer> Weights<'_, Buf> {
-    fn get(&self, r: &Range<usize>) -> Span<'_, Buf> {
-        self.params.at(r.clone())
+/// What passes write, borrowed apart from the [`ModelView`] they read.
+struct PassBuffers<'a, F: Float, B: Backend<F>> {
+    acts: &'a mut Option<Activations<B::Buf, B::Ids>>,
+    grad_acts: &'a mut Option<GradActivations<B::Buf>>,
+    decode_acts: &'a mut Option<Activations<B::Buf, B::Ids>>,
+    grads: &'a mut B::Buf,
+}
+
+impl<F: Float, B: Backend<F>> ModelView<'_, F, B> {
+    /// The parameters at `range`.
+    fn get(&self, range: &Range<usize>) -> Span<'_, B::Buf> {
+        self.params.at(range.clone())
     }
 
-    fn gain(&self, r: &Option<Range<usize>>) -> Span<'_, Buf> {
-        self.params
-            .at(r.clone().expect("norm gain present when norms are on"))
+    /// A norm's gain `(C)`.
+    fn gain(&self, range: &Option<Range<usize>>) -> Span<'_, B::Buf> {
+        self.params.at(gain_range(range))
+    }
+
+    /// Attention over `b` sequences of `t` new positions after `q0` cached ones.
+    fn attn_shape(&self, b: usize, t: usize, q0: usize) -> AttnShape {
+        AttnShape {
+            b,
+            t: q0 + t,
+            h: self.config.num_heads,
+            d: self.config.head_dim(),
+            q0,
+        }
+    }
+
+    /// RoPE on the query and key parts of the rows `qkv (B, Tq, 3C)`, or the inverse
+    /// rotation (backward) when `inverse`; nothing under NoPE.
+    fn rope(&self, qkv: SpanMut<B::Buf>, shape: AttnShape, inverse: bool) {
+        if self.config.positional == Positional::Rope {
+            (self.backend).rope(qkv, self.cos.all(), self.sin.all(), shape, inverse);
+        }
     }
 }
 
-/// The fused `(3C, C)` range of `q_proj`, `k_proj`, `v_proj` in layer `l`.
-fn qkv_range(layout: &ParamLayout, l: usize) -> Range<usize> {
-    let lo = &layout.layers[l];
-    lo.q_proj.start..lo.v_proj.end
+/// A norm gain's range (present when norms are on).
+fn gain_range(range: &Option<Range<usize>>) -> Range<usize> {
+    range.clone().expect("norm gain present when norms are on")
+}
+
+/// The fused `(3C, C)` range of a layer's `q_proj`, `k_proj`, `v_proj`.
+fn qkv_range(layer: &LayerOffsets) -> Range<usize> {
+    layer.q_proj.start..layer.v_proj.end
+}
+
+/// Where a layer's tensors are: one contiguous range in [`ParamLayout`] order, `ln1`
+/// (or `q_proj`) first and `w3` (or `w2`) last.
+fn layer_range(layer: &LayerOffsets) -> Range<usize> {
+    let first = layer.ln1.as_ref().unwrap_or(&layer.q_proj);
+    let last = layer.w3.as_ref().unwrap_or(&layer.w2);
+    first.start..last.end
 }
 
 impl Model<f32> {
@@ -360,8 +426,10 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
                 layout.total
             )));
         }
-        for lo in &layout.layers {
-            assert!(lo.k_proj.start == lo.q_proj.end && lo.v_proj.start == lo.k_proj.end);
+        for layer in &layout.layers {
+            assert!(
+                layer.k_proj.start == layer.q_proj.end && layer.v_proj.start == layer.k_proj.end
+            );
         }
         let (cos, sin) = if config.positional == Positional::Rope {
             rope_tables(config.context_length, config.head_dim(), config.rope_theta)
@@ -595,15 +663,10 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
                     .map_err(|e| for_shape(e, "backward scratch", b, t))?,
             );
         }
-        let w = Weights {
-            c: &self.config,
-            layout: &self.layout,
-            params: &self.params,
-            cos: &self.rope_cos,
-            sin: &self.rope_sin,
-        };
-        let g = self.grad_acts.as_mut().expect("allocated above");
-        backward_pass(&self.backend, &w, acts, g, &mut self.grads);
+        let (model, bufs) = self.split();
+        let acts = bufs.acts.as_ref().expect("loss_ready implies activations");
+        let dacts = bufs.grad_acts.as_mut().expect("allocated above");
+        backward_pass(&model, acts, dacts, bufs.grads);
         Ok(())
     }
 
@@ -636,37 +699,21 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
                 .map_err(|e| for_shape(e, "decoding activations", 1, 1))?;
             self.decode_acts = Some(acts);
         }
-        let acts = self.decode_acts.as_mut().expect("allocated above");
-        self.backend.upload_ids(&mut acts.ids, &[token])?;
-        let w = Weights {
-            c,
-            layout: &self.layout,
-            params: &self.params,
-            cos: &self.rope_cos,
-            sin: &self.rope_sin,
-        };
-        forward_pass(&self.backend, &w, acts, Some(cache));
+        let (model, bufs) = self.split();
+        let acts = bufs.decode_acts.as_mut().expect("allocated above");
+        model.backend.upload_ids(&mut acts.ids, &[token])?;
+        forward_pass(&model, acts, Some(cache));
         cache.len += 1;
-        self.host_logits.resize(c.vocab_size, F::ZERO);
-        self.backend
-            .download(acts.logits.all(), &mut self.host_logits)?;
+        let logits = &self.decode_acts.as_ref().expect("allocated above").logits;
+        self.host_logits.resize(logits.len(), F::ZERO);
+        self.backend.download(logits.all(), &mut self.host_logits)?;
         Ok(&self.host_logits)
     }
 
     /// Rejects ids outside the vocabulary (naming the position) and bad shapes.
     fn check_tokens(&self, ids: &[u32], b: usize, t: usize, what: &str) -> Result<()> {
         let c = &self.config;
-        if b == 0 || t == 0 {
-            return Err(Error::Invalid(format!(
-                "batch {b} x sequence {t}: both must be positive"
-            )));
-        }
-        if t > c.context_length {
-            return Err(Error::Invalid(format!(
-                "sequence length {t} exceeds context_length {}",
-                c.context_length
-            )));
-        }
+        check_shape(c, b, t)?;
         if ids.len() != b * t {
             return Err(Error::Invalid(format!(
                 "{} {what}s do not form a ({b}, {t}) batch",
@@ -698,16 +745,45 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
     }
 
     fn run_forward(&mut self) {
-        let w = Weights {
-            c: &self.config,
+        let (model, bufs) = self.split();
+        forward_pass(&model, bufs.acts.as_mut().expect("prepared"), None);
+    }
+
+    /// The view every pass reads, and beside it, borrowed apart, what passes write.
+    fn split(&mut self) -> (ModelView<'_, F, B>, PassBuffers<'_, F, B>) {
+        let model = ModelView {
+            backend: &self.backend,
+            config: &self.config,
             layout: &self.layout,
             params: &self.params,
             cos: &self.rope_cos,
             sin: &self.rope_sin,
         };
-        let acts = self.acts.as_mut().expect("prepared");
-        forward_pass(&self.backend, &w, acts, None);
+        let bufs = PassBuffers {
+            acts: &mut self.acts,
+            grad_acts: &mut self.grad_acts,
+            decode_acts: &mut self.decode_acts,
+            grads: &mut self.grads,
+        };
+        (model, bufs)
     }
+}
+
+/// Rejects a batch of `b` sequences of `t` positions unless `1 ≤ t ≤ context_length`
+/// and `b ≥ 1`.
+fn check_shape(c: &ModelConfig, b: usize, t: usize) -> Result<()> {
+    if b == 0 || t == 0 {
+        return Err(Error::Invalid(format!(
+            "batch {b} x sequence {t}: both must be positive"
+        )));
+    }
+    if t > c.context_length {
+        return Err(Error::Invalid(format!(
+            "sequence length {t} exceeds context_length {}",
+            c.context_length
+        )));
+    }
+    Ok(())
 }
 
 /// A device error of an allocation for `(b, t)`, saying which buffers and shape did
@@ -725,345 +801,454 @@ fn for_shape(e: Error, what: &str, b: usize, t: usize) -> Error {
 /// token (`B = T = 1`) at position `cache.len()`, its keys and values are appended
 /// to the cache (the caller advances `len`) and attention reads the whole cache.
 fn forward_pass<F: Float, B: Backend<F>>(
-    be: &B,
-    w: &Weights<B::Buf>,
+    model: &ModelView<F, B>,
     acts: &mut Activations<B::Buf, B::Ids>,
     mut cache: Option<&mut KvCache<B::Buf>>,
 ) {
-    let c = w.c;
+    let (be, config, layout) = (model.backend, model.config, model.layout);
     let (b, t) = (acts.b, acts.t);
-    let (n, d, f, h) = (b * t, c.d_model, c.d_ff, c.num_heads);
-    let (pre, post) = (c.norm == Norm::Pre, c.norm == Norm::Post);
-    let swiglu = c.ffn == Ffn::Swiglu;
+    let shape = model.attn_shape(b, t, cache.as_ref().map_or(0, |kv| kv.len));
     be.embedding_forward(
         acts.resid[0].all_mut(),
         &acts.ids,
-        w.get(&w.layout.token_embeddings),
+        model.get(&layout.token_embeddings),
     );
-    for (l, la) in acts.layers.iter_mut().enumerate() {
-        let lo = &w.layout.layers[l];
+    for (l, (layer, layer_acts)) in layout.layers.iter().zip(&mut acts.layers).enumerate() {
         let (before, after) = acts.resid.split_at_mut(l + 1);
         let (x, out) = (before[l].all(), &mut after[0]);
-        let attn_in = if pre {
-            be.rmsnorm_forward(la.ln1.all_mut(), la.rstd1.all_mut(), x, w.gain(&lo.ln1));
-            la.ln1.all()
-        } else {
-            x
-        };
-        let q0 = cache.as_ref().map_or(0, |kv| kv.len);
-        let shape = AttnShape {
-            b,
-            t: q0 + t,
-            h,
-            d: c.head_dim(),
-            q0,
-        };
-        // `(B, T, 3C)` rows of the pass (full) or of the whole cache (decoding).
-        let qkv = match cache.as_deref_mut() {
-            Some(kv) => &mut kv.qkv[l],
-            None => &mut la.qkv,
-        };
-        let rows = 3 * d * q0..3 * d * (q0 + n);
-        be.matmul(
-            qkv.at_mut(rows.clone()),
-            attn_in,
-            w.get(&qkv_range(w.layout, l)),
-            MatMul::linear(n, d, 3 * d),
-        );
-        if c.positional == Positional::Rope {
-            be.rope(qkv.at_mut(rows), w.cos.all(), w.sin.all(), shape, false);
-        }
-        be.attention_forward(
-            la.atty.all_mut(),
-            la.att.at_mut(0..b * h * shape.tq() * shape.t),
-            qkv.at(0..3 * d * shape.t * b),
-            shape,
-        );
-        be.copy(la.r1.all_mut(), x);
-        be.matmul(
-            la.r1.all_mut(),
-            la.atty.all(),
-            w.get(&lo.output_proj),
-            MatMul::linear(n, d, d).accumulating(),
-        );
-        let y = if post {
-            be.rmsnorm_forward(
-                la.ln1.all_mut(),
-                la.rstd1.all_mut(),
-                la.r1.all(),
-                w.gain(&lo.ln1),
-            );
-            la.ln1.all()
-        } else {
-            la.r1.all()
-        };
-        let ffn_in = if pre {
-            be.rmsnorm_forward(la.ln2.all_mut(), la.rstd2.all_mut(), y, w.gain(&lo.ln2));
-            la.ln2.all()
-        } else {
-            y
-        };
-        be.matmul(
-            la.h1.all_mut(),
-            ffn_in,
-            w.get(&lo.w1),
-            MatMul::linear(n, d, f),
-        );
-        if let Some(w3) = &lo.w3 {
-            be.matmul(la.h3.all_mut(), ffn_in, w.get(w3), MatMul::linear(n, d, f));
-        }
-        be.swiglu_forward(la.gate.all_mut(), la.h1.all(), swiglu.then(|| la.h3.all()));
-        let r2 = if post { &mut la.r2 } else { &mut *out };
-        be.copy(r2.all_mut(), y);
-        be.matmul(
-            r2.all_mut(),
-            la.gate.all(),
-            w.get(&lo.w2),
-            MatMul::linear(n, f, d).accumulating(),
-        );
-        if post {
-            be.rmsnorm_forward(
-                out.all_mut(),
-                la.rstd2.all_mut(),
-                la.r2.all(),
-                w.gain(&lo.ln2),
-            );
-        }
+        let kv = cache.as_deref_mut().map(|kv| &mut kv.qkv[l]);
+        block_forward(model, layer, layer_acts, x, out, kv, shape);
     }
-    let last = acts.resid[c.num_layers].all();
-    let hidden = if pre {
-        be.rmsnorm_forward(
-            acts.lnf.all_mut(),
-            acts.lnf_rstd.all_mut(),
-            last,
-            w.gain(&w.layout.ln_final),
-        );
-        acts.lnf.all()
-    } else {
-        last
-    };
+    let last = acts.resid[config.num_layers].all();
+    let hidden = model.norm_in(&layout.ln_final, last, &mut acts.lnf, &mut acts.lnf_rstd);
     be.matmul(
         acts.logits.all_mut(),
         hidden,
-        w.get(&w.layout.lm_head),
-        MatMul::linear(n, d, c.vocab_size),
+        model.get(&layout.lm_head),
+        MatMul::linear(b * t, config.d_model, config.vocab_size),
     );
+}
+
+/// One block (the diagram at the top): `out (N, C)` from `x (N, C)`, keeping in
+/// `acts` what backward needs. Attention's `[q | k | v]` rows `(B, T, 3C)` are
+/// `acts.qkv`, or when decoding (`shape.q0` positions cached) the layer's KV cache
+/// rows `kv`, to which this pass's rows are appended.
+fn block_forward<F: Float, B: Backend<F>>(
+    model: &ModelView<F, B>,
+    layer: &LayerOffsets,
+    acts: &mut LayerActs<B::Buf>,
+    x: Span<B::Buf>,
+    out: &mut B::Buf,
+    kv: Option<&mut B::Buf>,
+    shape: AttnShape,
+) {
+    let be = model.backend;
+    let n = shape.b * shape.tq();
+    let (c, f) = (model.config.d_model, model.config.d_ff);
+    // r1 = x + attention(RoPE(norm_in(x)·W_qkvᵀ))·W_oᵀ, y = norm_out(r1)
+    let attn_in = model.norm_in(&layer.ln1, x, &mut acts.ln1, &mut acts.rstd1);
+    let qkv = kv.unwrap_or(&mut acts.qkv);
+    let new_rows = 3 * c * shape.q0..3 * c * (shape.q0 + n);
+    be.matmul(
+        qkv.at_mut(new_rows.clone()),
+        attn_in,
+        model.get(&qkv_range(layer)),
+        MatMul::linear(n, c, 3 * c),
+    );
+    model.rope(qkv.at_mut(new_rows), shape, false);
+    be.attention_forward(
+        acts.atty.all_mut(),
+        acts.att.at_mut(0..shape.b * shape.h * shape.tq() * shape.t),
+        qkv.at(0..3 * c * shape.t * shape.b),
+        shape,
+    );
+    be.copy(acts.r1.all_mut(), x);
+    be.matmul(
+        acts.r1.all_mut(),
+        acts.atty.all(),
+        model.get(&layer.output_proj),
+        MatMul::linear(n, c, c).accumulating(),
+    );
+    let y = model.norm_out(&layer.ln1, acts.r1.all(), &mut acts.ln1, &mut acts.rstd1);
+    // out = norm_out(y + SwiGLU(norm_in(y)·W1ᵀ, norm_in(y)·W3ᵀ)·W2ᵀ)
+    let ffn_in = model.norm_in(&layer.ln2, y, &mut acts.ln2, &mut acts.rstd2);
+    be.matmul(
+        acts.h1.all_mut(),
+        ffn_in,
+        model.get(&layer.w1),
+        MatMul::linear(n, c, f),
+    );
+    if let Some(w3) = &layer.w3 {
+        be.matmul(
+            acts.h3.all_mut(),
+            ffn_in,
+            model.get(w3),
+            MatMul::linear(n, c, f),
+        );
+    }
+    let swiglu = layer.w3.is_some();
+    be.swiglu_forward(
+        acts.gate.all_mut(),
+        acts.h1.all(),
+        swiglu.then(|| acts.h3.all()),
+    );
+    let r2 = model.sum_into(&mut acts.r2, out);
+    be.copy(r2.all_mut(), y);
+    be.matmul(
+        r2.all_mut(),
+        acts.gate.all(),
+        model.get(&layer.w2),
+        MatMul::linear(n, f, c).accumulating(),
+    );
+    model.norm_out(&layer.ln2, acts.r2.all(), out, &mut acts.rstd2);
 }
 
 /// The backward pass of the last full forward, whose logits buffer holds
 /// `∂loss/∂logits`: every parameter's gradient into `grads` (overwritten).
 fn backward_pass<F: Float, B: Backend<F>>(
-    be: &B,
-    w: &Weights<B::Buf>,
+    model: &ModelView<F, B>,
     acts: &Activations<B::Buf, B::Ids>,
-    g: &mut GradActivations<B::Buf>,
+    dacts: &mut GradActivations<B::Buf>,
     grads: &mut B::Buf,
 ) {
-    let c = w.c;
-    let (b, t) = (acts.b, acts.t);
-    let (n, d, f, v) = (b * t, c.d_model, c.d_ff, c.vocab_size);
-    let (pre, post) = (c.norm == Norm::Pre, c.norm == Norm::Post);
-    let layout = w.layout;
-    let gain_range = |r: &Option<Range<usize>>| r.clone().expect("norm gain present");
+    let (be, config, layout) = (model.backend, model.config, model.layout);
+    let (n, d, v) = (acts.b * acts.t, config.d_model, config.vocab_size);
     // Each weight matrix's gradient is written by its one product (overwritten); the
     // norm gains' and an untied embedding's gradients are only added to: zeroed here.
     let added_to = (layout.layers.iter())
         .flat_map(|l| [l.ln1.clone(), l.ln2.clone()])
         .chain([layout.ln_final.clone()])
         .flatten()
-        .chain((!c.tie_embeddings).then(|| layout.token_embeddings.clone()));
+        .chain((!config.tie_embeddings).then(|| layout.token_embeddings.clone()));
     for range in added_to {
         be.fill_zero(grads.at_mut(range));
     }
 
     // LM head (and ln_final): dresid = ∂loss/∂(last block's output).
-    let last = acts.resid[c.num_layers].all();
-    let hidden = if pre { acts.lnf.all() } else { last };
+    let last = acts.resid[config.num_layers].all();
     be.matmul(
         grads.at_mut(layout.lm_head.clone()),
         acts.logits.all(),
-        hidden,
+        model.sublayer_in(last, &acts.lnf),
         MatMul::linear_dw(n, d, v),
     );
-    let head = w.get(&layout.lm_head);
-    if pre {
-        be.matmul(
-            g.dtmp.all_mut(),
-            acts.logits.all(),
-            head,
-            MatMul::linear_dx(n, d, v),
-        );
-        be.rmsnorm_backward(
-            g.dresid.all_mut(),
-            grads.at_mut(gain_range(&layout.ln_final)),
-            g.dtmp.all(),
-            last,
-            w.gain(&layout.ln_final),
-            acts.lnf_rstd.all(),
-            false,
-        );
-    } else {
-        be.matmul(
-            g.dresid.all_mut(),
-            acts.logits.all(),
-            head,
-            MatMul::linear_dx(n, d, v),
-        );
-    }
+    let dx = MatMul::linear_dx(n, d, v);
+    let (dhidden, dx) = model.dsublayer_in(&mut dacts.dresid, &mut dacts.dtmp, dx, false);
+    be.matmul(
+        dhidden.all_mut(),
+        acts.logits.all(),
+        model.get(&layout.lm_head),
+        dx,
+    );
+    let lnf = &layout.ln_final;
+    model.norm_in_backward(lnf, last, acts.lnf_rstd.all(), dacts, grads, false);
 
-    for l in (0..c.num_layers).rev() {
-        let (lo, la) = (&layout.layers[l], &acts.layers[l]);
+    let shape = model.attn_shape(acts.b, acts.t, 0);
+    for (l, layer) in layout.layers.iter().enumerate().rev() {
         let x = acts.resid[l].all();
-        // Here dresid = ∂/∂out; post-norm: through ln2 to ∂/∂r2.
-        if post {
-            be.rmsnorm_backward(
-                g.dtmp.all_mut(),
-                grads.at_mut(gain_range(&lo.ln2)),
-                g.dresid.all(),
-                la.r2.all(),
-                w.gain(&lo.ln2),
-                la.rstd2.all(),
-                false,
-            );
-            std::mem::swap(&mut g.dresid, &mut g.dtmp);
-        }
-        // r2 = y + gate W2ᵀ
-        be.matmul(
-            g.dgate.all_mut(),
-            g.dresid.all(),
-            w.get(&lo.w2),
-            MatMul::linear_dx(n, f, d),
-        );
-        be.matmul(
-            grads.at_mut(lo.w2.clone()),
-            g.dresid.all(),
-            la.gate.all(),
-            MatMul::linear_dw(n, f, d),
-        );
-        let swiglu = lo.w3.is_some();
-        be.swiglu_backward(
-            g.dh1.all_mut(),
-            swiglu.then(|| g.dh3.all_mut()),
-            g.dgate.all(),
-            la.h1.all(),
-            swiglu.then(|| la.h3.all()),
-        );
-        let y = if post { la.ln1.all() } else { la.r1.all() };
-        let ffn_in = if pre { la.ln2.all() } else { y };
-        be.matmul(
-            grads.at_mut(lo.w1.clone()),
-            g.dh1.all(),
-            ffn_in,
-            MatMul::linear_dw(n, d, f),
-        );
-        if let Some(w3) = &lo.w3 {
-            be.matmul(
-                grads.at_mut(w3.clone()),
-                g.dh3.all(),
-                ffn_in,
-                MatMul::linear_dw(n, d, f),
-            );
-        }
-        // ∂/∂ffn_in, added to dresid (= ∂/∂y), through ln2 when pre-norm.
-        let dx = MatMul::linear_dx(n, d, f);
-        let (dffn_in, first) = if pre {
-            (&mut g.dtmp, dx)
-        } else {
-            (&mut g.dresid, dx.accumulating())
-        };
-        be.matmul(dffn_in.all_mut(), g.dh1.all(), w.get(&lo.w1), first);
-        if let Some(w3) = &lo.w3 {
-            be.matmul(dffn_in.all_mut(), g.dh3.all(), w.get(w3), dx.accumulating());
-        }
-        if pre {
-            be.rmsnorm_backward(
-                g.dresid.all_mut(),
-                grads.at_mut(gain_range(&lo.ln2)),
-                g.dtmp.all(),
-                la.r1.all(),
-                w.gain(&lo.ln2),
-                la.rstd2.all(),
-                true,
-            );
-        }
-        // Post-norm: y = ln1(r1).
-        if post {
-            be.rmsnorm_backward(
-                g.dtmp.all_mut(),
-                grads.at_mut(gain_range(&lo.ln1)),
-                g.dresid.all(),
-                la.r1.all(),
-                w.gain(&lo.ln1),
-                la.rstd1.all(),
-                false,
-            );
-            std::mem::swap(&mut g.dresid, &mut g.dtmp);
-        }
-        // r1 = x + atty W_oᵀ
-        be.matmul(
-            g.datty.all_mut(),
-            g.dresid.all(),
-            w.get(&lo.output_proj),
-            MatMul::linear_dx(n, d, d),
-        );
-        be.matmul(
-            grads.at_mut(lo.output_proj.clone()),
-            g.dresid.all(),
-            la.atty.all(),
-            MatMul::linear_dw(n, d, d),
-        );
-        let shape = AttnShape {
-            b,
-            t,
-            h: c.num_heads,
-            d: c.head_dim(),
-            q0: 0,
-        };
-        be.attention_backward(
-            g.dqkv.all_mut(),
-            g.datt.all_mut(),
-            g.datty.all(),
-            la.qkv.all(),
-            la.att.all(),
-            shape,
-        );
-        if c.positional == Positional::Rope {
-            be.rope(g.dqkv.all_mut(), w.cos.all(), w.sin.all(), shape, true);
-        }
-        let attn_in = if pre { la.ln1.all() } else { x };
-        let qkv_w = qkv_range(layout, l);
-        be.matmul(
-            grads.at_mut(qkv_w.clone()),
-            g.dqkv.all(),
-            attn_in,
-            MatMul::linear_dw(n, d, 3 * d),
-        );
-        let dx = MatMul::linear_dx(n, d, 3 * d);
-        if pre {
-            be.matmul(g.dtmp.all_mut(), g.dqkv.all(), w.get(&qkv_w), dx);
-            be.rmsnorm_backward(
-                g.dresid.all_mut(),
-                grads.at_mut(gain_range(&lo.ln1)),
-                g.dtmp.all(),
-                x,
-                w.gain(&lo.ln1),
-                la.rstd1.all(),
-                true,
-            );
-        } else {
-            be.matmul(
-                g.dresid.all_mut(),
-                g.dqkv.all(),
-                w.get(&qkv_w),
-                dx.accumulating(),
-            );
-        }
+        block_backward(model, layer, &acts.layers[l], x, dacts, grads, shape);
     }
     be.embedding_backward(
         grads.at_mut(layout.token_embeddings.clone()),
-        g.dresid.all(),
+        dacts.dresid.all(),
         &acts.ids,
     );
+}
+
+/// One block backward, the reverse of [`block_forward`]: `dacts.dresid` holds
+/// `∂/∂out (N, C)` on entry and `∂/∂x` on return. Writes the block's weight
+/// gradients into `grads` and adds its norm gains' gradients to them.
+fn block_backward<F: Float, B: Backend<F>>(
+    model: &ModelView<F, B>,
+    layer: &LayerOffsets,
+    acts: &LayerActs<B::Buf>,
+    x: Span<B::Buf>,
+    dacts: &mut GradActivations<B::Buf>,
+    grads: &mut B::Buf,
+    shape: AttnShape,
+) {
+    let be = model.backend;
+    let n = shape.b * shape.t;
+    let (c, f) = (model.config.d_model, model.config.d_ff);
+    // out = norm_out(r2), r2 = y + gate·W2ᵀ
+    model.norm_out_backward(&layer.ln2, acts.r2.all(), acts.rstd2.all(), dacts, grads);
+    be.matmul(
+        dacts.dgate.all_mut(),
+        dacts.dresid.all(),
+        model.get(&layer.w2),
+        MatMul::linear_dx(n, f, c),
+    );
+    be.matmul(
+        grads.at_mut(layer.w2.clone()),
+        dacts.dresid.all(),
+        acts.gate.all(),
+        MatMul::linear_dw(n, f, c),
+    );
+    let swiglu = layer.w3.is_some();
+    be.swiglu_backward(
+        dacts.dh1.all_mut(),
+        swiglu.then(|| dacts.dh3.all_mut()),
+        dacts.dgate.all(),
+        acts.h1.all(),
+        swiglu.then(|| acts.h3.all()),
+    );
+    // h1 = ffn_in·W1ᵀ, h3 = ffn_in·W3ᵀ, ffn_in = norm_in(y)
+    let y = model.sublayer_out(acts.r1.all(), &acts.ln1);
+    let ffn_in = model.sublayer_in(y, &acts.ln2);
+    be.matmul(
+        grads.at_mut(layer.w1.clone()),
+        dacts.dh1.all(),
+        ffn_in,
+        MatMul::linear_dw(n, c, f),
+    );
+    if let Some(w3) = &layer.w3 {
+        be.matmul(
+            grads.at_mut(w3.clone()),
+            dacts.dh3.all(),
+            ffn_in,
+            MatMul::linear_dw(n, c, f),
+        );
+    }
+    let dx = MatMul::linear_dx(n, c, f);
+    let (dffn_in, dx) = model.dsublayer_in(&mut dacts.dresid, &mut dacts.dtmp, dx, true);
+    be.matmul(dffn_in.all_mut(), dacts.dh1.all(), model.get(&layer.w1), dx);
+    if let Some(w3) = &layer.w3 {
+        be.matmul(
+            dffn_in.all_mut(),
+            dacts.dh3.all(),
+            model.get(w3),
+            dx.accumulating(),
+        );
+    }
+    model.norm_in_backward(&layer.ln2, y, acts.rstd2.all(), dacts, grads, true);
+    // Here dresid = ∂/∂y. y = norm_out(r1), r1 = x + atty·W_oᵀ
+    model.norm_out_backward(&layer.ln1, acts.r1.all(), acts.rstd1.all(), dacts, grads);
+    be.matmul(
+        dacts.datty.all_mut(),
+        dacts.dresid.all(),
+        model.get(&layer.output_proj),
+        MatMul::linear_dx(n, c, c),
+    );
+    be.matmul(
+        grads.at_mut(layer.output_proj.clone()),
+        dacts.dresid.all(),
+        acts.atty.all(),
+        MatMul::linear_dw(n, c, c),
+    );
+    // atty = attention(qkv), qkv = RoPE(attn_in·W_qkvᵀ), attn_in = norm_in(x)
+    be.attention_backward(
+        dacts.dqkv.all_mut(),
+        dacts.datt.all_mut(),
+        dacts.datty.all(),
+        acts.qkv.all(),
+        acts.att.all(),
+        shape,
+    );
+    model.rope(dacts.dqkv.all_mut(), shape, true);
+    let w_qkv = qkv_range(layer);
+    be.matmul(
+        grads.at_mut(w_qkv.clone()),
+        dacts.dqkv.all(),
+        model.sublayer_in(x, &acts.ln1),
+        MatMul::linear_dw(n, c, 3 * c),
+    );
+    let dx = MatMul::linear_dx(n, c, 3 * c);
+    let (dattn_in, dx) = model.dsublayer_in(&mut dacts.dresid, &mut dacts.dtmp, dx, true);
+    be.matmul(dattn_in.all_mut(), dacts.dqkv.all(), model.get(&w_qkv), dx);
+    model.norm_in_backward(&layer.ln1, x, acts.rstd1.all(), dacts, grads, true);
+}
+
+/// The norm placement, for [`block_forward`] and [`block_backward`] (and `ln_final`,
+/// the LM head's [`ModelView::norm_in`]): pre-norm normalizes what a sublayer reads,
+/// post-norm the residual sum after it, "none" neither.
+impl<F: Float, B: Backend<F>> ModelView<'_, F, B> {
+    /// What a sublayer reads: pre-norm's `ln = rmsnorm(x)`, otherwise `x` itself.
+    fn sublayer_in<'s>(&self, x: Span<'s, B::Buf>, ln: &'s B::Buf) -> Span<'s, B::Buf> {
+        if self.config.norm == Norm::Pre {
+            ln.all()
+        } else {
+            x
+        }
+    }
+
+    /// What a sublayer gives the next one: post-norm's `ln = rmsnorm(sum)` of its
+    /// residual sum, otherwise the sum itself.
+    fn sublayer_out<'s>(&self, sum: Span<'s, B::Buf>, ln: &'s B::Buf) -> Span<'s, B::Buf> {
+        if self.config.norm == Norm::Post {
+            ln.all()
+        } else {
+            sum
+        }
+    }
+
+    /// The norm before a sublayer: pre-norm's `ln = rmsnorm(x)·gain` `(N, C)`,
+    /// keeping `rstd (N)` for backward. Returns what the sublayer reads.
+    fn norm_in<'s>(
+        &self,
+        gain: &Option<Range<usize>>,
+        x: Span<'s, B::Buf>,
+        ln: &'s mut B::Buf,
+        rstd: &mut B::Buf,
+    ) -> Span<'s, B::Buf> {
+        if self.config.norm == Norm::Pre {
+            (self.backend).rmsnorm_forward(ln.all_mut(), rstd.all_mut(), x, self.gain(gain));
+        }
+        self.sublayer_in(x, ln)
+    }
+
+    /// The norm after a residual add: post-norm's `ln = rmsnorm(sum)·gain` `(N, C)`,
+    /// keeping `rstd (N)` for backward. Returns the sublayer's output.
+    fn norm_out<'s>(
+        &self,
+        gain: &Option<Range<usize>>,
+        sum: Span<'s, B::Buf>,
+        ln: &'s mut B::Buf,
+        rstd: &mut B::Buf,
+    ) -> Span<'s, B::Buf> {
+        if self.config.norm == Norm::Post {
+            (self.backend).rmsnorm_forward(ln.all_mut(), rstd.all_mut(), sum, self.gain(gain));
+        }
+        self.sublayer_out(sum, ln)
+    }
+
+    /// Where a residual sum that [`ModelView::norm_out`] takes into `out` goes:
+    /// post-norm's own buffer `sum`; otherwise the sum is the output, `out` itself.
+    fn sum_into<'s>(&self, sum: &'s mut B::Buf, out: &'s mut B::Buf) -> &'s mut B::Buf {
+        if self.config.norm == Norm::Post {
+            sum
+        } else {
+            out
+        }
+    }
+
+    /// Backward of [`ModelView::norm_out`]: `dacts.dresid` holds `∂/∂(the sublayer's
+    /// output)`; post-norm takes it through the norm of `sum` to `∂/∂sum` and adds the
+    /// gain's gradient to `grads` (otherwise it is `∂/∂sum` already).
+    fn norm_out_backward(
+        &self,
+        gain: &Option<Range<usize>>,
+        sum: Span<B::Buf>,
+        rstd: Span<B::Buf>,
+        dacts: &mut GradActivations<B::Buf>,
+        grads: &mut B::Buf,
+    ) {
+        if self.config.norm == Norm::Post {
+            self.backend.rmsnorm_backward(
+                dacts.dtmp.all_mut(),
+                grads.at_mut(gain_range(gain)),
+                dacts.dresid.all(),
+                sum,
+                self.gain(gain),
+                rstd,
+                false,
+            );
+            std::mem::swap(&mut dacts.dresid, &mut dacts.dtmp);
+        }
+    }
+
+    /// Where the gradient of what a sublayer read goes, with the [`MatMul`] `dx` of
+    /// the first product into it: pre-norm's `dtmp`, which
+    /// [`ModelView::norm_in_backward`] takes through the norm into `dresid`;
+    /// otherwise `dresid` itself, added to when `add` (it holds the residual path's
+    /// gradient).
+    fn dsublayer_in<'s>(
+        &self,
+        dresid: &'s mut B::Buf,
+        dtmp: &'s mut B::Buf,
+        dx: MatMul,
+        add: bool,
+    ) -> (&'s mut B::Buf, MatMul) {
+        match self.config.norm {
+            Norm::Pre => (dtmp, dx),
+            _ if add => (dresid, dx.accumulating()),
+            _ => (dresid, dx),
+        }
+    }
+
+    /// Backward of [`ModelView::norm_in`] once the sublayer's input gradient is where
+    /// [`ModelView::dsublayer_in`] put it: pre-norm takes `dtmp` through the norm of
+    /// `x` into `dresid` (added to when `add`) and adds the gain's gradient to `grads`.
+    fn norm_in_backward(
+        &self,
+        gain: &Option<Range<usize>>,
+        x: Span<B::Buf>,
+        rstd: Span<B::Buf>,
+        dacts: &mut GradActivations<B::Buf>,
+        grads: &mut B::Buf,
+        add: bool,
+    ) {
+        if self.config.norm == Norm::Pre {
+            self.backend.rmsnorm_backward(
+                dacts.dresid.all_mut(),
+                grads.at_mut(gain_range(gain)),
+                dacts.dtmp.all(),
+                x,
+                self.gain(gain),
+                rstd,
+                add,
+            );
+        }
+    }
+}
+
+/// One Transformer block's forward on the CPU, by the code a [`Model`] runs for each
+/// of its layers: the output `(B, T, C)` for `x (B, T, C)` at positions `0..T`.
+/// `config` gives the shape and the ablations (its `num_layers` and `vocab_size`
+/// are not used); RoPE's tables cover `context_length` positions, so
+/// `T ≤ context_length`. `weights` is the layer's tensors in one buffer in
+/// [`ParamLayout`] order, as a model's parameters hold them: `ln1`, `attn.q_proj`,
+/// `attn.k_proj`, `attn.v_proj`, `attn.output_proj`, `ln2`, `ffn.w1`, `ffn.w2`,
+/// `ffn.w3` (each `.weight`, PyTorch `(out, in)` shapes; the norms and `w3` only
+/// where the configuration has them).
+pub fn transformer_block(
+    config: &ModelConfig,
+    weights: &[f32],
+    x: &[f32],
+    b: usize,
+    t: usize,
+) -> Result<Vec<f32>> {
+    // The block is layer 0 of a one-layer model with a one-token vocabulary.
+    let config = ModelConfig {
+        num_layers: 1,
+        vocab_size: 1,
+        ..config.clone()
+    };
+    config.validate()?;
+    let layout = ParamLayout::new(&config);
+    let block = layer_range(&layout.layers[0]);
+    if weights.len() != block.len() {
+        let tensors: Vec<String> = (layout.specs.iter())
+            .filter_map(|s| {
+                let name = s.name.strip_prefix("layers.0.")?;
+                Some(format!("{name} {:?}", s.shape))
+            })
+            .collect();
+        return Err(Error::Invalid(format!(
+            "the block's weights have {} values, expected {} = {}",
+            weights.len(),
+            block.len(),
+            tensors.join(" + ")
+        )));
+    }
+    check_shape(&config, b, t)?;
+    let d = config.d_model;
+    if x.len() != b * t * d {
+        return Err(Error::Invalid(format!(
+            "x has {} values, expected (B, T, C) = ({b}, {t}, {d}): {}",
+            x.len(),
+            b * t * d
+        )));
+    }
+    let mut params = vec![0.0; layout.total];
+    params[block].copy_from_slice(weights);
+    let mut one_layer = Model::from_params(config, params)?;
+    let (model, _) = one_layer.split();
+    let mut acts = LayerActs::new(model.backend, model.config, b, t, t, false)?;
+    let (x, mut out) = (x.to_vec(), vec![0.0; x.len()]);
+    let layer = &model.layout.layers[0];
+    let shape = model.attn_shape(b, t, 0);
+    block_forward(&model, layer, &mut acts, x.all(), &mut out, None, shape);
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -1126,6 +1311,53 @@ mod tests {
             // Only a new shape reallocates.
             model.forward(&ids[..16], 1, 16).unwrap();
             assert!(model.acts.as_ref().is_some_and(|a| a.b == 1));
+        }
+    }
+
+    /// The public one-block forward, on the embedding output and then on block 0's
+    /// output, gives exactly what each block of a full forward wrote.
+    #[test]
+    fn transformer_block_is_the_models_block() {
+        for (norm, positional, ffn) in [
+            (Norm::Pre, Positional::Rope, Ffn::Swiglu),
+            (Norm::Post, Positional::Rope, Ffn::Silu),
+            (Norm::None, Positional::None, Ffn::Swiglu),
+        ] {
+            let c = ModelConfig {
+                vocab_size: 32,
+                context_length: 16,
+                d_model: 16,
+                num_layers: 2,
+                num_heads: 2,
+                d_ff: 24,
+                norm,
+                positional,
+                ffn,
+                ..ModelConfig::tinystories()
+            };
+            let mut model = Model::new(c.clone(), 1).unwrap();
+            let (b, t) = (2, 5);
+            let ids: Vec<u32> = (0..b * t).map(|i| (7 * i % 32) as u32).collect();
+            model.forward(&ids, b, t).unwrap();
+            let acts = model.acts.as_ref().unwrap();
+            for (l, layer) in model.layout.layers.iter().enumerate() {
+                let prefix = format!("layers.{l}.");
+                let specs = model.layout.specs.iter();
+                let len: usize = (specs.filter(|s| s.name.starts_with(&prefix)))
+                    .map(|s| s.len())
+                    .sum();
+                assert_eq!(layer_range(layer).len(), len);
+                let weights = &model.params[layer_range(layer)];
+                let out = transformer_block(&c, weights, &acts.resid[l], b, t).unwrap();
+                assert_eq!(out, acts.resid[l + 1], "layer {l}, {norm:?}");
+            }
+            let weights = &model.params[layer_range(&model.layout.layers[0])];
+            let x = &acts.resid[0];
+            let err = |r: Result<Vec<f32>>| r.unwrap_err().to_string();
+            let short = err(transformer_block(&c, &weights[1..], x, b, t));
+            assert!(short.contains("q_proj.weight [16, 16]"), "{short}");
+            assert!(err(transformer_block(&c, weights, x, b, t + 1)).contains("(B, T, C)"));
+            assert!(err(transformer_block(&c, weights, x, 1, 17)).contains("context_length"));
         }
     }
 }
