@@ -314,6 +314,30 @@ impl<F: Float, B: Backend<F>> ModelView<'_, F, B> {
         }
     }
 
+    /// Backward of a linear layer `y (N, out) = x (N, in) · Wᵀ`, `W (out, in)` the
+    /// parameters at `weight`: `dx (N, in) = dy (N, out) · W` by `dx_product` (a
+    /// [`MatMul::linear_dx`], accumulating where `dx` already holds another path's
+    /// gradient) and `dW = dyᵀ · x` into `grads` (overwritten, [`MatMul::linear_dw`]).
+    fn linear_backward(
+        &self,
+        dx: SpanMut<B::Buf>,
+        grads: &mut B::Buf,
+        weight: &Range<usize>,
+        dy: Span<B::Buf>,
+        x: Span<B::Buf>,
+        dx_product: MatMul,
+    ) {
+        let MatMul {
+            m: n,
+            k: d_out,
+            n: d_in,
+            ..
+        } = dx_product;
+        let dw_product = MatMul::linear_dw(n, d_in, d_out);
+        self.backend.matmul(dx, dy, self.get(weight), dx_product);
+        (self.backend).matmul(grads.at_mut(weight.clone()), dy, x, dw_product);
+    }
+
     /// RoPE on the query and key parts of the rows `qkv (B, Tq, 3C)`, or the inverse
     /// rotation (backward) when `inverse`; nothing under NoPE.
     fn rope(&self, qkv: SpanMut<B::Buf>, shape: AttnShape, inverse: bool) {
@@ -926,18 +950,16 @@ fn backward_pass<F: Float, B: Backend<F>>(
 
     // LM head (and ln_final): dresid = ∂loss/∂(last block's output).
     let last = acts.resid[config.num_layers].all();
-    be.matmul(
-        grads.at_mut(layout.lm_head.clone()),
-        acts.logits.all(),
-        model.sublayer_in(last, &acts.lnf),
-        MatMul::linear_dw(n, d, v),
-    );
+    let hidden = model.sublayer_in(last, &acts.lnf);
     let dx = MatMul::linear_dx(n, d, v);
     let (dhidden, dx) = model.dsublayer_in(&mut dacts.dresid, &mut dacts.dtmp, dx, false);
-    be.matmul(
+    let dlogits = acts.logits.all();
+    model.linear_backward(
         dhidden.all_mut(),
-        acts.logits.all(),
-        model.get(&layout.lm_head),
+        grads,
+        &layout.lm_head,
+        dlogits,
+        hidden,
         dx,
     );
     let lnf = &layout.ln_final;
@@ -972,18 +994,9 @@ fn block_backward<F: Float, B: Backend<F>>(
     let (c, f) = (model.config.d_model, model.config.d_ff);
     // out = norm_out(r2), r2 = y + gate·W2ᵀ
     model.norm_out_backward(&layer.ln2, acts.r2.all(), acts.rstd2.all(), dacts, grads);
-    be.matmul(
-        dacts.dgate.all_mut(),
-        dacts.dresid.all(),
-        model.get(&layer.w2),
-        MatMul::linear_dx(n, f, c),
-    );
-    be.matmul(
-        grads.at_mut(layer.w2.clone()),
-        dacts.dresid.all(),
-        acts.gate.all(),
-        MatMul::linear_dw(n, f, c),
-    );
+    let (dgate, dr2) = (dacts.dgate.all_mut(), dacts.dresid.all());
+    let dx = MatMul::linear_dx(n, f, c);
+    model.linear_backward(dgate, grads, &layer.w2, dr2, acts.gate.all(), dx);
     let swiglu = layer.w3.is_some();
     be.swiglu_backward(
         dacts.dh1.all_mut(),
@@ -995,46 +1008,26 @@ fn block_backward<F: Float, B: Backend<F>>(
     // h1 = ffn_in·W1ᵀ, h3 = ffn_in·W3ᵀ, ffn_in = norm_in(y)
     let y = model.sublayer_out(acts.r1.all(), &acts.ln1);
     let ffn_in = model.sublayer_in(y, &acts.ln2);
-    be.matmul(
-        grads.at_mut(layer.w1.clone()),
-        dacts.dh1.all(),
-        ffn_in,
-        MatMul::linear_dw(n, c, f),
-    );
-    if let Some(w3) = &layer.w3 {
-        be.matmul(
-            grads.at_mut(w3.clone()),
-            dacts.dh3.all(),
-            ffn_in,
-            MatMul::linear_dw(n, c, f),
-        );
-    }
     let dx = MatMul::linear_dx(n, c, f);
     let (dffn_in, dx) = model.dsublayer_in(&mut dacts.dresid, &mut dacts.dtmp, dx, true);
-    be.matmul(dffn_in.all_mut(), dacts.dh1.all(), model.get(&layer.w1), dx);
+    model.linear_backward(
+        dffn_in.all_mut(),
+        grads,
+        &layer.w1,
+        dacts.dh1.all(),
+        ffn_in,
+        dx,
+    );
     if let Some(w3) = &layer.w3 {
-        be.matmul(
-            dffn_in.all_mut(),
-            dacts.dh3.all(),
-            model.get(w3),
-            dx.accumulating(),
-        );
+        let dx = dx.accumulating();
+        model.linear_backward(dffn_in.all_mut(), grads, w3, dacts.dh3.all(), ffn_in, dx);
     }
     model.norm_in_backward(&layer.ln2, y, acts.rstd2.all(), dacts, grads, true);
     // Here dresid = ∂/∂y. y = norm_out(r1), r1 = x + atty·W_oᵀ
     model.norm_out_backward(&layer.ln1, acts.r1.all(), acts.rstd1.all(), dacts, grads);
-    be.matmul(
-        dacts.datty.all_mut(),
-        dacts.dresid.all(),
-        model.get(&layer.output_proj),
-        MatMul::linear_dx(n, c, c),
-    );
-    be.matmul(
-        grads.at_mut(layer.output_proj.clone()),
-        dacts.dresid.all(),
-        acts.atty.all(),
-        MatMul::linear_dw(n, c, c),
-    );
+    let (datty, dr1) = (dacts.datty.all_mut(), dacts.dresid.all());
+    let dx = MatMul::linear_dx(n, c, c);
+    model.linear_backward(datty, grads, &layer.output_proj, dr1, acts.atty.all(), dx);
     // atty = attention(qkv), qkv = RoPE(attn_in·W_qkvᵀ), attn_in = norm_in(x)
     be.attention_backward(
         dacts.dqkv.all_mut(),
@@ -1045,16 +1038,18 @@ fn block_backward<F: Float, B: Backend<F>>(
         shape,
     );
     model.rope(dacts.dqkv.all_mut(), shape, true);
-    let w_qkv = qkv_range(layer);
-    be.matmul(
-        grads.at_mut(w_qkv.clone()),
-        dacts.dqkv.all(),
-        model.sublayer_in(x, &acts.ln1),
-        MatMul::linear_dw(n, c, 3 * c),
-    );
+    let attn_in = model.sublayer_in(x, &acts.ln1);
     let dx = MatMul::linear_dx(n, c, 3 * c);
     let (dattn_in, dx) = model.dsublayer_in(&mut dacts.dresid, &mut dacts.dtmp, dx, true);
-    be.matmul(dattn_in.all_mut(), dacts.dqkv.all(), model.get(&w_qkv), dx);
+    let w_qkv = qkv_range(layer);
+    model.linear_backward(
+        dattn_in.all_mut(),
+        grads,
+        &w_qkv,
+        dacts.dqkv.all(),
+        attn_in,
+        dx,
+    );
     model.norm_in_backward(&layer.ln1, x, acts.rstd1.all(), dacts, grads, true);
 }
 
