@@ -4,7 +4,6 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use std::path::PathBuf;
 use std::time::Instant;
 use tinylm::config::{Ffn, ModelConfig};
 use tinylm::device::{resolve, run_on, BackendTask, Device};
@@ -13,23 +12,15 @@ use tinylm::kernels::cpu::memory::zeroed;
 use tinylm::kernels::{profile::Kind, AdamWParams, Backend, Cpu, MatMul, Profiled};
 use tinylm::{Model, Result as LmResult};
 
+use super::flags::{show_defaults, DeviceArgs, ModelArgs};
+
+/// The flags of `tinylm bench`; `--config` is the old spelling of `--model-config`.
 #[derive(Args, Debug)]
+#[command(mut_args = show_defaults(&default_model_config()))]
+#[command(mut_arg("model_config", |arg| arg.alias("config")))]
 pub struct BenchArgs {
-    /// Model configuration JSON (replaces the shape flags).
-    #[arg(long)]
-    config: Option<PathBuf>,
-    #[arg(long, default_value_t = 4096)]
-    vocab_size: usize,
-    #[arg(long, default_value_t = 128)]
-    context_length: usize,
-    #[arg(long, default_value_t = 256)]
-    d_model: usize,
-    #[arg(long, default_value_t = 4)]
-    num_layers: usize,
-    #[arg(long, default_value_t = 8)]
-    num_heads: usize,
-    #[arg(long, default_value_t = 704)]
-    d_ff: usize,
+    #[command(flatten)]
+    model: ModelArgs,
     /// Sequences per step.
     #[arg(long, default_value_t = 16)]
     batch_size: usize,
@@ -46,26 +37,27 @@ pub struct BenchArgs {
     #[arg(long)]
     no_peak: bool,
     #[command(flatten)]
-    device: super::DeviceArgs,
+    device: DeviceArgs,
+}
+
+/// The model timed unless `--model-config` or `--preset` names another: the
+/// benchmark model of bench/configs/bench-small.json (4 layers, d_model 256, a
+/// vocabulary of 4,096 and a context of 128 tokens), the CS336 architecture.
+fn default_model_config() -> ModelConfig {
+    ModelConfig {
+        vocab_size: 4096,
+        context_length: 128,
+        d_model: 256,
+        num_layers: 4,
+        num_heads: 8,
+        d_ff: 704,
+        ..ModelConfig::tinystories()
+    }
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
-    let config = match &args.config {
-        Some(path) => ModelConfig::from_json_file(path)?,
-        None => {
-            let c = ModelConfig {
-                vocab_size: args.vocab_size,
-                context_length: args.context_length,
-                d_model: args.d_model,
-                num_layers: args.num_layers,
-                num_heads: args.num_heads,
-                d_ff: args.d_ff,
-                ..ModelConfig::tinystories()
-            };
-            c.validate().context("model shape")?;
-            c
-        }
-    };
+    let base = args.model.base()?.unwrap_or_else(default_model_config);
+    let config = args.model.apply(base).context("model configuration")?;
     let (b, t) = (
         args.batch_size,
         args.seq_len.unwrap_or(config.context_length),

@@ -31,7 +31,7 @@ pub struct EvalArgs {
     #[arg(long, default_value_t = 0)]
     threads: usize,
     #[command(flatten)]
-    device: super::DeviceArgs,
+    device: super::flags::DeviceArgs,
 }
 
 pub fn run(args: EvalArgs) -> Result<()> {

@@ -39,7 +39,7 @@ pub struct ForwardArgs {
     #[arg(long)]
     threads: Option<usize>,
     #[command(flatten)]
-    device: super::DeviceArgs,
+    device: super::flags::DeviceArgs,
 }
 
 pub fn run(args: ForwardArgs) -> Result<()> {

@@ -49,7 +49,7 @@ pub struct GenerateArgs {
     #[arg(long)]
     threads: Option<usize>,
     #[command(flatten)]
-    device: super::DeviceArgs,
+    device: super::flags::DeviceArgs,
 }
 
 pub fn run(args: GenerateArgs) -> Result<()> {

@@ -2,101 +2,26 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use std::path::PathBuf;
 use tinylm::accounting::{forward_flops, forward_matmuls, Memory, ParamCounts};
-use tinylm::config::{Ffn, Norm, Positional};
+use tinylm::config::Ffn;
 use tinylm::ModelConfig;
 
-/// A model configuration from a JSON file, a preset, or shape flags (flags also
-/// override the file's or preset's values).
+use super::flags::{flag, flag_values, ModelArgs};
+
+/// The keys a model needs when neither `--model-config` nor `--preset` gives it
+/// (the others have defaults).
+const SHAPE_KEYS: [&str; 6] = [
+    "vocab_size",
+    "context_length",
+    "d_model",
+    "num_layers",
+    "num_heads",
+    "d_ff",
+];
+
+/// The flags of `tinylm info`; `--config` is the old spelling of `--model-config`.
 #[derive(Args, Debug)]
-pub struct ModelArgs {
-    /// Model configuration JSON (CS336 keys).
-    #[arg(long, conflicts_with = "preset")]
-    pub config: Option<PathBuf>,
-    /// Named model: tinystories, gpt2-small, gpt2-medium, gpt2-large, gpt2-xl.
-    #[arg(long)]
-    pub preset: Option<String>,
-    #[arg(long)]
-    pub vocab_size: Option<usize>,
-    #[arg(long)]
-    pub context_length: Option<usize>,
-    #[arg(long)]
-    pub d_model: Option<usize>,
-    #[arg(long)]
-    pub num_layers: Option<usize>,
-    #[arg(long)]
-    pub num_heads: Option<usize>,
-    #[arg(long)]
-    pub d_ff: Option<usize>,
-    #[arg(long)]
-    pub rope_theta: Option<f64>,
-    /// RMSNorm placement: pre, post or none.
-    #[arg(long, value_parser = parse_switch::<Norm>)]
-    pub norm: Option<Norm>,
-    /// Positional encoding: rope or none.
-    #[arg(long, value_parser = parse_switch::<Positional>)]
-    pub positional: Option<Positional>,
-    /// Feed-forward network: swiglu or silu.
-    #[arg(long, value_parser = parse_switch::<Ffn>)]
-    pub ffn: Option<Ffn>,
-    /// Share the embedding matrix with the LM head.
-    #[arg(long)]
-    pub tie_embeddings: bool,
-}
-
-/// Parses an ablation switch by its JSON spelling (`pre`, `rope`, `swiglu`, ...).
-fn parse_switch<T: serde::de::DeserializeOwned>(s: &str) -> Result<T, String> {
-    serde_json::from_value(serde_json::Value::String(s.to_string())).map_err(|e| e.to_string())
-}
-
-impl ModelArgs {
-    /// The configuration these flags describe, validated.
-    pub fn resolve(&self) -> Result<ModelConfig> {
-        let shape = [
-            ("--vocab-size", self.vocab_size),
-            ("--context-length", self.context_length),
-            ("--d-model", self.d_model),
-            ("--num-layers", self.num_layers),
-            ("--num-heads", self.num_heads),
-            ("--d-ff", self.d_ff),
-        ];
-        let mut c = if let Some(path) = &self.config {
-            ModelConfig::from_json_file(path)?
-        } else if let Some(name) = &self.preset {
-            ModelConfig::preset(name)?
-        } else {
-            let missing: Vec<&str> = shape
-                .iter()
-                .filter(|(_, v)| v.is_none())
-                .map(|(flag, _)| *flag)
-                .collect();
-            if !missing.is_empty() {
-                bail!(
-                    "give --config, --preset or all shape flags (missing {})",
-                    missing.join(", ")
-                );
-            }
-            ModelConfig::tinystories()
-        };
-        let set = |field: &mut usize, v: Option<usize>| *field = v.unwrap_or(*field);
-        set(&mut c.vocab_size, self.vocab_size);
-        set(&mut c.context_length, self.context_length);
-        set(&mut c.d_model, self.d_model);
-        set(&mut c.num_layers, self.num_layers);
-        set(&mut c.num_heads, self.num_heads);
-        set(&mut c.d_ff, self.d_ff);
-        c.rope_theta = self.rope_theta.unwrap_or(c.rope_theta);
-        c.norm = self.norm.unwrap_or(c.norm);
-        c.positional = self.positional.unwrap_or(c.positional);
-        c.ffn = self.ffn.unwrap_or(c.ffn);
-        c.tie_embeddings |= self.tie_embeddings;
-        c.validate()?;
-        Ok(c)
-    }
-}
-
-#[derive(Args, Debug)]
+#[command(mut_arg("model_config", |arg| arg.alias("config")))]
 pub struct InfoArgs {
     #[command(flatten)]
     model: ModelArgs,
@@ -108,8 +33,33 @@ pub struct InfoArgs {
     seq_len: Option<usize>,
 }
 
+/// The model of `--model-config` or `--preset`, else of the shape flags alone
+/// (all of [`SHAPE_KEYS`] given; the ablations as the CS336 model's), with the
+/// flags given over it.
+fn model(args: &ModelArgs) -> Result<ModelConfig> {
+    let base = match args.base()? {
+        Some(base) => base,
+        None => {
+            let given = flag_values(args)?;
+            let missing: Vec<String> = SHAPE_KEYS
+                .iter()
+                .filter(|key| !given.contains_key(**key))
+                .map(|key| flag(key))
+                .collect();
+            if !missing.is_empty() {
+                bail!(
+                    "give --model-config, --preset or all shape flags (missing {})",
+                    missing.join(", ")
+                );
+            }
+            ModelConfig::tinystories()
+        }
+    };
+    args.apply(base)
+}
+
 pub fn run(args: InfoArgs) -> Result<()> {
-    let c = args.model.resolve().context("model configuration")?;
+    let c = model(&args.model).context("model configuration")?;
     let (b, t) = (args.batch_size, args.seq_len.unwrap_or(c.context_length));
     if b == 0 || t == 0 {
         bail!("--batch-size and --seq-len must be positive");

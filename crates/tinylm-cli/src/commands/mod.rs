@@ -1,9 +1,10 @@
-//! One module per `tinylm` subcommand.
+//! One module per `tinylm` subcommand, and the flags several share ([`flags`]).
 
 pub mod bench;
 pub mod bpe;
 pub mod eval;
 pub mod export;
+pub mod flags;
 pub mod forward;
 pub mod generate;
 pub mod import;
@@ -22,16 +23,4 @@ pub fn set_threads(threads: Option<usize>) -> anyhow::Result<()> {
             .context("starting the thread pool")?;
     }
     Ok(())
-}
-
-/// `--device` and `--precision`, for the commands that run a model.
-#[derive(clap::Args, Clone, Copy, Debug)]
-pub struct DeviceArgs {
-    /// Where the model runs: cpu, cuda, cuda:N (GPU N) or auto (CUDA when a usable
-    /// GPU is present).
-    #[arg(long, default_value = "cpu")]
-    pub device: tinylm::device::Device,
-    /// GPU arithmetic: bf16 (mixed precision) or fp32 (the CPU's results).
-    #[arg(long, default_value = "bf16")]
-    pub precision: tinylm::kernels::Precision,
 }

@@ -2,22 +2,29 @@
 //!
 //! The configuration is built in layers, each overriding the one before: the
 //! defaults of [`TrainConfig`] — or, with `--resume`, the configuration the
-//! checkpoint recorded — then the `--config` file, `--preset`, the `--model-config`
-//! file and every individual flag (see [`resolve_config`]).
+//! checkpoint recorded — then the `--config` file, `--preset` or the `--model-config`
+//! file, and every individual flag (see [`resolve_config`]). Each flag is named as
+//! the [`TrainConfig`] key it sets, the keys given are the parsed flags serialized
+//! ([`TrainArgs::overrides`]), and the defaults the help shows are
+//! [`TrainConfig::default`]'s.
 
-use anyhow::{anyhow, Context, Result};
+use super::flags::{flag, flag_values, parse_spelling, show_defaults, ModelArgs};
+use anyhow::{anyhow, ensure, Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
 use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use tinylm::train::{resolve_config, train, Progress, ResolvedConfig};
-use tinylm::ModelConfig;
+use tinylm::device::Device;
+use tinylm::kernels::Precision;
+use tinylm::train::{resolve_config, train, Progress, ResolvedConfig, Schedule, TrainConfig};
 
 /// Set by Ctrl-C: the run checkpoints after the current step and exits.
 static STOP: AtomicBool = AtomicBool::new(false);
 
 #[derive(Args, Debug)]
+#[command(mut_args = show_defaults(&TrainConfig::default()))]
 pub struct TrainArgs {
     /// Training configuration, `.toml` or `.json`, with the keys of the flags below
     /// (underscores for dashes) and the model under `model`.
@@ -26,11 +33,22 @@ pub struct TrainArgs {
     /// Print the resolved configuration as JSON and exit without training.
     #[arg(long)]
     print_config: bool,
+    #[command(flatten)]
+    keys: TrainFlags,
+    #[command(flatten)]
+    model: ModelArgs,
+}
+
+/// A flag for every key of [`TrainConfig`] but `model` (whose keys are
+/// [`ModelArgs`]'): the fields are named as the keys, and a flag not given is
+/// `None`, so that the `--config` file or the resumed checkpoint sets its key. The
+/// defaults the help shows are [`TrainConfig::default`]'s.
+#[derive(Args, Debug, Serialize)]
+struct TrainFlags {
     /// Continue the run of this checkpoint with the configuration it recorded; the
     /// other flags override it (but for the model's).
     #[arg(long)]
     resume: Option<PathBuf>,
-
     /// Training tokens: a 1-D `.npy` (uint16, uint32, int32 or int64).
     #[arg(long)]
     train_data: Option<PathBuf>,
@@ -40,201 +58,121 @@ pub struct TrainArgs {
     /// Tokenizer directory, recorded in the checkpoint for `tinylm generate`.
     #[arg(long)]
     tokenizer: Option<PathBuf>,
-    /// Output directory: log.jsonl, loss.svg, checkpoint.safetensors [default: runs/train].
+    /// Output directory: log.jsonl, loss.svg, checkpoint.safetensors.
     #[arg(long)]
     out_dir: Option<PathBuf>,
-
-    /// Model configuration JSON (CS336 keys); the shape flags override it.
-    #[arg(long)]
-    model_config: Option<PathBuf>,
-    /// Named model: tinystories (the default), gpt2-small, gpt2-medium, gpt2-large, gpt2-xl.
-    #[arg(long)]
-    preset: Option<String>,
-    #[arg(long)]
-    vocab_size: Option<usize>,
-    #[arg(long)]
-    context_length: Option<usize>,
-    #[arg(long)]
-    d_model: Option<usize>,
-    #[arg(long)]
-    num_layers: Option<usize>,
-    #[arg(long)]
-    num_heads: Option<usize>,
-    #[arg(long)]
-    d_ff: Option<usize>,
-    #[arg(long)]
-    rope_theta: Option<f64>,
-    /// RMSNorm placement: pre, post or none.
-    #[arg(long)]
-    norm: Option<String>,
-    /// Positional encoding: rope or none.
-    #[arg(long)]
-    positional: Option<String>,
-    /// Feed-forward network: swiglu or silu.
-    #[arg(long)]
-    ffn: Option<String>,
-    /// Share the embedding matrix with the LM head (true or false).
-    #[arg(long)]
-    tie_embeddings: Option<bool>,
-
-    /// Sequences per step [default: 32].
+    /// Sequences per step.
     #[arg(long)]
     batch_size: Option<usize>,
-    /// Optimizer steps [default: 5000].
+    /// Optimizer steps.
     #[arg(long)]
     steps: Option<u64>,
     /// Token budget; sets steps = ceil(max_tokens / (batch_size · context_length)).
     #[arg(long)]
     max_tokens: Option<u64>,
-    /// Peak learning rate [default: 1e-3].
+    /// Peak learning rate.
     #[arg(long)]
     lr_max: Option<f64>,
-    /// Final learning rate [default: 1e-4].
+    /// Final learning rate.
     #[arg(long)]
     lr_min: Option<f64>,
-    /// Linear warm-up steps [default: 100].
+    /// Linear warm-up steps.
     #[arg(long)]
     warmup_steps: Option<u64>,
     /// End of the cosine cycle [default: the number of steps].
     #[arg(long)]
     cosine_steps: Option<u64>,
-    /// AdamW β1 [default: 0.9].
+    /// AdamW β1.
     #[arg(long)]
     beta1: Option<f64>,
-    /// AdamW β2 [default: 0.95].
+    /// AdamW β2.
     #[arg(long)]
     beta2: Option<f64>,
-    /// AdamW ε [default: 1e-8].
+    /// AdamW ε.
     #[arg(long)]
     eps: Option<f64>,
-    /// AdamW weight decay λ [default: 0.1].
+    /// AdamW weight decay λ.
     #[arg(long)]
     weight_decay: Option<f64>,
-    /// Global gradient-norm limit, 0 for none [default: 1.0].
+    /// Global gradient-norm limit, 0 for none.
     #[arg(long)]
     grad_clip: Option<f64>,
-    /// Seed of the initial weights and the batch order [default: 0].
+    /// Seed of the initial weights and the batch order.
     #[arg(long)]
     seed: Option<u64>,
-    /// Worker threads, 0 for one per core [default: 0].
+    /// Worker threads, 0 for one per core.
     #[arg(long)]
     threads: Option<usize>,
-    /// Validate every N steps, 0 for only at the end [default: 500].
+    /// Validate every N steps, 0 for only at the end.
     #[arg(long)]
     eval_interval: Option<u64>,
-    /// Validation batches per evaluation, 0 for the whole set [default: 0].
+    /// Validation batches per evaluation, 0 for the whole set.
     #[arg(long)]
     eval_batches: Option<usize>,
-    /// Checkpoint every N steps, 0 for only at the end [default: 1000].
+    /// Checkpoint every N steps, 0 for only at the end.
     #[arg(long)]
     checkpoint_interval: Option<u64>,
-    /// Log to log.jsonl every N steps [default: 10].
+    /// Log to log.jsonl every N steps.
     #[arg(long)]
     log_interval: Option<u64>,
     /// Seconds the run may take, across resumes: it stops (evaluates, checkpoints)
     /// when the next step and that evaluation would end past them.
     #[arg(long)]
     time_budget_s: Option<f64>,
-    /// Where to train: cpu, cuda, cuda:N or auto [default: cpu].
-    #[arg(long)]
-    device: Option<String>,
-    /// GPU arithmetic: bf16 (mixed precision) or fp32 [default: bf16].
-    #[arg(long)]
-    precision: Option<String>,
     /// What the learning-rate schedule runs over: steps, or time (the time budget;
-    /// the run then takes as many steps as fit) [default: steps].
+    /// the run then takes as many steps as fit).
+    #[arg(long, value_parser = parse_spelling::<Schedule>)]
+    schedule: Option<Schedule>,
+    /// Where to train: cpu, cuda, cuda:N or auto.
     #[arg(long)]
-    schedule: Option<String>,
+    device: Option<Device>,
+    /// GPU arithmetic: bf16 (mixed precision) or fp32.
+    #[arg(long)]
+    precision: Option<Precision>,
 }
 
 impl TrainArgs {
-    /// The flags that were given, as `(path of the key, value)`.
-    fn overrides(&self) -> Vec<(&'static str, Value)> {
-        let path = |p: &Option<PathBuf>| p.as_ref().map(|p| Value::from(p.to_string_lossy()));
-        let string = |s: &Option<String>| s.clone().map(Value::from);
-        [
-            ("resume", path(&self.resume)),
-            ("train_data", path(&self.train_data)),
-            ("val_data", path(&self.val_data)),
-            ("tokenizer", path(&self.tokenizer)),
-            ("out_dir", path(&self.out_dir)),
-            ("model.vocab_size", self.vocab_size.map(Value::from)),
-            ("model.context_length", self.context_length.map(Value::from)),
-            ("model.d_model", self.d_model.map(Value::from)),
-            ("model.num_layers", self.num_layers.map(Value::from)),
-            ("model.num_heads", self.num_heads.map(Value::from)),
-            ("model.d_ff", self.d_ff.map(Value::from)),
-            ("model.rope_theta", self.rope_theta.map(Value::from)),
-            ("model.norm", string(&self.norm)),
-            ("model.positional", string(&self.positional)),
-            ("model.ffn", string(&self.ffn)),
-            ("model.tie_embeddings", self.tie_embeddings.map(Value::from)),
-            ("batch_size", self.batch_size.map(Value::from)),
-            ("steps", self.steps.map(Value::from)),
-            ("max_tokens", self.max_tokens.map(Value::from)),
-            ("lr_max", self.lr_max.map(Value::from)),
-            ("lr_min", self.lr_min.map(Value::from)),
-            ("warmup_steps", self.warmup_steps.map(Value::from)),
-            ("cosine_steps", self.cosine_steps.map(Value::from)),
-            ("beta1", self.beta1.map(Value::from)),
-            ("beta2", self.beta2.map(Value::from)),
-            ("eps", self.eps.map(Value::from)),
-            ("weight_decay", self.weight_decay.map(Value::from)),
-            ("grad_clip", self.grad_clip.map(Value::from)),
-            ("seed", self.seed.map(Value::from)),
-            ("threads", self.threads.map(Value::from)),
-            ("eval_interval", self.eval_interval.map(Value::from)),
-            ("eval_batches", self.eval_batches.map(Value::from)),
-            (
-                "checkpoint_interval",
-                self.checkpoint_interval.map(Value::from),
-            ),
-            ("log_interval", self.log_interval.map(Value::from)),
-            ("time_budget_s", self.time_budget_s.map(Value::from)),
-            ("device", string(&self.device)),
-            ("precision", string(&self.precision)),
-            ("schedule", string(&self.schedule)),
-        ]
-        .into_iter()
-        .filter_map(|(k, v)| v.map(|v| (k, v)))
-        .collect()
+    /// The flags given, as `(key, value)`: [`TrainConfig`]'s keys, `model.<key>` for
+    /// the model's.
+    fn overrides(&self) -> Result<Vec<(String, Value)>> {
+        let model = flag_values(&self.model)?;
+        let model = model.into_iter().map(|(k, v)| (format!("model.{k}"), v));
+        Ok(flag_values(&self.keys)?.into_iter().chain(model).collect())
     }
 
-    /// The configuration: defaults (or the checkpoint's) ← `--config` ← `--preset` ←
+    /// The configuration: defaults (or the checkpoint's) ← `--config` ← `--preset` or
     /// `--model-config` ← flags.
     fn resolve(&self) -> Result<ResolvedConfig> {
         let mut given = match &self.config {
             Some(path) => read_config(path)?,
             None => Value::Object(Map::new()),
         };
-        if let Some(name) = &self.preset {
-            given["model"] = serde_json::to_value(ModelConfig::preset(name)?)?;
-        }
-        if let Some(path) = &self.model_config {
-            let model = ModelConfig::from_json_file(path)?;
+        if let Some(model) = self.model.base()? {
             given["model"] = serde_json::to_value(model)?;
         }
-        for (key, value) in self.overrides() {
+        let overrides = self.overrides()?;
+        for (key, value) in &overrides {
             match key.split_once('.') {
-                Some((outer, inner)) => given[outer][inner] = value,
-                None => given[key] = value,
+                Some((outer, inner)) => given[outer][inner] = value.clone(),
+                None => given[key.as_str()] = value.clone(),
             }
         }
         let source = match &self.config {
             Some(p) => format!("configuration ({} and flags)", p.display()),
             None => "configuration (flags)".to_string(),
         };
-        resolve_config(given, &|key| self.source_of(key)).with_context(|| source)
+        resolve_config(given, &|key| self.source_of(key, &overrides)).with_context(|| source)
     }
 
-    /// Where the value of `key` came from: its flag, or the file or preset.
-    fn source_of(&self, key: &str) -> String {
-        if self.overrides().iter().any(|(k, _)| *k == key) {
-            let flag = key.trim_start_matches("model.").replace('_', "-");
-            return format!("--{flag}");
+    /// Where the value of `key` came from: its flag (when in `overrides`), or the
+    /// file or preset.
+    fn source_of(&self, key: &str, overrides: &[(String, Value)]) -> String {
+        if overrides.iter().any(|(k, _)| k == key) {
+            return flag(key);
         }
         let model_key = key.strip_prefix("model.");
-        match (model_key, &self.model_config, &self.preset, &self.config) {
+        let model = &self.model;
+        match (model_key, &model.model_config, &model.preset, &self.config) {
             (Some(k), Some(file), _, _) => format!("{k} of --model-config {}", file.display()),
             (Some(k), None, Some(preset), _) => format!("{k} of --preset {preset}"),
             (_, _, _, Some(file)) => format!("{key} of --config {}", file.display()),
@@ -243,7 +181,8 @@ impl TrainArgs {
     }
 }
 
-/// A TOML or JSON configuration file as a JSON value.
+/// A TOML or JSON configuration file as a JSON value: a table, its `model` (if
+/// any) a table too, so that the flags can be set in it.
 fn read_config(path: &Path) -> Result<Value> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
@@ -252,6 +191,14 @@ fn read_config(path: &Path) -> Result<Value> {
         Some("json") => serde_json::from_str::<Value>(&text).map_err(|e| anyhow!("{e}")),
         _ => Err(anyhow!("expected a .toml or .json file")),
     };
+    let value = value.and_then(|value| {
+        let model = &value["model"];
+        ensure!(
+            value.is_object() && (model.is_object() || model.is_null()),
+            "expected a table of training keys, the model's under `model`"
+        );
+        Ok(value)
+    });
     value.with_context(|| format!("{}: not a valid configuration", path.display()))
 }
 
@@ -333,4 +280,132 @@ pub fn run(args: TrainArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{Command, FromArgMatches};
+    use std::collections::{BTreeMap, BTreeSet};
+    use tinylm::config::{Ffn, Norm, Positional};
+    use tinylm::ModelConfig;
+
+    /// The flags that set no key of [`TrainConfig`], on purpose: the configuration
+    /// file and printing it, and the model's base (the model key is set whole).
+    const NOT_KEYS: [&str; 4] = ["config", "print_config", "model_config", "preset"];
+
+    fn command() -> Command {
+        TrainArgs::augment_args(Command::new("train"))
+    }
+
+    /// Every key of `config` with its value, `model.<key>` for the model's.
+    fn keys_of(config: &TrainConfig) -> BTreeMap<String, Value> {
+        let Value::Object(keys) = serde_json::to_value(config).unwrap() else {
+            panic!("a TrainConfig is a table");
+        };
+        let mut flat = BTreeMap::new();
+        for (key, value) in keys {
+            match value {
+                Value::Object(inner) => {
+                    flat.extend(inner.into_iter().map(|(k, v)| (format!("{key}.{k}"), v)))
+                }
+                value => drop(flat.insert(key, value)),
+            }
+        }
+        flat
+    }
+
+    #[test]
+    fn every_key_has_a_flag_and_every_flag_a_key() {
+        // Every optional key set and every switch off its default, so that each
+        // key has a value to give its flag.
+        let config = TrainConfig {
+            model: ModelConfig {
+                norm: Norm::Post,
+                positional: Positional::None,
+                ffn: Ffn::Silu,
+                tie_embeddings: true,
+                ..ModelConfig::tinystories()
+            },
+            train_data: "train.npy".into(),
+            val_data: Some("val.npy".into()),
+            tokenizer: Some("tokenizer".into()),
+            max_tokens: Some(1 << 20),
+            cosine_steps: Some(900),
+            time_budget_s: Some(60.0),
+            schedule: Schedule::Time,
+            resume: Some("checkpoint.safetensors".into()),
+            device: Device::Cuda(1),
+            precision: Precision::Fp32,
+            ..TrainConfig::default()
+        };
+        let keys = keys_of(&config);
+        let mut argv = vec!["train".to_string()];
+        for (key, value) in &keys {
+            let text = match value {
+                Value::String(text) => text.clone(),
+                Value::Null => panic!("{key} has no value to give its flag: set it above"),
+                value => value.to_string(),
+            };
+            argv.extend([flag(key), text]);
+        }
+        let matches = command()
+            .try_get_matches_from(&argv)
+            .unwrap_or_else(|e| panic!("a key without its flag: {e}"));
+        let args = TrainArgs::from_arg_matches(&matches).unwrap();
+        let given: BTreeMap<String, Value> = args.overrides().unwrap().into_iter().collect();
+        assert_eq!(given, keys, "the flags give other keys or values");
+
+        let flags: BTreeSet<String> = command()
+            .get_arguments()
+            .map(|arg| arg.get_id().as_str())
+            .filter(|id| !NOT_KEYS.contains(id))
+            .map(flag)
+            .collect();
+        let flags_of_keys: BTreeSet<String> = keys.keys().map(|key| flag(key)).collect();
+        assert_eq!(flags, flags_of_keys, "a flag that sets no key");
+    }
+
+    #[test]
+    fn the_help_shows_the_defaults_of_train_config() {
+        let command = command();
+        let help = |id: &str| {
+            let arg = command.get_arguments().find(|a| a.get_id() == id);
+            arg.and_then(|a| a.get_help()).map(ToString::to_string)
+        };
+        assert_eq!(help("steps").unwrap(), "Optimizer steps [default: 5000]");
+        assert_eq!(
+            help("d_model").unwrap(),
+            "Width of the residual stream [default: 512]"
+        );
+        assert_eq!(
+            help("schedule").unwrap().rsplit('[').next(),
+            Some("default: steps]")
+        );
+        for (key, value) in keys_of(&TrainConfig::default()) {
+            let id = key.rsplit('.').next().unwrap();
+            let shown = match value {
+                Value::Null => continue,
+                Value::String(text) if text.is_empty() => continue,
+                Value::String(text) => text,
+                value => value.to_string(),
+            };
+            let help = help(id).unwrap_or_default();
+            assert!(
+                help.ends_with(&format!("[default: {shown}]")),
+                "{key}: {help}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_config_file_that_is_no_table_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, text) in [("list.json", "[1]"), ("model.toml", "model = 3\n")] {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text).unwrap();
+            let err = format!("{:#}", read_config(&path).unwrap_err());
+            assert!(err.contains(name) && err.contains("table"), "{err}");
+        }
+    }
 }
