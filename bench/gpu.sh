@@ -69,7 +69,7 @@ echo "== numeric suite: the CUDA backend against the CPU engine"
 "$BIN/test-cuda" --test-threads 1 --nocapture || status=1
 echo "== tinylm bench --device cuda (CS336 TinyStories model, batch 128 x 256)"
 for precision in bf16 fp32; do
-    "$BIN/tinylm" bench --device cuda --precision "$precision" --config bench/configs/tinystories.json \
+    "$BIN/tinylm" bench --device cuda --precision "$precision" --model-config bench/configs/tinystories.json \
         --batch-size 128 --steps 50 --no-peak || status=1
 done
 exit "$status"
