@@ -146,7 +146,9 @@ def train(config: dict[str, Any] | str | os.PathLike[str]) -> pathlib.Path:
     choose where it trains."""
 
 
-# The submodules hold the functions typed in the package modules of the same names.
+# The submodules hold the functions typed in the package modules of the same names;
+# ``nn``'s ``rope``, ``softmax``, ``scaled_dot_product_attention`` and
+# ``multihead_self_attention`` in fixed-rank forms that ``tinylm.nn`` wraps.
 from tinylm import checkpoint as checkpoint
 from tinylm import data as data
 from tinylm import nn as nn

@@ -82,6 +82,23 @@ impl<'py> Floats<'py> {
             self.shape
         )))
     }
+
+    /// The shape, checked to have `N` dimensions.
+    pub fn dims<const N: usize>(&self, name: &str) -> PyResult<[usize; N]> {
+        self.expect_ndim(name, N, true)?;
+        Ok(self.shape[..].try_into().expect("checked N dimensions"))
+    }
+
+    /// Checks the shape is `expected`.
+    pub fn expect_shape(&self, name: &str, expected: &[usize]) -> PyResult<()> {
+        if self.shape != expected {
+            return Err(invalid(format!(
+                "{name}: expected shape {expected:?}, got {:?}",
+                self.shape
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// A float32 C-contiguous writeable array, modified in place.

@@ -18,6 +18,7 @@ mod tokenizer;
 mod train;
 
 use pyo3::prelude::*;
+use pyo3::wrap_pymodule;
 
 #[pymodule]
 fn _tinylm(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -27,7 +28,7 @@ fn _tinylm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<tokenizer::EncodeIterable>()?;
     m.add_class::<model::TransformerLM>()?;
     m.add_function(wrap_pyfunction!(train::train, m)?)?;
-    nn::register(m)?;
+    m.add_wrapped(wrap_pymodule!(nn::module))?;
     optim::register(m)?;
     data::register(m)?;
     checkpoint::register(m)?;

@@ -54,24 +54,8 @@ pub fn params_from_state_dict(
     state: &Bound<'_, PyDict>,
 ) -> PyResult<Vec<f32>> {
     let layout = ParamLayout::new(config);
-    let mut params = vec![0f32; layout.total];
-    let mut problems = Vec::new();
-    for spec in &layout.specs {
-        match state.get_item(&spec.name)? {
-            None => problems.push(format!("missing '{}' of shape {:?}", spec.name, spec.shape)),
-            Some(value) => {
-                let value = Floats::new(&value, &spec.name)?;
-                if value.shape != spec.shape {
-                    problems.push(format!(
-                        "'{}' has shape {:?}, expected {:?}",
-                        spec.name, value.shape, spec.shape
-                    ));
-                } else {
-                    params[spec.range()].copy_from_slice(value.data());
-                }
-            }
-        }
-    }
+    let specs = (layout.specs.iter()).map(|s| (s.name.as_str(), &s.shape[..]));
+    let (params, mut problems) = read_tensors(state, specs)?;
     for key in state.keys() {
         let key: String = key.extract()?;
         if layout.get(&key).is_none() {
@@ -85,6 +69,32 @@ pub fn params_from_state_dict(
         )));
     }
     Ok(params)
+}
+
+/// The tensors `specs` (name, shape) of `state` in one buffer, in order, and a line
+/// for each one missing or of another shape (the buffer is whole only without any).
+pub fn read_tensors<'a>(
+    state: &Bound<'_, PyDict>,
+    specs: impl Iterator<Item = (&'a str, &'a [usize])>,
+) -> PyResult<(Vec<f32>, Vec<String>)> {
+    let (mut values, mut problems) = (Vec::new(), Vec::new());
+    for (name, shape) in specs {
+        match state.get_item(name)? {
+            None => problems.push(format!("missing '{name}' of shape {shape:?}")),
+            Some(value) => {
+                let value = Floats::new(&value, name)?;
+                if value.shape != shape {
+                    problems.push(format!(
+                        "'{name}' has shape {:?}, expected {shape:?}",
+                        value.shape
+                    ));
+                } else {
+                    values.extend_from_slice(value.data());
+                }
+            }
+        }
+    }
+    Ok((values, problems))
 }
 
 /// `{name: array}` of a buffer in `layout` (parameters or gradients).

@@ -29,39 +29,37 @@ pub struct MatMul {
 }
 
 impl MatMul {
+    /// `out (m, n) = a (m, k) · b (k, n)`, both stored as they are (attention's
+    /// `P V`).
+    pub fn plain(m: usize, k: usize, n: usize) -> Self {
+        MatMul {
+            m,
+            k,
+            n,
+            a_transposed: false,
+            b_transposed: false,
+            accumulate: false,
+        }
+    }
+
     /// `y (N, out) = x (N, in) · Wᵀ`, `W (out, in)`: a linear layer's forward.
     pub fn linear(n: usize, d_in: usize, d_out: usize) -> Self {
         MatMul {
-            m: n,
-            k: d_in,
-            n: d_out,
-            a_transposed: false,
             b_transposed: true,
-            accumulate: false,
+            ..MatMul::plain(n, d_in, d_out)
         }
     }
 
     /// `dx (N, in) = dy (N, out) · W`: a linear layer's input gradient.
     pub fn linear_dx(n: usize, d_in: usize, d_out: usize) -> Self {
-        MatMul {
-            m: n,
-            k: d_out,
-            n: d_in,
-            a_transposed: false,
-            b_transposed: false,
-            accumulate: false,
-        }
+        MatMul::plain(n, d_out, d_in)
     }
 
     /// `dW (out, in) = dyᵀ · x`: a linear layer's weight gradient.
     pub fn linear_dw(n: usize, d_in: usize, d_out: usize) -> Self {
         MatMul {
-            m: d_out,
-            k: n,
-            n: d_in,
             a_transposed: true,
-            b_transposed: false,
-            accumulate: false,
+            ..MatMul::plain(d_out, n, d_in)
         }
     }
 

@@ -4,11 +4,15 @@
 //! subtracted. The right operands `Kᵀ` and `Vᵀ` are transposed once per head into
 //! the thread's scratch: `gemm` reads a right operand's rows in place but would
 //! transpose a strided `Kᵀ` view again for every query block.
+//!
+//! And [`sdpa`], the general scaled dot-product attention (any mask, `n` queries
+//! and `m` keys) with the same row softmax ([`softmax_row`]).
 
-use super::linear::{gemm_view, View};
+use super::linear::{gemm_view, matmul, View};
 use super::memory::{transpose, with_scratch, SharedMut};
-use super::simd::{dot, max, sum_by, vectorized};
-use crate::kernels::{AttnShape, Float};
+use super::simd::{dot, vectorized};
+use super::softmax::softmax_row;
+use crate::kernels::{AttnShape, Float, MatMul};
 use rayon::prelude::*;
 
 /// Queries per block: a block's products only reach the keys its last query sees,
@@ -94,14 +98,7 @@ unsafe fn head_forward<F: Float>(
             || {
                 for (i, row) in (i0..i1).zip(p_block.chunks_exact_mut(t)) {
                     let (visible, future) = row.split_at_mut(s.q0 + i + 1);
-                    let max = max(visible);
-                    for x in visible.iter_mut() {
-                        *x = (*x - max).exp();
-                    }
-                    let inv = F::ONE / sum_by(visible, |x| x);
-                    for x in visible.iter_mut() {
-                        *x *= inv;
-                    }
+                    softmax_row(visible, None);
                     future.fill(F::ZERO);
                 }
             },
@@ -114,6 +111,55 @@ unsafe fn head_forward<F: Float>(
             gemm_view((i1 - i0, keys, d), dst, c, p_view, v, F::ONE, false);
         }
     }
+}
+
+/// Scaled dot-product attention of a batch with any mask: for each `b`,
+/// `out[b] = softmax(q[b] k[b]ᵀ / sqrt(dk)) v[b]`, each query's softmax over the
+/// keys `keep[b]` allows (exact zeros elsewhere; a query with no key gets zeros).
+/// `q (B, n, dk)`, `k (B, m, dk)`, `v (B, m, dv)`, `keep (B, n, m)` (true = attend;
+/// `None` = all), `out (B, n, dv)`. One rayon task per batch element, its scores
+/// `(n, m)` in the thread's scratch, both products on [`matmul`].
+pub fn sdpa<F: Float>(
+    out: &mut [F],
+    q: &[F],
+    k: &[F],
+    v: &[F],
+    keep: Option<&[bool]>,
+    (b, n, m, dk, dv): (usize, usize, usize, usize, usize),
+) {
+    assert_eq!(q.len(), b * n * dk, "sdpa q size");
+    assert_eq!(k.len(), b * m * dk, "sdpa k size");
+    assert_eq!(v.len(), b * m * dv, "sdpa v size");
+    assert_eq!(out.len(), b * n * dv, "sdpa output size");
+    if let Some(keep) = keep {
+        assert_eq!(keep.len(), b * n * m, "sdpa mask size");
+    }
+    if out.is_empty() {
+        return;
+    }
+    let scale = F::ONE / F::from_f64(dk as f64).sqrt();
+    out.par_chunks_mut(n * dv).enumerate().for_each(|(i, out)| {
+        let q = &q[i * n * dk..(i + 1) * n * dk];
+        let k = &k[i * m * dk..(i + 1) * m * dk];
+        let v = &v[i * m * dv..(i + 1) * m * dv];
+        let keep = keep.map(|keep| &keep[i * n * m..(i + 1) * n * m]);
+        with_scratch(n * m, |scores| {
+            // S = Q Kᵀ: K (m, dk) multiplies like a linear layer's weight.
+            matmul(scores, q, k, MatMul::linear(n, dk, m));
+            vectorized(
+                #[inline(always)]
+                || {
+                    for (r, row) in scores.chunks_exact_mut(m.max(1)).enumerate() {
+                        for x in row.iter_mut() {
+                            *x *= scale;
+                        }
+                        softmax_row(row, keep.map(|keep| &keep[r * m..(r + 1) * m]));
+                    }
+                },
+            );
+            matmul(out, scores, v, MatMul::plain(n, m, dv));
+        });
+    });
 }
 
 /// Backward (full passes, `q0 = 0`): per (b, h), with `dO` the head's output
@@ -220,4 +266,113 @@ pub fn attention_backward<F: Float>(
                 }
             });
         });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::cpu::softmax::tests::{assert_close, reference, values};
+
+    /// [`sdpa`] in f64, one query at a time.
+    fn reference_sdpa(
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        keep: Option<&[bool]>,
+        (b, n, m, dk, dv): (usize, usize, usize, usize, usize),
+    ) -> Vec<f32> {
+        let mut out = vec![0.0; b * n * dv];
+        for (row, out) in out.chunks_exact_mut(dv).enumerate() {
+            let i = row / n;
+            let q = &q[row * dk..(row + 1) * dk];
+            let scores: Vec<f32> = (0..m)
+                .map(|j| {
+                    let k = &k[(i * m + j) * dk..(i * m + j + 1) * dk];
+                    let dot: f64 = q.iter().zip(k).map(|(&a, &b)| a as f64 * b as f64).sum();
+                    (dot / (dk as f64).sqrt()) as f32
+                })
+                .collect();
+            let all = vec![true; m];
+            let p = reference(
+                &scores,
+                keep.map_or(&all[..], |k| &k[row * m..(row + 1) * m]),
+            );
+            for (c, o) in out.iter_mut().enumerate() {
+                *o = (0..m)
+                    .map(|j| p[j] as f64 * v[(i * m + j) * dv + c] as f64)
+                    .sum::<f64>() as f32;
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn sdpa_matches_the_reference_with_and_without_a_mask() {
+        let shape @ (b, n, m, dk, dv) = (3, 5, 7, 8, 6);
+        let (q, k, v) = (
+            values(b * n * dk, 2.0, 1),
+            values(b * m * dk, 2.0, 2),
+            values(b * m * dv, 1.0, 3),
+        );
+        let mut keep: Vec<bool> = values(b * n * m, 1.0, 4)
+            .iter()
+            .map(|&x| x > -0.3)
+            .collect();
+        keep[m..2 * m].fill(false); // query 1 of batch 0 sees no key
+        for mask in [None, Some(&keep[..])] {
+            let mut out = vec![f32::NAN; b * n * dv];
+            sdpa(&mut out, &q, &k, &v, mask, shape);
+            assert_close(&out, &reference_sdpa(&q, &k, &v, mask, shape));
+        }
+        let mut out = vec![f32::NAN; b * n * dv];
+        sdpa(&mut out, &q, &k, &v, Some(&keep), shape);
+        assert_eq!(out[dv..2 * dv], vec![0.0; dv]);
+    }
+
+    #[test]
+    fn sdpa_without_keys_gives_zeros() {
+        let (b, n, dk, dv) = (2, 3, 4, 5);
+        let mut out = vec![f32::NAN; b * n * dv];
+        let q = values(b * n * dk, 1.0, 5);
+        sdpa(&mut out, &q, &[], &[], None, (b, n, 0, dk, dv));
+        assert_eq!(out, vec![0.0; b * n * dv]);
+    }
+
+    /// The causal kernel equals [`sdpa`] with a causal mask on every head, for a full
+    /// pass (several query blocks) and for the last rows against a cache (`q0 > 0`).
+    #[test]
+    fn causal_attention_is_sdpa_with_a_causal_mask() {
+        let (b, t, h, d) = (2, 2 * QUERY_BLOCK + 5, 3, 8);
+        let c = h * d;
+        let qkv = values(b * t * 3 * c, 2.0, 6);
+        for q0 in [0, t - 3] {
+            let s = AttnShape { b, t, h, d, q0 };
+            let tq = s.tq();
+            let mut out = vec![0.0; b * tq * c];
+            let mut att = vec![0.0; b * h * tq * t];
+            attention_forward(&mut out, &mut att, &qkv, s);
+            // Head (b, h)'s rows of the q, k and v parts of `qkv`.
+            let part = |part: usize, rows: std::ops::Range<usize>| -> Vec<f32> {
+                let mut x = Vec::new();
+                for bh in 0..b * h {
+                    for r in rows.clone() {
+                        let at = (bh / h * t + r) * 3 * c + part * c + bh % h * d;
+                        x.extend_from_slice(&qkv[at..at + d]);
+                    }
+                }
+                x
+            };
+            let (q, k, v) = (part(0, q0..t), part(1, 0..t), part(2, 0..t));
+            let causal: Vec<bool> = (0..b * h * tq * t)
+                .map(|i| i % t <= q0 + i / t % tq)
+                .collect();
+            let mut want = vec![0.0; b * h * tq * d];
+            sdpa(&mut want, &q, &k, &v, Some(&causal), (b * h, tq, t, d, d));
+            for (row, got) in out.chunks_exact(d).enumerate() {
+                let (bi, i, hi) = (row / (tq * h), row / h % tq, row % h);
+                let at = ((bi * h + hi) * tq + i) * d;
+                assert_close(got, &want[at..at + d]);
+            }
+        }
+    }
 }

@@ -16,6 +16,7 @@ pub mod memory;
 pub mod rmsnorm;
 pub mod rope;
 pub mod simd;
+pub mod softmax;
 pub mod swiglu;
 
 pub use backend::Cpu;
