@@ -314,6 +314,12 @@ impl<F: Float, B: Backend<F>> ModelView<'_, F, B> {
         }
     }
 
+    /// A linear layer `y (N, out) = x (N, in) · Wᵀ`, `W (out, in)` the parameters at
+    /// `weight`, by `product` (a [`MatMul::linear`], accumulating for a residual add).
+    fn linear(&self, y: SpanMut<B::Buf>, x: Span<B::Buf>, weight: &Range<usize>, product: MatMul) {
+        self.backend.matmul(y, x, self.get(weight), product);
+    }
+
     /// Backward of a linear layer `y (N, out) = x (N, in) · Wᵀ`, `W (out, in)` the
     /// parameters at `weight`: `dx (N, in) = dy (N, out) · W` by `dx_product` (a
     /// [`MatMul::linear_dx`], accumulating where `dx` already holds another path's
@@ -845,12 +851,8 @@ fn forward_pass<F: Float, B: Backend<F>>(
     }
     let last = acts.resid[config.num_layers].all();
     let hidden = model.norm_in(&layout.ln_final, last, &mut acts.lnf, &mut acts.lnf_rstd);
-    be.matmul(
-        acts.logits.all_mut(),
-        hidden,
-        model.get(&layout.lm_head),
-        MatMul::linear(b * t, config.d_model, config.vocab_size),
-    );
+    let head = MatMul::linear(b * t, config.d_model, config.vocab_size);
+    model.linear(acts.logits.all_mut(), hidden, &layout.lm_head, head);
 }
 
 /// One block (the diagram at the top): `out (N, C)` from `x (N, C)`, keeping in
@@ -873,12 +875,9 @@ fn block_forward<F: Float, B: Backend<F>>(
     let attn_in = model.norm_in(&layer.ln1, x, &mut acts.ln1, &mut acts.rstd1);
     let qkv = kv.unwrap_or(&mut acts.qkv);
     let new_rows = 3 * c * shape.q0..3 * c * (shape.q0 + n);
-    be.matmul(
-        qkv.at_mut(new_rows.clone()),
-        attn_in,
-        model.get(&qkv_range(layer)),
-        MatMul::linear(n, c, 3 * c),
-    );
+    let w_qkv = qkv_range(layer);
+    let qkv_product = MatMul::linear(n, c, 3 * c);
+    model.linear(qkv.at_mut(new_rows.clone()), attn_in, &w_qkv, qkv_product);
     model.rope(qkv.at_mut(new_rows), shape, false);
     be.attention_forward(
         acts.atty.all_mut(),
@@ -887,28 +886,24 @@ fn block_forward<F: Float, B: Backend<F>>(
         shape,
     );
     be.copy(acts.r1.all_mut(), x);
-    be.matmul(
+    let residual_add = MatMul::linear(n, c, c).accumulating();
+    model.linear(
         acts.r1.all_mut(),
         acts.atty.all(),
-        model.get(&layer.output_proj),
-        MatMul::linear(n, c, c).accumulating(),
+        &layer.output_proj,
+        residual_add,
     );
     let y = model.norm_out(&layer.ln1, acts.r1.all(), &mut acts.ln1, &mut acts.rstd1);
     // out = norm_out(y + SwiGLU(norm_in(y)·W1ᵀ, norm_in(y)·W3ᵀ)·W2ᵀ)
     let ffn_in = model.norm_in(&layer.ln2, y, &mut acts.ln2, &mut acts.rstd2);
-    be.matmul(
+    model.linear(
         acts.h1.all_mut(),
         ffn_in,
-        model.get(&layer.w1),
+        &layer.w1,
         MatMul::linear(n, c, f),
     );
     if let Some(w3) = &layer.w3 {
-        be.matmul(
-            acts.h3.all_mut(),
-            ffn_in,
-            model.get(w3),
-            MatMul::linear(n, c, f),
-        );
+        model.linear(acts.h3.all_mut(), ffn_in, w3, MatMul::linear(n, c, f));
     }
     let swiglu = layer.w3.is_some();
     be.swiglu_forward(
@@ -918,12 +913,8 @@ fn block_forward<F: Float, B: Backend<F>>(
     );
     let r2 = model.sum_into(&mut acts.r2, out);
     be.copy(r2.all_mut(), y);
-    be.matmul(
-        r2.all_mut(),
-        acts.gate.all(),
-        model.get(&layer.w2),
-        MatMul::linear(n, f, c).accumulating(),
-    );
+    let residual_add = MatMul::linear(n, f, c).accumulating();
+    model.linear(r2.all_mut(), acts.gate.all(), &layer.w2, residual_add);
     model.norm_out(&layer.ln2, acts.r2.all(), out, &mut acts.rstd2);
 }
 
