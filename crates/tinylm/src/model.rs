@@ -19,8 +19,8 @@
 //!
 //! `block_forward` is this diagram as kernel calls, left to right, and
 //! `block_backward` the same right to left. Where the norms sit is behind
-//! `ModelView::norm_in` (what a sublayer reads: `ln(x)` or `x`) and
-//! `ModelView::norm_out` (what follows a residual add: `ln(r)` or `r`) and their
+//! `ModelView::norm` at two places — `Norm::Pre` (what a sublayer reads: `ln(x)` or
+//! `x`) and `Norm::Post` (what follows a residual add: `ln(r)` or `r`) — and its
 //! backward counterparts. [`transformer_block`] runs one block on its own.
 
 use crate::config::{Ffn, ModelConfig, Norm, Positional};
@@ -850,7 +850,13 @@ fn forward_pass<F: Float, B: Backend<F>>(
         block_forward(model, layer, layer_acts, x, out, kv, shape);
     }
     let last = acts.resid[config.num_layers].all();
-    let hidden = model.norm_in(&layout.ln_final, last, &mut acts.lnf, &mut acts.lnf_rstd);
+    let hidden = model.norm(
+        Norm::Pre,
+        &layout.ln_final,
+        last,
+        &mut acts.lnf,
+        &mut acts.lnf_rstd,
+    );
     let head = MatMul::linear(b * t, config.d_model, config.vocab_size);
     model.linear(acts.logits.all_mut(), hidden, &layout.lm_head, head);
 }
@@ -871,8 +877,8 @@ fn block_forward<F: Float, B: Backend<F>>(
     let be = model.backend;
     let n = shape.b * shape.tq();
     let (c, f) = (model.config.d_model, model.config.d_ff);
-    // r1 = x + attention(RoPE(norm_in(x)·W_qkvᵀ))·W_oᵀ, y = norm_out(r1)
-    let attn_in = model.norm_in(&layer.ln1, x, &mut acts.ln1, &mut acts.rstd1);
+    // r1 = x + attention(RoPE(pre(x)·W_qkvᵀ))·W_oᵀ, y = post(r1)
+    let attn_in = model.norm(Norm::Pre, &layer.ln1, x, &mut acts.ln1, &mut acts.rstd1);
     let qkv = kv.unwrap_or(&mut acts.qkv);
     let new_rows = 3 * c * shape.q0..3 * c * (shape.q0 + n);
     let w_qkv = qkv_range(layer);
@@ -893,9 +899,15 @@ fn block_forward<F: Float, B: Backend<F>>(
         &layer.output_proj,
         residual_add,
     );
-    let y = model.norm_out(&layer.ln1, acts.r1.all(), &mut acts.ln1, &mut acts.rstd1);
-    // out = norm_out(y + SwiGLU(norm_in(y)·W1ᵀ, norm_in(y)·W3ᵀ)·W2ᵀ)
-    let ffn_in = model.norm_in(&layer.ln2, y, &mut acts.ln2, &mut acts.rstd2);
+    let y = model.norm(
+        Norm::Post,
+        &layer.ln1,
+        acts.r1.all(),
+        &mut acts.ln1,
+        &mut acts.rstd1,
+    );
+    // out = post(y + SwiGLU(pre(y)·W1ᵀ, pre(y)·W3ᵀ)·W2ᵀ)
+    let ffn_in = model.norm(Norm::Pre, &layer.ln2, y, &mut acts.ln2, &mut acts.rstd2);
     model.linear(
         acts.h1.all_mut(),
         ffn_in,
@@ -915,7 +927,7 @@ fn block_forward<F: Float, B: Backend<F>>(
     be.copy(r2.all_mut(), y);
     let residual_add = MatMul::linear(n, f, c).accumulating();
     model.linear(r2.all_mut(), acts.gate.all(), &layer.w2, residual_add);
-    model.norm_out(&layer.ln2, acts.r2.all(), out, &mut acts.rstd2);
+    model.norm(Norm::Post, &layer.ln2, acts.r2.all(), out, &mut acts.rstd2);
 }
 
 /// The backward pass of the last full forward, whose logits buffer holds
@@ -941,7 +953,7 @@ fn backward_pass<F: Float, B: Backend<F>>(
 
     // LM head (and ln_final): dresid = ∂loss/∂(last block's output).
     let last = acts.resid[config.num_layers].all();
-    let hidden = model.sublayer_in(last, &acts.lnf);
+    let hidden = model.normed(Norm::Pre, last, &acts.lnf);
     let dx = MatMul::linear_dx(n, d, v);
     let (dhidden, dx) = model.dsublayer_in(&mut dacts.dresid, &mut dacts.dtmp, dx, false);
     let dlogits = acts.logits.all();
@@ -954,7 +966,7 @@ fn backward_pass<F: Float, B: Backend<F>>(
         dx,
     );
     let lnf = &layout.ln_final;
-    model.norm_in_backward(lnf, last, acts.lnf_rstd.all(), dacts, grads, false);
+    model.pre_norm_backward(lnf, last, acts.lnf_rstd.all(), dacts, grads, false);
 
     let shape = model.attn_shape(acts.b, acts.t, 0);
     for (l, layer) in layout.layers.iter().enumerate().rev() {
@@ -983,8 +995,8 @@ fn block_backward<F: Float, B: Backend<F>>(
     let be = model.backend;
     let n = shape.b * shape.t;
     let (c, f) = (model.config.d_model, model.config.d_ff);
-    // out = norm_out(r2), r2 = y + gate·W2ᵀ
-    model.norm_out_backward(&layer.ln2, acts.r2.all(), acts.rstd2.all(), dacts, grads);
+    // out = post(r2), r2 = y + gate·W2ᵀ
+    model.post_norm_backward(&layer.ln2, acts.r2.all(), acts.rstd2.all(), dacts, grads);
     let (dgate, dr2) = (dacts.dgate.all_mut(), dacts.dresid.all());
     let dx = MatMul::linear_dx(n, f, c);
     model.linear_backward(dgate, grads, &layer.w2, dr2, acts.gate.all(), dx);
@@ -996,9 +1008,9 @@ fn block_backward<F: Float, B: Backend<F>>(
         acts.h1.all(),
         swiglu.then(|| acts.h3.all()),
     );
-    // h1 = ffn_in·W1ᵀ, h3 = ffn_in·W3ᵀ, ffn_in = norm_in(y)
-    let y = model.sublayer_out(acts.r1.all(), &acts.ln1);
-    let ffn_in = model.sublayer_in(y, &acts.ln2);
+    // h1 = ffn_in·W1ᵀ, h3 = ffn_in·W3ᵀ, ffn_in = pre(y)
+    let y = model.normed(Norm::Post, acts.r1.all(), &acts.ln1);
+    let ffn_in = model.normed(Norm::Pre, y, &acts.ln2);
     let dx = MatMul::linear_dx(n, c, f);
     let (dffn_in, dx) = model.dsublayer_in(&mut dacts.dresid, &mut dacts.dtmp, dx, true);
     model.linear_backward(
@@ -1013,13 +1025,13 @@ fn block_backward<F: Float, B: Backend<F>>(
         let dx = dx.accumulating();
         model.linear_backward(dffn_in.all_mut(), grads, w3, dacts.dh3.all(), ffn_in, dx);
     }
-    model.norm_in_backward(&layer.ln2, y, acts.rstd2.all(), dacts, grads, true);
-    // Here dresid = ∂/∂y. y = norm_out(r1), r1 = x + atty·W_oᵀ
-    model.norm_out_backward(&layer.ln1, acts.r1.all(), acts.rstd1.all(), dacts, grads);
+    model.pre_norm_backward(&layer.ln2, y, acts.rstd2.all(), dacts, grads, true);
+    // Here dresid = ∂/∂y. y = post(r1), r1 = x + atty·W_oᵀ
+    model.post_norm_backward(&layer.ln1, acts.r1.all(), acts.rstd1.all(), dacts, grads);
     let (datty, dr1) = (dacts.datty.all_mut(), dacts.dresid.all());
     let dx = MatMul::linear_dx(n, c, c);
     model.linear_backward(datty, grads, &layer.output_proj, dr1, acts.atty.all(), dx);
-    // atty = attention(qkv), qkv = RoPE(attn_in·W_qkvᵀ), attn_in = norm_in(x)
+    // atty = attention(qkv), qkv = RoPE(attn_in·W_qkvᵀ), attn_in = pre(x)
     be.attention_backward(
         dacts.dqkv.all_mut(),
         dacts.datt.all_mut(),
@@ -1029,7 +1041,7 @@ fn block_backward<F: Float, B: Backend<F>>(
         shape,
     );
     model.rope(dacts.dqkv.all_mut(), shape, true);
-    let attn_in = model.sublayer_in(x, &acts.ln1);
+    let attn_in = model.normed(Norm::Pre, x, &acts.ln1);
     let dx = MatMul::linear_dx(n, c, 3 * c);
     let (dattn_in, dx) = model.dsublayer_in(&mut dacts.dresid, &mut dacts.dtmp, dx, true);
     let w_qkv = qkv_range(layer);
@@ -1041,63 +1053,44 @@ fn block_backward<F: Float, B: Backend<F>>(
         attn_in,
         dx,
     );
-    model.norm_in_backward(&layer.ln1, x, acts.rstd1.all(), dacts, grads, true);
+    model.pre_norm_backward(&layer.ln1, x, acts.rstd1.all(), dacts, grads, true);
 }
 
 /// The norm placement, for [`block_forward`] and [`block_backward`] (and `ln_final`,
-/// the LM head's [`ModelView::norm_in`]): pre-norm normalizes what a sublayer reads,
-/// post-norm the residual sum after it, "none" neither.
+/// the LM head's pre-norm): pre-norm normalizes what a sublayer reads, post-norm the
+/// residual sum after it, "none" neither. In the blocks' comments, `pre(x)` and
+/// `post(r)` are [`ModelView::norm`] at those places: the norm, or `x` and `r`
+/// themselves where the model has no norm.
 impl<F: Float, B: Backend<F>> ModelView<'_, F, B> {
-    /// What a sublayer reads: pre-norm's `ln = rmsnorm(x)`, otherwise `x` itself.
-    fn sublayer_in<'s>(&self, x: Span<'s, B::Buf>, ln: &'s B::Buf) -> Span<'s, B::Buf> {
-        if self.config.norm == Norm::Pre {
+    /// The norm at `place` — `Norm::Pre`: before a sublayer, on what it reads;
+    /// `Norm::Post`: after a residual add, on the sum — when the model's norms sit
+    /// there: `ln = rmsnorm(x)·gain` `(N, C)`, keeping `rstd (N)` for backward.
+    /// Returns what comes after the place ([`ModelView::normed`]).
+    fn norm<'s>(
+        &self,
+        place: Norm,
+        gain: &Option<Range<usize>>,
+        x: Span<'s, B::Buf>,
+        ln: &'s mut B::Buf,
+        rstd: &mut B::Buf,
+    ) -> Span<'s, B::Buf> {
+        if self.config.norm == place {
+            (self.backend).rmsnorm_forward(ln.all_mut(), rstd.all_mut(), x, self.gain(gain));
+        }
+        self.normed(place, x, ln)
+    }
+
+    /// What comes after the norm at `place` of `x`: its output `ln` when the model's
+    /// norms sit there, otherwise `x` itself.
+    fn normed<'s>(&self, place: Norm, x: Span<'s, B::Buf>, ln: &'s B::Buf) -> Span<'s, B::Buf> {
+        if self.config.norm == place {
             ln.all()
         } else {
             x
         }
     }
 
-    /// What a sublayer gives the next one: post-norm's `ln = rmsnorm(sum)` of its
-    /// residual sum, otherwise the sum itself.
-    fn sublayer_out<'s>(&self, sum: Span<'s, B::Buf>, ln: &'s B::Buf) -> Span<'s, B::Buf> {
-        if self.config.norm == Norm::Post {
-            ln.all()
-        } else {
-            sum
-        }
-    }
-
-    /// The norm before a sublayer: pre-norm's `ln = rmsnorm(x)·gain` `(N, C)`,
-    /// keeping `rstd (N)` for backward. Returns what the sublayer reads.
-    fn norm_in<'s>(
-        &self,
-        gain: &Option<Range<usize>>,
-        x: Span<'s, B::Buf>,
-        ln: &'s mut B::Buf,
-        rstd: &mut B::Buf,
-    ) -> Span<'s, B::Buf> {
-        if self.config.norm == Norm::Pre {
-            (self.backend).rmsnorm_forward(ln.all_mut(), rstd.all_mut(), x, self.gain(gain));
-        }
-        self.sublayer_in(x, ln)
-    }
-
-    /// The norm after a residual add: post-norm's `ln = rmsnorm(sum)·gain` `(N, C)`,
-    /// keeping `rstd (N)` for backward. Returns the sublayer's output.
-    fn norm_out<'s>(
-        &self,
-        gain: &Option<Range<usize>>,
-        sum: Span<'s, B::Buf>,
-        ln: &'s mut B::Buf,
-        rstd: &mut B::Buf,
-    ) -> Span<'s, B::Buf> {
-        if self.config.norm == Norm::Post {
-            (self.backend).rmsnorm_forward(ln.all_mut(), rstd.all_mut(), sum, self.gain(gain));
-        }
-        self.sublayer_out(sum, ln)
-    }
-
-    /// Where a residual sum that [`ModelView::norm_out`] takes into `out` goes:
+    /// Where a residual sum that the post-norm takes into `out` goes:
     /// post-norm's own buffer `sum`; otherwise the sum is the output, `out` itself.
     fn sum_into<'s>(&self, sum: &'s mut B::Buf, out: &'s mut B::Buf) -> &'s mut B::Buf {
         if self.config.norm == Norm::Post {
@@ -1107,10 +1100,10 @@ impl<F: Float, B: Backend<F>> ModelView<'_, F, B> {
         }
     }
 
-    /// Backward of [`ModelView::norm_out`]: `dacts.dresid` holds `∂/∂(the sublayer's
+    /// Backward of the post-norm ([`ModelView::norm`]): `dacts.dresid` holds `∂/∂(the sublayer's
     /// output)`; post-norm takes it through the norm of `sum` to `∂/∂sum` and adds the
     /// gain's gradient to `grads` (otherwise it is `∂/∂sum` already).
-    fn norm_out_backward(
+    fn post_norm_backward(
         &self,
         gain: &Option<Range<usize>>,
         sum: Span<B::Buf>,
@@ -1134,7 +1127,7 @@ impl<F: Float, B: Backend<F>> ModelView<'_, F, B> {
 
     /// Where the gradient of what a sublayer read goes, with the [`MatMul`] `dx` of
     /// the first product into it: pre-norm's `dtmp`, which
-    /// [`ModelView::norm_in_backward`] takes through the norm into `dresid`;
+    /// [`ModelView::pre_norm_backward`] takes through the norm into `dresid`;
     /// otherwise `dresid` itself, added to when `add` (it holds the residual path's
     /// gradient).
     fn dsublayer_in<'s>(
@@ -1151,10 +1144,10 @@ impl<F: Float, B: Backend<F>> ModelView<'_, F, B> {
         }
     }
 
-    /// Backward of [`ModelView::norm_in`] once the sublayer's input gradient is where
+    /// Backward of the pre-norm ([`ModelView::norm`]) once the sublayer's input gradient is where
     /// [`ModelView::dsublayer_in`] put it: pre-norm takes `dtmp` through the norm of
     /// `x` into `dresid` (added to when `add`) and adds the gain's gradient to `grads`.
-    fn norm_in_backward(
+    fn pre_norm_backward(
         &self,
         gain: &Option<Range<usize>>,
         x: Span<B::Buf>,

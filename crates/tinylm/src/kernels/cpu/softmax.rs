@@ -10,7 +10,7 @@ use rayon::prelude::*;
 /// value kept (all dropped or `-inf`) becomes all zeros, never NaN. Vectorizes when
 /// called inside [`vectorized`].
 #[inline(always)]
-pub(crate) fn softmax_row<F: Float>(row: &mut [F], keep: Option<&[bool]>) {
+pub fn softmax_row<F: Float>(row: &mut [F], keep: Option<&[bool]>) {
     if let Some(keep) = keep {
         let neg_inf = F::from_f64(f64::NEG_INFINITY);
         for (x, &k) in row.iter_mut().zip(keep) {
