@@ -8,7 +8,7 @@ use rayon::prelude::*;
 /// Softmax of `row` in place, its max subtracted first. With `keep` (one flag per
 /// entry, true = kept), the entries it drops become exactly 0. A row with no finite
 /// value kept (all dropped or `-inf`) becomes all zeros, never NaN. Vectorizes when
-/// called inside [`vectorized`].
+/// called inside `simd::vectorized`.
 #[inline(always)]
 pub fn softmax_row<F: Float>(row: &mut [F], keep: Option<&[bool]>) {
     if let Some(keep) = keep {
