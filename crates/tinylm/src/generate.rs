@@ -25,6 +25,8 @@ pub struct Sampler {
     top_p: f32,
     top_k: Option<usize>,
     rng: ChaCha8Rng,
+    /// Only ids below this are drawn ([`Sampler::vocabulary`]).
+    vocabulary: usize,
     /// Scratch `(id, probability)` pairs, reused across calls.
     probs: Vec<(u32, f32)>,
 }
@@ -50,8 +52,19 @@ impl Sampler {
             top_p,
             top_k,
             rng: ChaCha8Rng::seed_from_u64(seed),
+            vocabulary: usize::MAX,
             probs: Vec::new(),
         })
+    }
+
+    /// Draws only ids below `n` — those a tokenizer of `n` tokens can decode — from
+    /// the logits of a model whose `vocab_size` is larger (trained with a tokenizer
+    /// that came out smaller than the model's vocabulary).
+    pub fn vocabulary(self, n: usize) -> Self {
+        Sampler {
+            vocabulary: n,
+            ..self
+        }
     }
 
     /// Greedy decoding: always the most probable token.
@@ -101,6 +114,7 @@ impl Sampler {
 
     /// Picks the next token from logits `(V,)`.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        let logits = &logits[..logits.len().min(self.vocabulary)];
         if self.temperature == 0.0 {
             return argmax(logits);
         }

@@ -173,3 +173,16 @@ fn text_stream_prints_only_complete_utf8() {
     assert_eq!(out + &stream.finish(), "\u{FFFD}x\u{FFFD}");
     assert!(TextStream::new(&tok).push(256).is_err());
 }
+
+#[test]
+fn a_vocabulary_limit_never_draws_the_ids_above_it() {
+    // The most probable ids lie above the limit: only 0..3 may come out.
+    let logits = [0.0f32, 0.5, 0.2, 9.0, 9.0];
+    assert_eq!(Sampler::greedy().vocabulary(3).sample(&logits), 1);
+    for seed in 0..50 {
+        let mut s = Sampler::new(1.0, 1.0, None, seed).unwrap().vocabulary(3);
+        assert!(s.sample(&logits) < 3);
+    }
+    // Without the limit the same sampler draws them.
+    assert_eq!(Sampler::greedy().sample(&logits), 3);
+}

@@ -54,7 +54,7 @@ pub struct GenerateArgs {
 
 pub fn run(args: GenerateArgs) -> Result<()> {
     super::set_threads(args.threads)?;
-    let mut sampler = Sampler::new(args.temperature, args.top_p, args.top_k, args.seed)?;
+    let sampler = Sampler::new(args.temperature, args.top_p, args.top_k, args.seed)?;
     let ckpt = weights::load(&args.checkpoint, None)?;
     let tokenizer_dir =
         super::export::tokenizer_dir(args.tokenizer.as_deref(), &ckpt, &args.checkpoint)?;
@@ -68,6 +68,9 @@ pub fn run(args: GenerateArgs) -> Result<()> {
             ckpt.config.vocab_size
         );
     }
+    // A tokenizer that came out smaller than the model's vocabulary decodes only its
+    // own ids: the model's others are never drawn.
+    let mut sampler = sampler.vocabulary(tokenizer.vocab_size());
     let stdout = std::io::stdout();
     let task = Continuation {
         config: ckpt.config,
