@@ -167,7 +167,7 @@ def shortest_circle(graph, group):
                 circle = [v]
                 while previous[circle[-1]] is not None:
                     circle.append(previous[circle[-1]])
-                return [start] + circle[::-1][1:] + [start] if len(circle) > 1 else [start, v, start]
+                return circle[::-1] + [start]
             if w in members and w not in previous:
                 previous[w] = v
                 queue.append(w)

@@ -16,6 +16,7 @@ External links (http:, https:, mailto:) are not checked. Python 3 standard libra
 import re
 import sys
 import unicodedata
+from functools import cache
 from pathlib import Path
 
 README_MAX_LINES = 250
@@ -63,11 +64,10 @@ def heading_text_to_slug(text):
     return "".join(kept).replace(" ", "-")
 
 
-def anchors_of(path, cache={}):
+@cache
+def anchors_of(path):
     """Every anchor a Markdown file defines: heading slugs (with GitHub's -1, -2
     suffixes for repeats) and explicit <a name|id="..."> anchors."""
-    if path in cache:
-        return cache[path]
     text = path.read_text(encoding="utf-8")
     anchors, counts = set(), {}
     previous = None
@@ -86,7 +86,6 @@ def anchors_of(path, cache={}):
             anchors.add(slug if n == 0 else f"{slug}-{n}")
         anchors.update(a.lower() for a in HTML_ID.findall(line))
         previous = line
-    cache[path] = anchors
     return anchors
 
 
