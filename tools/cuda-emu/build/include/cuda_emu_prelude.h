@@ -1,0 +1,209 @@
+// The prelude the emulated NVRTC puts before a kernel family's CUDA C: it gives
+// the CUDA language its meaning on the CPU. Each GPU thread is a fiber of the
+// emulated driver; `__syncthreads` and the warp collectives are real rendezvous of
+// those fibers (a barrier some thread never reaches is a fault, not a hang);
+// `__shared__` storage is per block; floating-point operations are IEEE single
+// or double, rounded per operation (the module is compiled without FMA
+// contraction), like the `__f*_rn` intrinsics.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <utility>
+
+#include "cuda_emu.h"
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline __attribute__((always_inline))
+#define __noinline__ __attribute__((noinline))
+#define __restrict__ __restrict
+#define __launch_bounds__(...)
+// One block runs at a time on each host thread, so thread-local storage is the
+// block's shared memory.
+#define __shared__ static thread_local
+#define __constant__ static const
+
+struct dim3 {
+    unsigned int x, y, z;
+    constexpr dim3(unsigned int x_ = 1, unsigned int y_ = 1, unsigned int z_ = 1)
+        : x(x_), y(y_), z(z_) {}
+    constexpr dim3(cuemu_uint3 v) : x(v.x), y(v.y), z(v.z) {}
+};
+typedef cuemu_uint3 uint3;
+
+#define threadIdx (cuemu_self()->thread_idx)
+#define blockIdx (cuemu_self()->block_idx)
+#define blockDim (cuemu_self()->block_dim)
+#define gridDim (cuemu_self()->grid_dim)
+#define warpSize 32
+
+#define __syncthreads() cuemu_syncthreads(__FILE__, __LINE__)
+#define __syncwarp(...) \
+    ((void)cuemu_warp(CUEMU_SYNCWARP, cuemu_mask(__VA_ARGS__), 0, 0, 32, __FILE__, __LINE__))
+#define __trap() cuemu_kernel_fault(__FILE__, __LINE__, "__trap()")
+#define assert(cond) \
+    ((cond) ? (void)0 : cuemu_kernel_fault(__FILE__, __LINE__, "assertion failed: " #cond))
+
+static inline unsigned int cuemu_mask(unsigned int mask = 0xffffffffu) { return mask; }
+
+// ---- Warp collectives: the value travels as its bits.
+
+template <typename T>
+static inline uint64_t cuemu_bits(T v) {
+    static_assert(sizeof(T) <= 8, "a shuffled value is at most 8 bytes");
+    uint64_t bits = 0;
+    std::memcpy(&bits, &v, sizeof(T));
+    return bits;
+}
+
+template <typename T>
+static inline T cuemu_from_bits(uint64_t bits) {
+    T v;
+    std::memcpy(&v, &bits, sizeof(T));
+    return v;
+}
+
+#define CUEMU_SHUFFLE(name, op)                                                         \
+    template <typename T>                                                               \
+    static inline T cuemu_##name(unsigned int mask, T v, int arg, int width,            \
+                                 const char* file, int line) {                          \
+        return cuemu_from_bits<T>(cuemu_warp(op, mask, cuemu_bits(v), arg, width, file, \
+                                             line));                                    \
+    }
+CUEMU_SHUFFLE(shfl_sync, CUEMU_SHFL_IDX)
+CUEMU_SHUFFLE(shfl_xor_sync, CUEMU_SHFL_XOR)
+CUEMU_SHUFFLE(shfl_down_sync, CUEMU_SHFL_DOWN)
+CUEMU_SHUFFLE(shfl_up_sync, CUEMU_SHFL_UP)
+#undef CUEMU_SHUFFLE
+
+#define CUEMU_WIDTH(w, ...) w
+#define __shfl_sync(mask, v, lane, ...) \
+    cuemu_shfl_sync(mask, v, lane, CUEMU_WIDTH(__VA_ARGS__ __VA_OPT__(, ) 32), __FILE__, __LINE__)
+#define __shfl_xor_sync(mask, v, lane_mask, ...)                                         \
+    cuemu_shfl_xor_sync(mask, v, lane_mask, CUEMU_WIDTH(__VA_ARGS__ __VA_OPT__(, ) 32), \
+                        __FILE__, __LINE__)
+#define __shfl_down_sync(mask, v, delta, ...)                                         \
+    cuemu_shfl_down_sync(mask, v, delta, CUEMU_WIDTH(__VA_ARGS__ __VA_OPT__(, ) 32), \
+                         __FILE__, __LINE__)
+#define __shfl_up_sync(mask, v, delta, ...) \
+    cuemu_shfl_up_sync(mask, v, delta, CUEMU_WIDTH(__VA_ARGS__ __VA_OPT__(, ) 32), __FILE__, __LINE__)
+#define __ballot_sync(mask, pred) \
+    ((unsigned int)cuemu_warp(CUEMU_BALLOT, mask, (pred) != 0, 0, 32, __FILE__, __LINE__))
+#define __any_sync(mask, pred) (__ballot_sync(mask, pred) != 0u)
+#define __all_sync(mask, pred) (__ballot_sync(mask, pred) == (mask))
+
+// ---- Atomics (blocks run in parallel on host threads).
+
+template <typename T>
+static inline T atomicAdd(T* address, T value) {
+    if constexpr (std::is_integral<T>::value) {
+        return __atomic_fetch_add(address, value, __ATOMIC_RELAXED);
+    } else {
+        T old;
+        __atomic_load(address, &old, __ATOMIC_RELAXED);
+        T desired;
+        do {
+            desired = old + value;
+        } while (!__atomic_compare_exchange(address, &old, &desired, false, __ATOMIC_RELAXED,
+                                            __ATOMIC_RELAXED));
+        return old;
+    }
+}
+template <typename T>
+static inline T atomicMax(T* address, T value) {
+    T old = *address;
+    while (old < value &&
+           !__atomic_compare_exchange(address, &old, &value, false, __ATOMIC_RELAXED,
+                                      __ATOMIC_RELAXED)) {
+    }
+    return old;
+}
+template <typename T>
+static inline T atomicMin(T* address, T value) {
+    T old = *address;
+    while (value < old &&
+           !__atomic_compare_exchange(address, &old, &value, false, __ATOMIC_RELAXED,
+                                      __ATOMIC_RELAXED)) {
+    }
+    return old;
+}
+template <typename T>
+static inline T atomicExch(T* address, T value) {
+    T old;
+    __atomic_exchange(address, &value, &old, __ATOMIC_RELAXED);
+    return old;
+}
+template <typename T>
+static inline T atomicCAS(T* address, T compare, T value) {
+    __atomic_compare_exchange(address, &compare, &value, false, __ATOMIC_RELAXED,
+                              __ATOMIC_RELAXED);
+    return compare;
+}
+static inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+static inline void __threadfence_block() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+
+// ---- Math: the C library's functions, and the intrinsics as single IEEE operations.
+
+using std::max;
+using std::min;
+static inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+static inline double rsqrt(double x) { return 1.0 / std::sqrt(x); }
+#define __expf(x) std::exp((float)(x))
+#define __logf(x) std::log((float)(x))
+#define __sinf(x) std::sin((float)(x))
+#define __cosf(x) std::cos((float)(x))
+#define __powf(x, y) std::pow((float)(x), (float)(y))
+static inline float __fdividef(float x, float y) { return x / y; }
+static inline float __saturatef(float x) { return x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : x); }
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fsub_rn(float a, float b) { return a - b; }
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __fdiv_rn(float a, float b) { return a / b; }
+static inline float __frcp_rn(float a) { return 1.0f / a; }
+static inline float __fsqrt_rn(float a) { return std::sqrt(a); }
+static inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+static inline double __dadd_rn(double a, double b) { return a + b; }
+static inline double __dsub_rn(double a, double b) { return a - b; }
+static inline double __dmul_rn(double a, double b) { return a * b; }
+static inline double __ddiv_rn(double a, double b) { return a / b; }
+static inline double __dsqrt_rn(double a) { return std::sqrt(a); }
+static inline double __fma_rn(double a, double b, double c) { return std::fma(a, b, c); }
+static inline float __double2float_rn(double a) { return (float)a; }
+static inline int __float_as_int(float x) { return cuemu_from_bits<int>(cuemu_bits(x)); }
+static inline float __int_as_float(int x) { return cuemu_from_bits<float>(cuemu_bits(x)); }
+static inline unsigned int __float_as_uint(float x) { return cuemu_from_bits<unsigned int>(cuemu_bits(x)); }
+static inline float __uint_as_float(unsigned int x) { return cuemu_from_bits<float>(cuemu_bits(x)); }
+template <typename T>
+static inline T __ldg(const T* p) { return *p; }
+
+// ---- What the driver needs of each kernel: its parameters and an entry that
+// unpacks the launch's `void**` into a call.
+
+template <typename F, F f>
+struct cuemu_kernel;
+
+template <typename... P, void (*f)(P...)>
+struct cuemu_kernel<void (*)(P...), f> {
+    template <size_t... I>
+    static void call(void** args, std::index_sequence<I...>) {
+        f(*static_cast<std::remove_cv_t<P>*>(args[I])...);
+    }
+    static void entry(void** args) { call(args, std::index_sequence_for<P...>{}); }
+    static constexpr unsigned int sizes[sizeof...(P) + 1] = {(unsigned int)sizeof(P)..., 0};
+    static constexpr unsigned char pointers[sizeof...(P) + 1] = {std::is_pointer<P>::value...,
+                                                                 0};
+    static cuemu_kernel_info info(const char* name) {
+        return {name, (int)sizeof...(P), sizes, pointers, &entry};
+    }
+};
+
+#define CUEMU_KERNEL(name)                                                              \
+    extern "C" __attribute__((visibility("default"))) cuemu_kernel_info                 \
+        cuemu_kernel_##name() {                                                         \
+        return cuemu_kernel<decltype(&name), &name>::info(#name);                       \
+    }

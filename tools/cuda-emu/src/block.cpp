@@ -1,0 +1,477 @@
+// The block executor: each block of a launch runs on one host thread, its GPU
+// threads as fibers scheduled round-robin. A thread runs until it exits or waits
+// at a barrier or a warp collective; a barrier opens when every thread of the
+// block has reached it, a collective when every lane of its mask has. What real
+// hardware would hang on or leave undefined is a fault here: a thread that exits
+// while others wait at a barrier, threads waiting at different barriers, a mask
+// that names an exited or absent lane or leaves out the caller, lanes that meet
+// with different masks or operations, and a block where nobody can go on.
+
+#include <sys/mman.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <sanitizer/common_interface_defs.h>
+
+#include "fiber.h"
+#include "runtime.h"
+
+namespace cuemu {
+
+namespace {
+
+constexpr unsigned kMaxThreads = 1024;
+constexpr size_t kStackSize = 64 << 10;
+constexpr size_t kGuard = 4 << 10;
+
+enum class State : uint8_t { Ready, AtBarrier, InWarp, Exited };
+
+struct Thread {
+    cuemu_thread_ids ids;
+    unsigned linear = 0;
+    State state = State::Ready;
+    Fiber fiber;
+    // A pending warp collective.
+    int op = 0;
+    unsigned mask = 0;
+    uint64_t value = 0;
+    int lane_arg = 0;
+    int width = 32;
+    const char* file = "";
+    int line = 0;
+    uint64_t result = 0;
+};
+
+struct Warp {
+    unsigned arrived = 0;  // lanes waiting in the current collective
+};
+
+/// One host thread's means to run blocks: fiber stacks for the largest block,
+/// and the state of the block it runs.
+struct Worker {
+    Scheduler scheduler;
+    char* stacks = nullptr;
+    std::vector<Thread> threads = std::vector<Thread>(kMaxThreads);
+    Warp warps[kMaxThreads / 32];
+    const Launch* launch = nullptr;
+    unsigned count = 0;  // threads of the block
+    unsigned live = 0;
+    unsigned exited = 0;
+    unsigned at_barrier = 0;
+    const char* barrier_file = "";
+    int barrier_line = 0;
+    bool faulted = false;
+    std::string fault;
+
+    Worker() {
+        size_t per = kStackSize + kGuard;
+        void* p = mmap(nullptr, per * kMaxThreads, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p == MAP_FAILED) {
+            std::fprintf(stderr, "cuda-emu: cannot map %zu MiB of fiber stacks\n",
+                         per * kMaxThreads >> 20);
+            std::abort();
+        }
+        stacks = static_cast<char*>(p);
+        for (unsigned i = 0; i < kMaxThreads; i++) {
+            char* base = stacks + i * per;
+            mprotect(base, kGuard, PROT_NONE);
+            threads[i].fiber.stack = base + kGuard;
+            threads[i].fiber.stack_size = kStackSize;
+        }
+    }
+};
+
+thread_local Worker* tl_worker = nullptr;
+thread_local Thread* tl_thread = nullptr;
+
+Worker& worker() {
+    if (tl_worker == nullptr) {
+        tl_worker = new Worker();  // one per host thread, for the process's life
+    }
+    return *tl_worker;
+}
+
+std::string where(const Thread& t) {
+    char s[160];
+    std::snprintf(s, sizeof s, "block (%u,%u,%u) thread (%u,%u,%u)", t.ids.block_idx.x,
+                  t.ids.block_idx.y, t.ids.block_idx.z, t.ids.thread_idx.x, t.ids.thread_idx.y,
+                  t.ids.thread_idx.z);
+    return s;
+}
+
+std::string site(const char* file, int line) { return std::string(file) + ":" + std::to_string(line); }
+
+std::string format(const char* fmt, ...) {
+    char buf[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    std::vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    return buf;
+}
+
+const char* op_name(int op) {
+    switch (op) {
+        case CUEMU_SHFL_IDX: return "__shfl_sync";
+        case CUEMU_SHFL_XOR: return "__shfl_xor_sync";
+        case CUEMU_SHFL_DOWN: return "__shfl_down_sync";
+        case CUEMU_SHFL_UP: return "__shfl_up_sync";
+        case CUEMU_BALLOT: return "a vote (__ballot/__any/__all_sync)";
+        default: return "__syncwarp";
+    }
+}
+
+/// Ends the running thread's fiber for good with a fault of its block.
+[[noreturn]] void fault_here(const std::string& what) {
+    Worker& w = worker();
+    Thread& t = *tl_thread;
+    if (!w.faulted) {
+        w.faulted = true;
+        w.fault = "kernel " + std::string(w.launch->kernel.name) + ", " + where(t) + ": " + what;
+    }
+    leave(w.scheduler, t.fiber, true);
+    std::abort();  // never resumed
+}
+
+/// Waits (as a fiber) until the scheduler resumes this thread.
+void wait(Thread& t) { leave(worker().scheduler, t.fiber, false); }
+
+void thread_main(void* arg) {
+    Worker& w = worker();
+    Thread& t = *static_cast<Thread*>(arg);
+    __sanitizer_finish_switch_fiber(nullptr, &w.scheduler.stack_bottom, &w.scheduler.stack_size);
+    w.launch->kernel.entry(const_cast<void**>(w.launch->args.data()));
+    // The thread exits.
+    t.state = State::Exited;
+    w.live--;
+    w.exited++;
+    if (w.at_barrier > 0) {
+        fault_here(format("exits while %u thread(s) wait at __syncthreads() at %s: a barrier "
+                          "must be reached by every thread of the block",
+                          w.at_barrier, site(w.barrier_file, w.barrier_line).c_str()));
+    }
+    Warp& warp = w.warps[t.linear / 32];
+    unsigned lane = t.linear % 32;
+    if (warp.arrived != 0) {
+        const Thread& first = w.threads[t.linear - lane + __builtin_ctz(warp.arrived)];
+        if (first.mask & (1u << lane)) {
+            fault_here(format("lane %u exits while lanes 0x%08x wait for it in %s at %s (mask "
+                              "0x%08x)",
+                              lane, warp.arrived, op_name(first.op),
+                              site(first.file, first.line).c_str(), first.mask));
+        }
+    }
+    leave(w.scheduler, t.fiber, true);
+    std::abort();
+}
+
+/// Runs block `index` of the launch on this host thread; false on a fault.
+bool run_block(Worker& w, const Launch& launch, uint64_t index) {
+    const cuemu_uint3 g = launch.grid, b = launch.block;
+    cuemu_uint3 block_idx = {unsigned(index % g.x), unsigned(index / g.x % g.y),
+                             unsigned(index / (uint64_t(g.x) * g.y))};
+    w.launch = &launch;
+    w.count = b.x * b.y * b.z;
+    w.live = w.count;
+    w.exited = 0;
+    w.at_barrier = 0;
+    w.faulted = false;
+    for (unsigned i = 0; i < (w.count + 31) / 32; i++) {
+        w.warps[i].arrived = 0;
+    }
+    for (unsigned i = 0; i < w.count; i++) {
+        Thread& t = w.threads[i];
+        t.ids = {{i % b.x, i / b.x % b.y, i / (b.x * b.y)}, block_idx, b, g};
+        t.linear = i;
+        t.state = State::Ready;
+        prepare(t.fiber, thread_main, &t);
+    }
+    while (w.live > 0 && !w.faulted) {
+        bool ran = false;
+        for (unsigned i = 0; i < w.count && !w.faulted; i++) {
+            Thread& t = w.threads[i];
+            if (t.state == State::Ready) {
+                tl_thread = &t;
+                resume(w.scheduler, t.fiber);
+                ran = true;
+            }
+        }
+        if (!ran && !w.faulted) {
+            // Nobody can go on: describe who waits where.
+            std::string waits;
+            for (unsigned i = 0; i < (w.count + 31) / 32; i++) {
+                unsigned arrived = w.warps[i].arrived;
+                if (arrived != 0) {
+                    const Thread& t = w.threads[i * 32 + __builtin_ctz(arrived)];
+                    waits += format("; warp %u: lanes 0x%08x wait in %s at %s with mask 0x%08x",
+                                    i, arrived, op_name(t.op), site(t.file, t.line).c_str(),
+                                    t.mask);
+                }
+            }
+            if (w.at_barrier > 0) {
+                waits += format("; %u of %u threads wait at __syncthreads() at %s", w.at_barrier,
+                                w.count, site(w.barrier_file, w.barrier_line).c_str());
+            }
+            w.faulted = true;
+            w.fault = format("kernel %s, block (%u,%u,%u): deadlock, no thread can go on",
+                             launch.kernel.name, block_idx.x, block_idx.y, block_idx.z) +
+                      waits;
+        }
+    }
+    if (w.faulted) {
+        for (unsigned i = 0; i < w.count; i++) {
+            if (w.threads[i].state != State::Exited) {
+                forget_stack(w.threads[i].fiber);
+            }
+        }
+    }
+    tl_thread = nullptr;
+    return !w.faulted;
+}
+
+// ---- The worker pool.
+
+struct Pool {
+    std::mutex mutex;
+    std::condition_variable start, done;
+    const std::function<void(size_t)>* body = nullptr;
+    size_t n = 0;
+    std::atomic<size_t> next{0};
+    unsigned busy = 0;
+    uint64_t generation = 0;
+    std::vector<std::thread> threads;
+
+    explicit Pool(unsigned count) {
+        for (unsigned i = 1; i < count; i++) {
+            threads.emplace_back([this] { serve(); });
+            threads.back().detach();
+        }
+    }
+
+    void drain(const std::function<void(size_t)>& f, size_t count) {
+        for (size_t i; (i = next.fetch_add(1)) < count;) {
+            f(i);
+        }
+    }
+
+    void serve() {
+        uint64_t seen = 0;
+        std::unique_lock<std::mutex> lock(mutex);
+        for (;;) {
+            start.wait(lock, [&] { return generation != seen; });
+            seen = generation;
+            const auto* f = body;
+            size_t count = n;
+            busy++;
+            lock.unlock();
+            drain(*f, count);
+            lock.lock();
+            if (--busy == 0) {
+                done.notify_all();
+            }
+        }
+    }
+
+    void run(size_t count, const std::function<void(size_t)>& f) {
+        if (threads.empty() || count <= 1) {
+            for (size_t i = 0; i < count; i++) f(i);
+            return;
+        }
+        {
+            std::lock_guard<std::mutex> lock(mutex);
+            body = &f;
+            n = count;
+            next = 0;
+            generation++;
+        }
+        start.notify_all();
+        drain(f, count);
+        std::unique_lock<std::mutex> lock(mutex);
+        done.wait(lock, [&] { return busy == 0 && next.load() >= count; });
+    }
+};
+
+Pool& pool() {
+    static Pool* p = new Pool(workers());
+    return *p;
+}
+
+}  // namespace
+
+unsigned workers() {
+    static unsigned n = [] {
+        const char* env = std::getenv("CUDA_EMU_THREADS");
+        int v = env ? std::atoi(env) : int(std::thread::hardware_concurrency());
+        return unsigned(v > 0 ? v : 1);
+    }();
+    return n;
+}
+
+void parallel_for(size_t n, const std::function<void(size_t)>& body) { pool().run(n, body); }
+
+std::string execute(const Launch& launch) {
+    uint64_t blocks = uint64_t(launch.grid.x) * launch.grid.y * launch.grid.z;
+    std::atomic<bool> faulted{false};
+    std::mutex fault_mutex;
+    std::string fault;
+    parallel_for(blocks, [&](size_t i) {
+        if (faulted.load(std::memory_order_relaxed)) return;
+        Worker& w = worker();
+        if (!run_block(w, launch, i)) {
+            std::lock_guard<std::mutex> lock(fault_mutex);
+            if (!faulted.exchange(true)) fault = w.fault;
+        }
+    });
+    return fault;
+}
+
+}  // namespace cuemu
+
+using namespace cuemu;
+
+extern "C" {
+
+const cuemu_thread_ids* cuemu_self(void) { return &tl_thread->ids; }
+
+void cuemu_syncthreads(const char* file, int line) {
+    Worker& w = worker();
+    Thread& t = *tl_thread;
+    if (w.exited > 0) {
+        fault_here(format("__syncthreads() at %s is never reached by the %u thread(s) of the "
+                          "block that have exited",
+                          site(file, line).c_str(), w.exited));
+    }
+    if (w.at_barrier > 0 && (w.barrier_line != line || w.barrier_file != file)) {
+        fault_here(format("waits at __syncthreads() at %s while %u thread(s) wait at the one "
+                          "at %s",
+                          site(file, line).c_str(), w.at_barrier,
+                          site(w.barrier_file, w.barrier_line).c_str()));
+    }
+    w.barrier_file = file;
+    w.barrier_line = line;
+    if (++w.at_barrier == w.count) {
+        w.at_barrier = 0;
+        for (unsigned i = 0; i < w.count; i++) {
+            if (w.threads[i].state == State::AtBarrier) w.threads[i].state = State::Ready;
+        }
+        return;
+    }
+    t.state = State::AtBarrier;
+    wait(t);
+}
+
+uint64_t cuemu_warp(int op, unsigned mask, uint64_t value, int lane_arg, int width,
+                    const char* file, int line) {
+    Worker& w = worker();
+    Thread& t = *tl_thread;
+    const unsigned lane = t.linear % 32;
+    const unsigned base = t.linear - lane;
+    Warp& warp = w.warps[t.linear / 32];
+    if (!(mask & (1u << lane))) {
+        fault_here(format("lane %u calls %s at %s with mask 0x%08x, which leaves it out", lane,
+                          op_name(op), site(file, line).c_str(), mask));
+    }
+    if (warp.arrived == 0) {
+        // The first lane checks the mask for all: a lane that exits later while
+        // named by it is caught when it exits.
+        if (width < 1 || width > 32 || (width & (width - 1)) != 0) {
+            fault_here(format("%s at %s with width %d: a power of two from 1 to 32", op_name(op),
+                              site(file, line).c_str(), width));
+        }
+        for (unsigned l = 0; l < 32; l++) {
+            if (!(mask & (1u << l))) continue;
+            if (base + l >= w.count) {
+                fault_here(format("%s at %s: mask 0x%08x names lane %u, which this block of %u "
+                                  "threads does not have",
+                                  op_name(op), site(file, line).c_str(), mask, l, w.count));
+            }
+            if (w.threads[base + l].state == State::Exited) {
+                fault_here(format("%s at %s: mask 0x%08x names lane %u, which has exited",
+                                  op_name(op), site(file, line).c_str(), mask, l));
+            }
+        }
+    } else {
+        const Thread& first = w.threads[base + __builtin_ctz(warp.arrived)];
+        if (first.mask != mask || first.op != op || first.line != line || first.file != file) {
+            fault_here(format("lane %u calls %s at %s with mask 0x%08x while lanes 0x%08x wait "
+                              "in %s at %s with mask 0x%08x",
+                              lane, op_name(op), site(file, line).c_str(), mask, warp.arrived,
+                              op_name(first.op), site(first.file, first.line).c_str(),
+                              first.mask));
+        }
+    }
+    t.op = op;
+    t.mask = mask;
+    t.value = value;
+    t.lane_arg = lane_arg;
+    t.width = width;
+    t.file = file;
+    t.line = line;
+    warp.arrived |= 1u << lane;
+    if (warp.arrived != mask) {
+        t.state = State::InWarp;
+        wait(t);
+        return t.result;
+    }
+    // Every lane is here: compute each lane's result, then let them all go.
+    uint64_t ballot = 0;
+    for (unsigned l = 0; l < 32; l++) {
+        if ((mask & (1u << l)) && w.threads[base + l].value != 0) ballot |= 1u << l;
+    }
+    for (unsigned l = 0; l < 32; l++) {
+        if (!(mask & (1u << l))) continue;
+        Thread& u = w.threads[base + l];
+        const unsigned segment = l & ~unsigned(width - 1);
+        int src = int(l);
+        switch (op) {
+            case CUEMU_SHFL_IDX: src = int(segment + unsigned(u.lane_arg) % unsigned(width)); break;
+            case CUEMU_SHFL_XOR: {
+                int x = int(l) ^ u.lane_arg;
+                src = x < int(segment + width) ? x : int(l);
+                break;
+            }
+            case CUEMU_SHFL_DOWN: {
+                int x = int(l) + u.lane_arg;
+                src = x < int(segment + width) ? x : int(l);
+                break;
+            }
+            case CUEMU_SHFL_UP: {
+                int x = int(l) - u.lane_arg;
+                src = x >= int(segment) ? x : int(l);
+                break;
+            }
+            default: break;
+        }
+        if (op == CUEMU_BALLOT) {
+            u.result = ballot;
+        } else if (op == CUEMU_SYNCWARP) {
+            u.result = 0;
+        } else {
+            if (src < 0 || src > 31 || !(mask & (1u << src))) {
+                fault_here(format("%s at %s: lane %u reads lane %d, which is not in the mask "
+                                  "0x%08x",
+                                  op_name(op), site(file, line).c_str(), l, src, mask));
+            }
+            u.result = w.threads[base + src].value;
+        }
+        if (&u != &t) u.state = State::Ready;
+    }
+    warp.arrived = 0;
+    return t.result;
+}
+
+void cuemu_kernel_fault(const char* file, int line, const char* what) {
+    fault_here(std::string(what) + " at " + site(file, line));
+}
+}
