@@ -96,8 +96,9 @@ impl Cuda {
         let stream = ctx.default_stream();
         let arch = format!("compute_{}{}", capability.0, capability.1);
         let mut kernels = HashMap::new();
+        let cache = nvrtc::cache_dir();
         for (family, source) in FAMILIES {
-            let ptx = nvrtc::compile_cached(family, source, &arch, precision)?;
+            let ptx = nvrtc::compile_cached(family, source, &arch, precision, cache.as_deref())?;
             let module = ctx
                 .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
                 .map_err(|e| driver_error(&format!("loading {family}.cu for {arch}"), e))?;
