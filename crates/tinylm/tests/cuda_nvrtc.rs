@@ -95,9 +95,14 @@ fn opening_a_device_names_what_is_missing() {
         println!("opened {}", cuda.describe());
     } else {
         let err = opened.err().expect("no usable GPU").to_string();
-        let names_it = ["libcuda.so.1", "libcublasLt.so.13", "no CUDA device"]
-            .iter()
-            .any(|missing| err.contains(missing));
+        let names_it = [
+            "libcuda.so.1",
+            "needs CUDA 13.0",
+            "libcublasLt.so.13",
+            "no CUDA device",
+        ]
+        .iter()
+        .any(|missing| err.contains(missing));
         assert!(names_it && !err.contains('\n'), "{err}");
         println!("{err}");
     }
