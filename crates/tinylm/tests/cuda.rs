@@ -487,6 +487,14 @@ fn adamw_and_sum_of_squares_match_the_cpu() {
     }
 }
 
+/// The backend queues its work on a stream of its own, not on the legacy NULL
+/// stream, which would serialize with every other stream of the process.
+#[test]
+fn the_backend_runs_on_a_stream_of_its_own() {
+    let cuda = gpu(Precision::Fp32);
+    assert!(!cuda.stream().cu_stream().is_null(), "the NULL stream");
+}
+
 /// Set for the child process of [`a_driver_older_than_cuda_13_is_one_clear_error`]:
 /// [`driver_version_probe`] then expects `Cuda::new` to refuse the driver.
 const EXPECT_OLD_DRIVER: &str = "TINYLM_TEST_EXPECT_OLD_DRIVER";

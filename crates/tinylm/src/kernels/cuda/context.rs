@@ -86,8 +86,14 @@ impl Cuda {
         }
         let ctx = CudaContext::new(ordinal).map_err(|e| driver_error("opening the device", e))?;
         // One stream, in order: no cross-stream events needed.
-        // SAFETY: every buffer and kernel of this backend uses `stream` only.
+        // SAFETY: every buffer, kernel, copy, event and cuBLASLt call of this backend
+        // uses `stream` only.
         unsafe { ctx.disable_event_tracking() };
+        // A stream of its own, non-blocking: the legacy NULL stream would serialize
+        // with every other stream in the process.
+        let stream = ctx
+            .new_stream()
+            .map_err(|e| driver_error("creating a stream", e))?;
         let device_name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
         let capability = ctx
             .compute_capability()
@@ -99,7 +105,6 @@ impl Cuda {
                 capability.0, capability.1
             )));
         }
-        let stream = ctx.default_stream();
         let arch = format!("compute_{}{}", capability.0, capability.1);
         let mut kernels = HashMap::new();
         let cache = nvrtc::cache_dir();
