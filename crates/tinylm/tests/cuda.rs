@@ -18,10 +18,10 @@ use tinylm::config::{Ffn, ModelConfig, Norm, Positional};
 use tinylm::device::Device;
 use tinylm::kernels::cpu;
 use tinylm::kernels::cpu::adamw::adamw_step;
-use tinylm::kernels::cuda::{Cuda, DType, DeviceBuffer};
+use tinylm::kernels::cuda::{Cuda, CudaBuf, DType, DeviceBuffer};
 use tinylm::kernels::Precision;
 use tinylm::kernels::{clip_scale, AdamWParams, CLIP_EPS};
-use tinylm::kernels::{AttnShape, MatMul};
+use tinylm::kernels::{AttnShape, Backend, BufKind, Buffer, MatMul};
 use tinylm::optim::global_norm;
 use tinylm::params::ParamLayout;
 use tinylm::train::{train, LogRecord, Progress, TrainConfig};
@@ -484,6 +484,37 @@ fn adamw_and_sum_of_squares_match_the_cpu() {
             0.0,
             "adamw shadow",
         );
+    }
+}
+
+/// Token ids staged in pinned memory: uploads into one buffer queued back to back,
+/// each followed by a kernel reading the ids, each reach their own kernel (an upload
+/// waits for the copy out of the staging memory before it overwrites it).
+#[test]
+fn token_ids_uploaded_back_to_back_each_reach_their_kernel() {
+    let mut rng = ChaCha8Rng::seed_from_u64(16);
+    let (vocab, c, n, uploads) = (50, 8, 300, 4);
+    let cuda = gpu(Precision::Fp32);
+    let table = random(&mut rng, vocab * c, 1.0);
+    let mut table_d: CudaBuf = Backend::alloc(&cuda, vocab * c, BufKind::Full).unwrap();
+    Backend::upload(&cuda, table_d.all_mut(), &table).unwrap();
+    let mut ids_d = Backend::alloc_ids(&cuda, n).unwrap();
+    let batches: Vec<Vec<u32>> = (0..uploads)
+        .map(|_| random_ids(&mut rng, n, vocab))
+        .collect();
+    let mut outs: Vec<CudaBuf> = (0..uploads)
+        .map(|_| Backend::alloc(&cuda, n * c, BufKind::Activations).unwrap())
+        .collect();
+    for (ids, out) in batches.iter().zip(&mut outs) {
+        Backend::upload_ids(&cuda, &mut ids_d, ids).unwrap();
+        Backend::embedding_forward(&cuda, out.all_mut(), &ids_d, table_d.all());
+    }
+    for (i, (ids, out)) in batches.iter().zip(&outs).enumerate() {
+        let mut got = vec![0f32; n * c];
+        Backend::download(&cuda, out.all(), &mut got).unwrap();
+        let mut want = vec![0f32; n * c];
+        cpu::embedding::embedding_forward(&mut want, ids, &table);
+        assert!(got == want, "upload {i}: embeddings of other ids");
     }
 }
 
