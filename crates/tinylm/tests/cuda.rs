@@ -18,6 +18,7 @@ use tinylm::config::{Ffn, ModelConfig, Norm, Positional};
 use tinylm::device::Device;
 use tinylm::kernels::cpu;
 use tinylm::kernels::cpu::adamw::adamw_step;
+use tinylm::kernels::cuda::attention::{attention_scores_len, attention_scratch_len};
 use tinylm::kernels::cuda::{Cuda, CudaBuf, DType, DeviceBuffer};
 use tinylm::kernels::Precision;
 use tinylm::kernels::{clip_scale, AdamWParams, CLIP_EPS};
@@ -32,6 +33,10 @@ const PRECISIONS: [Precision; 2] = [Precision::Fp32, Precision::Bf16];
 fn gpu(precision: Precision) -> Cuda {
     Cuda::new(0, precision).unwrap_or_else(|e| panic!("CUDA numeric tests need a GPU: {e}"))
 }
+
+/// bf16's unit roundoff: rounding to bf16 (8 significant bits, to nearest) moves a
+/// value by at most 2⁻⁸ of itself.
+const BF16_U: f64 = 1.0 / 256.0;
 
 fn tolerance(precision: Precision) -> f64 {
     match precision {
@@ -331,18 +336,14 @@ fn attention_forward_backward_and_decode_match_the_cpu() {
             let qkv_d = put_x(&cuda, &qkv);
             let out = cuda.alloc(b * tq * c, cuda.float_x(), "out").unwrap();
             let att = cuda.alloc(b * h * tq * t, cuda.float_x(), "att").unwrap();
-            let scratch_len = tinylm::kernels::cuda::attention::attention_scratch_len(s);
-            let scratch = cuda.alloc(scratch_len, cuda.float_x(), "scratch").unwrap();
-            cuda.attention_forward(out.view(), att.view(), qkv_d.view(), s, scratch.view());
+            let (scratch, scores) = attention_scratch(&cuda, s);
+            let (scratch, scores) = (scratch.view(), scores.view());
+            cuda.attention_forward(out.view(), att.view(), qkv_d.view(), s, scratch, scores);
             let (mut want, mut want_att) = (vec![0f32; b * tq * c], vec![0f32; b * h * tq * t]);
             cpu::attention::attention_forward(&mut want, &mut want_att, &qkv, s);
             let what = format!("{precision:?} attention {s:?}");
-            assert_close(
-                &get(&cuda, &att),
-                &want_att,
-                tol,
-                &format!("{what} probabilities"),
-            );
+            let probabilities = format!("{what} probabilities");
+            assert_close(&get(&cuda, &att), &want_att, tol, &probabilities);
             assert_close(&get(&cuda, &out), &want, tol, &format!("{what} out"));
             if q0 > 0 {
                 continue;
@@ -358,7 +359,7 @@ fn attention_forward_backward_and_decode_match_the_cpu() {
                 qkv_d.view(),
                 att.view(),
                 s,
-                scratch.view(),
+                scratch,
             );
             let (mut want_dqkv, mut scratch_cpu) =
                 (vec![0f32; b * t * 3 * c], vec![0f32; b * h * t * t]);
@@ -370,8 +371,110 @@ fn attention_forward_backward_and_decode_match_the_cpu() {
                 &want_att,
                 s,
             );
-            assert_close(&get(&cuda, &dqkv), &want_dqkv, tol, &format!("{what} dqkv"));
+            let what = format!("{what} dqkv");
+            assert_close(&get(&cuda, &dqkv), &want_dqkv, tol, &what);
         }
+    }
+}
+
+/// Attention's work space for shape `s`: the `floatX` heads and the f32 scores.
+fn attention_scratch(cuda: &Cuda, s: AttnShape) -> (DeviceBuffer, DeviceBuffer) {
+    let heads = cuda.alloc(attention_scratch_len(s), cuda.float_x(), "heads");
+    let scores = cuda.alloc(attention_scores_len(s), DType::F32, "scores");
+    (heads.unwrap(), scores.unwrap())
+}
+
+/// bf16 attention probabilities at the score magnitudes of a trained model,
+/// |scale·QKᵀ| up to 8–12 (D = 64, q and k uniform in ±2.6), within 2u of the CPU's
+/// element by element. Error model: q, k are bf16 on both sides (the CPU gets the
+/// rounded values); the GPU's scores are f32 sums of 64 exact products, and its
+/// softmax is f32, so before their one rounding to bf16 the probabilities differ
+/// from the CPU's only by the two sides' f32 errors in the scores, each at most
+/// 64·2⁻²⁴·Σ|scale·q·k| ≈ 5e-5 (Σ ≈ 14): a relative 2e-4 at most in a probability
+/// (its own score and, through the sum, the others'). The rounding adds at most
+/// u = 2⁻⁸ relative, so |P̃ − P| ≤ (u + 2e-4)·P < 2u·P. Scores rounded to bf16
+/// before the softmax would move each exponent by up to u·|scale·S|: about 10u here.
+#[test]
+fn bf16_attention_probabilities_at_realistic_scores_are_rounded_once() {
+    let mut rng = ChaCha8Rng::seed_from_u64(14);
+    let cuda = gpu(Precision::Bf16);
+    for s in [
+        AttnShape {
+            b: 2,
+            t: 64,
+            h: 2,
+            d: 64,
+            q0: 0,
+        },
+        AttnShape {
+            b: 1,
+            t: 64,
+            h: 2,
+            d: 64,
+            q0: 60,
+        },
+    ] {
+        let (c, tq, t) = (s.c(), s.tq(), s.t);
+        let qkv = rounded(&cuda, &random(&mut rng, s.b * t * 3 * c, 2.6));
+        let scale = 1.0 / (s.d as f64).sqrt();
+        let score = |b: usize, h: usize, i: usize, j: usize| {
+            let q = &qkv[(b * t + i) * 3 * c + h * s.d..][..s.d];
+            let k = &qkv[(b * t + j) * 3 * c + c + h * s.d..][..s.d];
+            scale
+                * q.iter()
+                    .zip(k)
+                    .map(|(&q, &k)| q as f64 * k as f64)
+                    .sum::<f64>()
+        };
+        let largest = (0..s.b * s.h)
+            .flat_map(|bh| (s.q0..t).flat_map(move |i| (0..=i).map(move |j| (bh, i, j))))
+            .map(|(bh, i, j)| score(bh / s.h, bh % s.h, i, j).abs())
+            .fold(0f64, f64::max);
+        assert!(
+            (5.0..=15.0).contains(&largest),
+            "largest |scale·QKᵀ| {largest:.1} is not realistic"
+        );
+        let qkv_d = put_x(&cuda, &qkv);
+        let out = cuda.alloc(s.b * tq * c, cuda.float_x(), "out").unwrap();
+        let att = cuda
+            .alloc(s.b * s.h * tq * t, cuda.float_x(), "att")
+            .unwrap();
+        let (scratch, scores) = attention_scratch(&cuda, s);
+        cuda.attention_forward(
+            out.view(),
+            att.view(),
+            qkv_d.view(),
+            s,
+            scratch.view(),
+            scores.view(),
+        );
+        let (mut want, mut want_att) = (vec![0f32; s.b * tq * c], vec![0f32; s.b * s.h * tq * t]);
+        cpu::attention::attention_forward(&mut want, &mut want_att, &qkv, s);
+        let got = get(&cuda, &att);
+        let (worst, at) = got
+            .iter()
+            .zip(&want_att)
+            .map(|(&g, &w)| match (g == w, w == 0.0) {
+                (true, _) => 0.0,
+                (false, true) => f64::INFINITY,
+                (false, false) => ((g - w) as f64 / w as f64).abs(),
+            })
+            .enumerate()
+            .fold(
+                (0f64, 0),
+                |(m, at), (i, e)| if e > m { (e, i) } else { (m, at) },
+            );
+        println!(
+            "{s:?}: largest |scale·QKᵀ| {largest:.1}, probabilities' relative error {:.2} u",
+            worst / BF16_U
+        );
+        assert!(
+            worst <= 2.0 * BF16_U,
+            "{s:?}: probability {at} is {} for the CPU's {}: relative error {:.2} u > 2 u",
+            got[at],
+            want_att[at],
+            worst / BF16_U
+        );
     }
 }
 

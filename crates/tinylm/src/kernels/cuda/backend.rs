@@ -6,7 +6,7 @@
 //! that copy alone. Token ids go in the other way, through pinned memory of their
 //! own ([`CudaIds`]).
 
-use super::attention::attention_scratch_len;
+use super::attention::{attention_scores_len, attention_scratch_len};
 use super::buffer::{
     operand, view, view_mut, CudaBuf, CudaIds, CudaStats, DType, Dev, Pinned, STATS_BYTES,
 };
@@ -300,8 +300,12 @@ impl Backend<f32> for Cuda {
         let Some(scratch) = self.scratch(Scratch::Attention, len, self.float_x()) else {
             return;
         };
+        let scores_len = attention_scores_len(shape);
+        let Some(scores) = self.scratch(Scratch::Scores, scores_len, DType::F32) else {
+            return;
+        };
         let (out, att) = (view_mut(out), view_mut(att));
-        Cuda::attention_forward(self, out, att, view(qkv), shape, scratch);
+        Cuda::attention_forward(self, out, att, view(qkv), shape, scratch, scores);
     }
 
     fn attention_backward(

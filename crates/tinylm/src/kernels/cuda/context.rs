@@ -26,6 +26,9 @@ pub enum Scratch {
     /// Heads of q, k, v and their gradients
     /// ([`attention_scratch_len`](super::attention::attention_scratch_len)).
     Attention,
+    /// Attention scores `(B, H, Tq, T)` f32 before the softmax
+    /// ([`attention_scores_len`](super::attention::attention_scores_len)).
+    Scores,
     /// RMSNorm gain-gradient partial sums `(ROW_BLOCKS, C)` f32
     /// ([`ROW_BLOCKS`](super::rmsnorm::ROW_BLOCKS)).
     NormGain,
