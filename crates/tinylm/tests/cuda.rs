@@ -19,7 +19,11 @@ use tinylm::config::{Ffn, ModelConfig, Norm, Positional};
 use tinylm::device::Device;
 use tinylm::kernels::cpu;
 use tinylm::kernels::cpu::adamw::adamw_step;
+use tinylm::kernels::cuda::adamw::MAX_BLOCKS;
 use tinylm::kernels::cuda::attention::{attention_scores_len, attention_scratch_len};
+use tinylm::kernels::cuda::global_norm::{NORM_BLOCKS, NORM_THREADS};
+use tinylm::kernels::cuda::launch::BLOCK;
+use tinylm::kernels::cuda::rmsnorm::ROW_BLOCKS;
 use tinylm::kernels::cuda::{Cuda, CudaBuf, DType, DeviceBuffer};
 use tinylm::kernels::Precision;
 use tinylm::kernels::{clip_scale, AdamWParams, CLIP_EPS};
@@ -231,54 +235,59 @@ fn embedding_forward_and_backward_match_the_cpu() {
     }
 }
 
+/// Also past one pass of the gain gradient's grid-stride loop over rows
+/// (`ROW_BLOCKS` blocks of 8 rows: 1,024 rows a pass).
 #[test]
 fn rmsnorm_forward_and_backward_match_the_cpu() {
     let mut rng = ChaCha8Rng::seed_from_u64(3);
-    let (n, c) = (67, 96);
     for precision in PRECISIONS {
         let cuda = gpu(precision);
         // Each result is computed in f32 from bf16 inputs and rounded once.
         let tol = tolerance(precision, 1.0);
-        let x = rounded(&cuda, &random(&mut rng, n * c, 2.0));
-        let g = random(&mut rng, c, 1.5);
-        let dout = rounded(&cuda, &random(&mut rng, n * c, 1.0));
-        let dx0 = rounded(&cuda, &random(&mut rng, n * c, 1.0));
-        let dg0 = random(&mut rng, c, 1.0);
-        let (x_d, g_d) = (put_x(&cuda, &x), put_f32(&cuda, &g));
-        let out = cuda.alloc(n * c, cuda.float_x(), "out").unwrap();
-        let rstd = cuda.alloc(n, DType::F32, "rstd").unwrap();
-        cuda.rmsnorm_forward(out.view(), rstd.view(), x_d.view(), g_d.view(), 1e-5);
-        let (mut want, mut want_rstd) = (vec![0f32; n * c], vec![0f32; n]);
-        cpu::rmsnorm::rmsnorm_forward(&mut want, &mut want_rstd, &x, &g, 1e-5);
-        assert_close(&get(&cuda, &out), &want, tol, "rmsnorm out");
-        assert_close(&get(&cuda, &rstd), &want_rstd, 1e-5, "rmsnorm rstd");
-        let scratch = cuda
-            .alloc(
-                tinylm::kernels::cuda::rmsnorm::ROW_BLOCKS * c,
-                DType::F32,
-                "scratch",
-            )
-            .unwrap();
-        for accumulate in [false, true] {
-            let (dx_d, dg_d, dout_d) = (
-                put_x(&cuda, &dx0),
-                put_f32(&cuda, &dg0),
-                put_x(&cuda, &dout),
+        for (n, c) in [(67, 96), (1500, 40)] {
+            let x = rounded(&cuda, &random(&mut rng, n * c, 2.0));
+            let g = random(&mut rng, c, 1.5);
+            let dout = rounded(&cuda, &random(&mut rng, n * c, 1.0));
+            let dx0 = rounded(&cuda, &random(&mut rng, n * c, 1.0));
+            let dg0 = random(&mut rng, c, 1.0);
+            let (x_d, g_d) = (put_x(&cuda, &x), put_f32(&cuda, &g));
+            let out = cuda.alloc(n * c, cuda.float_x(), "out").unwrap();
+            let rstd = cuda.alloc(n, DType::F32, "rstd").unwrap();
+            cuda.rmsnorm_forward(out.view(), rstd.view(), x_d.view(), g_d.view(), 1e-5);
+            let (mut want, mut want_rstd) = (vec![0f32; n * c], vec![0f32; n]);
+            cpu::rmsnorm::rmsnorm_forward(&mut want, &mut want_rstd, &x, &g, 1e-5);
+            let what = format!("{precision:?} rmsnorm ({n}, {c})");
+            assert_close(&get(&cuda, &out), &want, tol, &format!("{what} out"));
+            assert_close(
+                &get(&cuda, &rstd),
+                &want_rstd,
+                1e-5,
+                &format!("{what} rstd"),
             );
-            cuda.rmsnorm_backward(
-                dx_d.view(),
-                dg_d.view(),
-                dout_d.view(),
-                x_d.view(),
-                g_d.view(),
-                rstd.view(),
-                accumulate,
-                scratch.view(),
-            );
-            let (mut dx, mut dg) = (dx0.clone(), dg0.clone());
-            cpu::rmsnorm::rmsnorm_backward(&mut dx, &mut dg, &dout, &x, &g, &want_rstd, accumulate);
-            assert_close(&get(&cuda, &dx_d), &dx, tol, "rmsnorm dx");
-            assert_close(&get(&cuda, &dg_d), &dg, 1e-5, "rmsnorm dg");
+            let scratch = cuda.alloc(ROW_BLOCKS * c, DType::F32, "scratch").unwrap();
+            for accumulate in [false, true] {
+                let (dx_d, dg_d, dout_d) = (
+                    put_x(&cuda, &dx0),
+                    put_f32(&cuda, &dg0),
+                    put_x(&cuda, &dout),
+                );
+                cuda.rmsnorm_backward(
+                    dx_d.view(),
+                    dg_d.view(),
+                    dout_d.view(),
+                    x_d.view(),
+                    g_d.view(),
+                    rstd.view(),
+                    accumulate,
+                    scratch.view(),
+                );
+                let (mut dx, mut dg) = (dx0.clone(), dg0.clone());
+                cpu::rmsnorm::rmsnorm_backward(
+                    &mut dx, &mut dg, &dout, &x, &g, &want_rstd, accumulate,
+                );
+                assert_close(&get(&cuda, &dx_d), &dx, tol, &format!("{what} dx"));
+                assert_close(&get(&cuda, &dg_d), &dg, 1e-5, &format!("{what} dg"));
+            }
         }
     }
 }
@@ -517,6 +526,7 @@ fn bf16_attention_probabilities_at_realistic_scores_are_rounded_once() {
     }
 }
 
+/// Also past one pass of the mean's loop over rows (one block of 1,024 threads).
 #[test]
 fn cross_entropy_loss_and_gradient_match_the_cpu() {
     let mut rng = ChaCha8Rng::seed_from_u64(7);
@@ -524,7 +534,7 @@ fn cross_entropy_loss_and_gradient_match_the_cpu() {
         let cuda = gpu(precision);
         // The gradient is computed in f32 from bf16 logits and rounded once.
         let tol = tolerance(precision, 1.0);
-        for (n, v) in [(33, 50), (4, 5000)] {
+        for (n, v) in [(33, 50), (4, 5000), (2100, 30)] {
             let logits = rounded(&cuda, &random(&mut rng, n * v, 6.0));
             let targets = random_ids(&mut rng, n, v);
             let targets_d = put_ids(&cuda, &targets);
@@ -562,10 +572,11 @@ fn cross_entropy_loss_and_gradient_match_the_cpu() {
     }
 }
 
+/// The sum of squares over more than two passes of its grid-stride loop.
 #[test]
 fn adamw_and_sum_of_squares_match_the_cpu() {
     let mut rng = ChaCha8Rng::seed_from_u64(8);
-    let n = 100_003;
+    let n = 2 * NORM_BLOCKS * NORM_THREADS as usize + 17;
     let hp = AdamWParams {
         weight_decay: 0.1,
         ..AdamWParams::default()
@@ -575,8 +586,7 @@ fn adamw_and_sum_of_squares_match_the_cpu() {
         let grads = random(&mut rng, n, 0.01);
         let grads_d = put_f32(&cuda, &grads);
         let sum = cuda.alloc(1, DType::F64, "sum").unwrap();
-        let blocks = tinylm::kernels::cuda::global_norm::NORM_BLOCKS;
-        let scratch = cuda.alloc(blocks, DType::F64, "scratch").unwrap();
+        let scratch = cuda.alloc(NORM_BLOCKS, DType::F64, "scratch").unwrap();
         cuda.sum_squares(sum.view(), grads_d.view(), scratch.view());
         let mut got = [0f64];
         cuda.download(sum.view(), &mut got).unwrap();
@@ -628,6 +638,41 @@ fn adamw_and_sum_of_squares_match_the_cpu() {
             "adamw shadow",
         );
     }
+}
+
+/// AdamW over more elements than its largest grid (`MAX_BLOCKS` blocks of `BLOCK`
+/// threads), so the last 1,000 take a second pass of the grid-stride loop: one step,
+/// bit for bit the CPU's, and the bf16 copy of those last parameters. (16.8M
+/// elements, 270 MB on the device: the loop's cap is a launch constant, and the
+/// launch code stays as it is.)
+#[test]
+fn adamw_past_its_grid_matches_the_cpu_bit_for_bit() {
+    let mut rng = ChaCha8Rng::seed_from_u64(15);
+    let n = MAX_BLOCKS * BLOCK as usize + 1000;
+    let hp = AdamWParams::default();
+    let cuda = gpu(Precision::Bf16);
+    let mut params = random(&mut rng, n, 1.0);
+    let grads = random(&mut rng, n, 0.01);
+    let (params_d, grads_d) = (put_f32(&cuda, &params), put_f32(&cuda, &grads));
+    let m_d = cuda.alloc(n, DType::F32, "m").unwrap();
+    let v_d = cuda.alloc(n, DType::F32, "v").unwrap();
+    let shadow = cuda.alloc(n, cuda.float_x(), "shadow").unwrap();
+    let (p, g, m, v) = (params_d.view(), grads_d.view(), m_d.view(), v_d.view());
+    cuda.adamw(p, Some(shadow.view()), g, m, v, 1, 1e-3, &hp, None);
+    let (mut m, mut v) = (vec![0f32; n], vec![0f32; n]);
+    adamw_step(&mut params, &grads, &mut m, &mut v, 1, 1e-3, &hp, 1.0);
+    assert!(
+        get(&cuda, &params_d) == params,
+        "adamw parameters, bit for bit"
+    );
+    assert!(get(&cuda, &m_d) == m, "adamw first moment");
+    assert!(get(&cuda, &v_d) == v, "adamw second moment");
+    let tail = n - 2000..n;
+    let shadow_tail = cuda.alloc(tail.len(), DType::F32, "shadow tail").unwrap();
+    cuda.to_f32(shadow_tail.view(), shadow.slice(tail.clone()));
+    let mut got = vec![0f32; tail.len()];
+    cuda.download(shadow_tail.view(), &mut got).unwrap();
+    assert_close(&got, &rounded(&cuda, &params[tail]), 0.0, "adamw shadow");
 }
 
 /// Token ids staged in pinned memory: uploads into one buffer queued back to back,
