@@ -95,9 +95,14 @@ fn opening_a_device_names_what_is_missing() {
         println!("opened {}", cuda.describe());
     } else {
         let err = opened.err().expect("no usable GPU").to_string();
-        let names_it = ["libcuda.so.1", "libcublasLt.so.13", "no CUDA device"]
-            .iter()
-            .any(|missing| err.contains(missing));
+        let names_it = [
+            "libcuda.so.1",
+            "needs CUDA 13.0",
+            "libcublasLt.so.13",
+            "no CUDA device",
+        ]
+        .iter()
+        .any(|missing| err.contains(missing));
         assert!(names_it && !err.contains('\n'), "{err}");
         println!("{err}");
     }
@@ -108,19 +113,10 @@ fn opening_a_device_names_what_is_missing() {
 #[test]
 fn compiled_ptx_is_cached_per_family_architecture_and_precision() {
     let dir = tempfile::tempdir().unwrap();
-    // Only this test compiles through the cache, so the variable affects no other.
-    std::env::set_var("TINYLM_CUDA_CACHE", dir.path());
-    let files = || -> Vec<std::path::PathBuf> {
-        let mut all: Vec<_> = std::fs::read_dir(dir.path())
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .collect();
-        all.sort();
-        all
-    };
+    let cache = Some(dir.path());
     let (family, source) = FAMILIES[0];
-    let ptx = nvrtc::compile_cached(family, source, ARCHS[0], Precision::Fp32).unwrap();
-    let cached = files();
+    let ptx = nvrtc::compile_cached(family, source, ARCHS[0], Precision::Fp32, cache).unwrap();
+    let cached = files(dir.path());
     assert_eq!(cached.len(), 1);
     let name = cached[0]
         .file_name()
@@ -134,10 +130,63 @@ fn compiled_ptx_is_cached_per_family_architecture_and_precision() {
     assert_eq!(std::fs::read_to_string(&cached[0]).unwrap(), ptx);
     // A second request reads the file.
     std::fs::write(&cached[0], "// from the cache").unwrap();
-    let again = nvrtc::compile_cached(family, source, ARCHS[0], Precision::Fp32).unwrap();
+    let again = nvrtc::compile_cached(family, source, ARCHS[0], Precision::Fp32, cache).unwrap();
     assert_eq!(again, "// from the cache");
     // Another precision or architecture is another entry.
-    nvrtc::compile_cached(family, source, ARCHS[0], Precision::Bf16).unwrap();
-    nvrtc::compile_cached(family, source, ARCHS[1], Precision::Fp32).unwrap();
-    assert_eq!(files().len(), 3);
+    nvrtc::compile_cached(family, source, ARCHS[0], Precision::Bf16, cache).unwrap();
+    nvrtc::compile_cached(family, source, ARCHS[1], Precision::Fp32, cache).unwrap();
+    assert_eq!(files(dir.path()).len(), 3);
+}
+
+/// Threads compiling one family into one cache each write a file of their own and
+/// rename it into place: every thread gets the whole PTX, the cache holds one whole
+/// file and no temporary is left behind.
+#[test]
+fn threads_compiling_one_family_publish_one_whole_cache_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let (family, source) = FAMILIES[0];
+    let want = nvrtc::compile(family, source, ARCHS[0], Precision::Fp32).unwrap();
+    let compiled: Vec<String> = std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                scope.spawn(|| {
+                    nvrtc::compile_cached(
+                        family,
+                        source,
+                        ARCHS[0],
+                        Precision::Fp32,
+                        Some(dir.path()),
+                    )
+                    .unwrap()
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    assert!(compiled.iter().all(|ptx| *ptx == want));
+    let cached = files(dir.path());
+    assert_eq!(cached.len(), 1, "{cached:?}");
+    assert_eq!(std::fs::read_to_string(&cached[0]).unwrap(), want);
+}
+
+/// Two writers in one process never share a temporary file name.
+#[test]
+fn every_cache_writer_gets_its_own_temporary_file() {
+    let path = std::path::Path::new("/cache/adamw-compute_80-fp32-0123456789abcdef.ptx");
+    let (first, second) = (nvrtc::temp_path(path), nvrtc::temp_path(path));
+    assert_ne!(first, second);
+    for tmp in [&first, &second] {
+        assert_eq!(tmp.parent(), path.parent());
+        assert_ne!(tmp, path);
+    }
+}
+
+/// The files of `dir`, sorted.
+fn files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut all: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    all.sort();
+    all
 }

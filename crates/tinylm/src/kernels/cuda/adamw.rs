@@ -6,8 +6,8 @@ use super::launch::{expect, grid, BLOCK};
 use crate::kernels::{AdamWParams, CLIP_EPS};
 use cudarc::driver::PushKernelArg;
 
-/// The most blocks of the grid-stride AdamW loop.
-const MAX_BLOCKS: usize = 65535;
+/// The most blocks (of [`BLOCK`] threads) of the grid-stride AdamW loop.
+pub const MAX_BLOCKS: usize = 65535;
 
 impl Cuda {
     /// AdamW step number `step` (from 1) on the flat buffers `params`, `grads`, `m`,

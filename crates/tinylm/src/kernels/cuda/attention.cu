@@ -5,7 +5,7 @@
 // kernels/cpu/attention.rs (same semantics: query row i is at position q0 + i and
 // sees keys 0..=q0+i; later keys get probability exactly 0).
 //
-// Forward, per layer:   heads ← qkv (to_heads, parts 3);  S = Q Kᵀ (batched);
+// Forward, per layer:   heads ← qkv (to_heads, parts 3);  S = Q Kᵀ (batched, f32);
 //   attention_softmax_forward(S → P);  Y = P V (batched);  out ← Y (parts 1).
 // Backward:             heads ← qkv, dY ← dout;  dV = Pᵀ dY;  dP = dY Vᵀ;
 //   attention_softmax_backward(dP → dS);  dQ = dS K;  dK = dSᵀ Q;  dqkv ← dQ,dK,dV.
@@ -41,23 +41,25 @@ extern "C" __global__ void attention_heads(floatX* heads, floatX* rows, int b, i
     }
 }
 
-/// In place on att (B·H, Tq, T): raw scores Q·Kᵀ in, probabilities out:
+/// att (B·H, Tq, T) floatX = probabilities from the raw scores Q·Kᵀ in
+/// scores (B·H, Tq, T) f32 (f32 so that no rounding of a score is amplified by exp):
 /// P[i, j] = softmax_j(scale · S[i, j]) over j ≤ q0 + i, 0 for j > q0 + i.
 /// Max and sum in f32, in one online pass; a second pass writes P.
 /// Launch: grid ceil(B·H·Tq / 8), block 256; one warp per row.
-extern "C" __global__ void attention_softmax_forward(floatX* att, int rows, int tq, int t,
-                                                     int q0, float scale) {
+extern "C" __global__ void attention_softmax_forward(floatX* att, const float* scores, int rows,
+                                                     int tq, int t, int q0, float scale) {
     const int row = warp_row(rows);
     if (row < 0) {
         return;
     }
     const int lane = threadIdx.x % WARP_SIZE;
     const int visible = q0 + row % tq + 1;
+    const float* s_row = scores + (size_t)row * t;
     floatX* p = att + (size_t)row * t;
     float max = FLT_LOWEST;
     float sum = 0.0f;
     for (int j = lane; j < visible; j += WARP_SIZE) {
-        const float s = scale * to_f32(p[j]);
+        const float s = scale * s_row[j];
         const float new_max = fmaxf(max, s);
         sum = sum * expf(max - new_max) + expf(s - new_max);
         max = new_max;
@@ -66,7 +68,7 @@ extern "C" __global__ void attention_softmax_forward(floatX* att, int rows, int 
     sum = warp_sum(sum * expf(max - row_max));
     const float inv_sum = 1.0f / sum;
     for (int j = lane; j < t; j += WARP_SIZE) {
-        p[j] = j < visible ? to_x(expf(scale * to_f32(p[j]) - row_max) * inv_sum) : to_x(0.0f);
+        p[j] = j < visible ? to_x(expf(scale * s_row[j] - row_max) * inv_sum) : to_x(0.0f);
     }
 }
 

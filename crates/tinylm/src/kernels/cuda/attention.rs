@@ -2,7 +2,7 @@
 //! attention over heads split out of the fused `qkv` rows (see the `.cu` file).
 
 use super::blas::Batch;
-use super::buffer::Dev;
+use super::buffer::{DType, Dev};
 use super::context::Cuda;
 use super::launch::{expect, expect_u32, int, per_element, per_row_warp};
 use crate::kernels::{AttnShape, MatMul};
@@ -12,6 +12,13 @@ use cudarc::driver::PushKernelArg;
 /// `v` and of their gradients `(3, B, H, T, D)` each, and one `(B, H, T, D)`.
 pub fn attention_scratch_len(s: AttnShape) -> usize {
     7 * s.b * s.t * s.c()
+}
+
+/// f32 elements of the forward's scores `(B, H, Tq, T)` for shape `s`: they stay f32
+/// up to the softmax, as rounding them to bf16 (unit roundoff `u = 2⁻⁸`) would move
+/// each exponent by up to `u·|scale·S|`, a probability by 1–6% at `|scale·S|` of 3–15.
+pub fn attention_scores_len(s: AttnShape) -> usize {
+    s.b * s.h * s.tq() * s.t
 }
 
 impl Cuda {
@@ -64,13 +71,28 @@ impl Cuda {
     }
 
     /// Causal softmax attention: `out (B, Tq, C)` from `qkv (B, T, 3C)`, keeping the
-    /// probabilities `att (B, H, Tq, T)`; `scratch` has [`attention_scratch_len`].
-    pub fn attention_forward(&self, out: Dev, att: Dev, qkv: Dev, s: AttnShape, scratch: Dev) {
+    /// probabilities `att (B, H, Tq, T)`; `scratch` has [`attention_scratch_len`]
+    /// `floatX`, `scores` [`attention_scores_len`] f32.
+    pub fn attention_forward(
+        &self,
+        out: Dev,
+        att: Dev,
+        qkv: Dev,
+        s: AttnShape,
+        scratch: Dev,
+        scores: Dev,
+    ) {
         let (t, tq, d) = (s.t, s.tq(), s.d);
         let x = self.float_x();
         expect(out, s.b * tq * s.c(), x, "attention out");
         expect(att, s.b * s.h * tq * t, x, "attention att");
         expect(scratch, attention_scratch_len(s), x, "attention scratch");
+        expect(
+            scores,
+            attention_scores_len(s),
+            DType::F32,
+            "attention scores",
+        );
         let part = s.b * t * s.c();
         let heads = scratch.sub(0, 3 * part);
         let (q, k, v) = (
@@ -80,8 +102,8 @@ impl Cuda {
         );
         let y = scratch.sub(3 * part, s.b * tq * s.c());
         self.attention_heads(heads, qkv, s, t, 3, true);
-        // S = Q[q0..] Kᵀ per head: (Tq, D)(D, T).
-        let scores = MatMul {
+        // S = Q[q0..] Kᵀ per head: (Tq, D)(D, T), written in f32.
+        let product = MatMul {
             m: tq,
             k: d,
             n: t,
@@ -90,11 +112,12 @@ impl Cuda {
             accumulate: false,
         };
         let q_new = q.sub(s.q0 * d, part - s.q0 * d);
-        self.attention_products(att, q_new, k, scores, s, (t * d, t * d, tq * t));
+        self.attention_products(scores, q_new, k, product, s, (t * d, t * d, tq * t));
         let (rows, tq_, t_, q0) = (int(s.b * s.h * tq), int(tq), int(t), int(s.q0));
         let scale = 1.0 / (d as f32).sqrt();
         let mut args = self.kernel("attention_softmax_forward");
         args.arg(&att.ptr)
+            .arg(&scores.ptr)
             .arg(&rows)
             .arg(&tq_)
             .arg(&t_)

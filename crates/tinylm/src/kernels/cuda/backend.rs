@@ -3,11 +3,12 @@
 //! backend's stream. Values reach the host only through `download` (which waits)
 //! and a step's statistics ([`CudaStats`]: the loss and the gradient's sum of
 //! squares), copied asynchronously to pinned host memory, whose read waits for
-//! that copy alone.
+//! that copy alone. Token ids go in the other way, through pinned memory of their
+//! own ([`CudaIds`]).
 
-use super::attention::attention_scratch_len;
+use super::attention::{attention_scores_len, attention_scratch_len};
 use super::buffer::{
-    operand, view, view_mut, CudaBuf, CudaStats, DType, Dev, DeviceBuffer, STATS_BYTES,
+    operand, view, view_mut, CudaBuf, CudaIds, CudaStats, DType, Dev, Pinned, STATS_BYTES,
 };
 use super::context::{driver_error, Cuda, Scratch};
 use super::global_norm::NORM_BLOCKS;
@@ -15,6 +16,7 @@ use super::rmsnorm::ROW_BLOCKS;
 use crate::config::RMS_NORM_EPS;
 use crate::kernels::{AdamWStep, AttnShape, Backend, BufKind, MatMul, Span, SpanMut, StepStats};
 use crate::Result;
+use cudarc::driver::{DeviceRepr, ValidAsZeroBits};
 use std::time::Instant;
 
 impl Cuda {
@@ -41,6 +43,24 @@ impl Cuda {
         Some(scratch[&slot].slice(0..len))
     }
 
+    /// `len` elements of pinned host memory (at least one: the driver allocates no
+    /// empty block) and its copy event; `what` names it in an error.
+    fn alloc_pinned<T: DeviceRepr + ValidAsZeroBits>(
+        &self,
+        len: usize,
+        what: &str,
+    ) -> Result<Pinned<T>> {
+        // SAFETY: any bit pattern is a valid T (ValidAsZeroBits on plain numbers),
+        // and the memory is written before a copy reads it.
+        let memory = unsafe { self.ctx.alloc_pinned_with_flags::<T>(len.max(1), 0) }
+            .map_err(|e| driver_error(&format!("allocating pinned host memory for {what}"), e))?;
+        let copied = self
+            .ctx
+            .new_event(None)
+            .map_err(|e| driver_error(&format!("creating the event of {what}"), e))?;
+        Ok(Pinned { memory, copied })
+    }
+
     /// The type a buffer of `kind` holds.
     fn dtype_of(&self, kind: BufKind) -> DType {
         match kind {
@@ -62,7 +82,7 @@ impl Cuda {
 
 impl Backend<f32> for Cuda {
     type Buf = CudaBuf;
-    type Ids = DeviceBuffer;
+    type Ids = CudaIds;
     type Stats = CudaStats;
 
     fn alloc(&self, len: usize, kind: BufKind) -> Result<CudaBuf> {
@@ -78,23 +98,17 @@ impl Backend<f32> for Cuda {
         Ok(CudaBuf { data, shadow })
     }
 
-    fn alloc_ids(&self, len: usize) -> Result<DeviceBuffer> {
-        Cuda::alloc(self, len, DType::U32, "token ids")
+    fn alloc_ids(&self, len: usize) -> Result<CudaIds> {
+        Ok(CudaIds {
+            device: Cuda::alloc(self, len, DType::U32, "token ids")?,
+            staging: self.alloc_pinned(len, "token ids")?,
+        })
     }
 
     fn alloc_stats(&self) -> Result<CudaStats> {
-        let device = Cuda::alloc(self, STATS_BYTES / 8, DType::F64, "step statistics")?;
-        // SAFETY: bytes (any value is valid), written by `send_stats` before they are read.
-        let host = unsafe { self.ctx.alloc_pinned_with_flags::<u8>(STATS_BYTES, 0) }
-            .map_err(|e| driver_error("allocating pinned host memory", e))?;
-        let copied = self
-            .ctx
-            .new_event(None)
-            .map_err(|e| driver_error("creating an event", e))?;
         Ok(CudaStats {
-            device,
-            host,
-            copied,
+            device: Cuda::alloc(self, STATS_BYTES / 8, DType::F64, "step statistics")?,
+            host: self.alloc_pinned(STATS_BYTES, "step statistics")?,
         })
     }
 
@@ -102,19 +116,20 @@ impl Backend<f32> for Cuda {
         self.bind();
         let copied = self
             .stream()
-            .memcpy_dtoh(&stats.device.memory, &mut stats.host);
+            .memcpy_dtoh(&stats.device.memory, &mut stats.host.memory);
         self.check("copy of the step statistics", copied);
         // `read_stats` waits for this event: the copy and every kernel before it.
-        let recorded = stats.copied.record(self.stream());
+        let recorded = stats.host.copied.record(self.stream());
         self.check("recording the statistics' event", recorded);
     }
 
     fn read_stats(&self, stats: &CudaStats) -> Result<StepStats> {
-        let waited = stats.copied.synchronize();
+        let waited = stats.host.copied.synchronize();
         self.take_error()?;
         waited.map_err(|e| driver_error("running the training step", e))?;
         let bytes = stats
             .host
+            .memory
             .as_slice()
             .map_err(|e| driver_error("reading the step statistics", e))?;
         let ready = Instant::now();
@@ -142,8 +157,34 @@ impl Backend<f32> for Cuda {
         self.synchronize()
     }
 
-    fn upload_ids(&self, dst: &mut DeviceBuffer, src: &[u32]) -> Result<()> {
-        Cuda::upload(self, dst.slice(0..src.len()), src);
+    /// Stages `src` in `dst`'s pinned memory and queues its copy to the device,
+    /// returning without waiting for it: only the next upload into `dst` waits, for
+    /// this copy alone, before it overwrites the staging memory.
+    fn upload_ids(&self, dst: &mut CudaIds, src: &[u32]) -> Result<()> {
+        let target = dst.device.slice(0..src.len());
+        if src.is_empty() {
+            return self.take_error();
+        }
+        dst.staging
+            .copied
+            .synchronize()
+            .map_err(|e| driver_error("waiting for the previous copy of token ids", e))?;
+        let staged = &mut dst
+            .staging
+            .memory
+            .as_mut_slice()
+            .map_err(|e| driver_error("writing token ids to pinned memory", e))?[..src.len()];
+        staged.copy_from_slice(src);
+        self.bind();
+        // SAFETY: `target` holds `src.len()` u32 of a live buffer; `staged` is pinned
+        // and not written again before `copied` has passed this copy (waited for
+        // above by the next upload, and by `Pinned`'s drop).
+        let copied = unsafe {
+            cudarc::driver::result::memcpy_htod_async(target.ptr, staged, self.stream().cu_stream())
+        };
+        self.check("copy of the token ids", copied);
+        let recorded = dst.staging.copied.record(self.stream());
+        self.check("recording the token ids' event", recorded);
         self.take_error()
     }
 
@@ -184,16 +225,11 @@ impl Backend<f32> for Cuda {
         }
     }
 
-    fn embedding_forward(&self, out: SpanMut<CudaBuf>, ids: &DeviceBuffer, table: Span<CudaBuf>) {
+    fn embedding_forward(&self, out: SpanMut<CudaBuf>, ids: &CudaIds, table: Span<CudaBuf>) {
         Cuda::embedding_forward(self, view_mut(out), ids.view(), view(table));
     }
 
-    fn embedding_backward(
-        &self,
-        dtable: SpanMut<CudaBuf>,
-        dout: Span<CudaBuf>,
-        ids: &DeviceBuffer,
-    ) {
+    fn embedding_backward(&self, dtable: SpanMut<CudaBuf>, dout: Span<CudaBuf>, ids: &CudaIds) {
         Cuda::embedding_backward(self, view_mut(dtable), view(dout), ids.view());
     }
 
@@ -264,8 +300,12 @@ impl Backend<f32> for Cuda {
         let Some(scratch) = self.scratch(Scratch::Attention, len, self.float_x()) else {
             return;
         };
+        let scores_len = attention_scores_len(shape);
+        let Some(scores) = self.scratch(Scratch::Scores, scores_len, DType::F32) else {
+            return;
+        };
         let (out, att) = (view_mut(out), view_mut(att));
-        Cuda::attention_forward(self, out, att, view(qkv), shape, scratch);
+        Cuda::attention_forward(self, out, att, view(qkv), shape, scratch, scores);
     }
 
     fn attention_backward(
@@ -289,14 +329,15 @@ impl Backend<f32> for Cuda {
     fn cross_entropy(
         &self,
         logits: SpanMut<CudaBuf>,
-        targets: &DeviceBuffer,
+        targets: &CudaIds,
         grad: bool,
         stats: &mut CudaStats,
     ) {
-        let Some(losses) = self.scratch(Scratch::Losses, targets.len(), DType::F32) else {
+        let targets = targets.view();
+        let Some(losses) = self.scratch(Scratch::Losses, targets.len, DType::F32) else {
             return;
         };
-        let (logits, targets) = (view_mut(logits), targets.view());
+        let logits = view_mut(logits);
         Cuda::cross_entropy(self, stats.loss(), losses, logits, targets, grad);
     }
 

@@ -1,6 +1,7 @@
 //! Device memory: [`DeviceBuffer`] (an allocation that frees itself), [`Dev`] (a
-//! pointer, length and element type: what kernel wrappers take), and the model's
-//! buffers as the [`Backend`](crate::kernels::Backend) sees them ([`CudaBuf`],
+//! pointer, length and element type: what kernel wrappers take), pinned host
+//! memory with its copy event ([`Pinned`]), and the model's buffers as the
+//! [`Backend`](crate::kernels::Backend) sees them ([`CudaBuf`], [`CudaIds`],
 //! [`CudaStats`]).
 
 use crate::kernels::{Buffer, Span, SpanMut};
@@ -126,22 +127,45 @@ impl Buffer for CudaBuf {
     }
 }
 
-/// A training step's statistics on the device — bytes `0..4` the loss (f32), `8..16`
-/// the gradient's sum of squares (f64) — and the pinned host memory they are
-/// copied to, asynchronously, by [`Backend::send_stats`](crate::kernels::Backend::send_stats), with the event recorded
-/// after that copy. (The context runs without cudarc's own event tracking, so the
-/// pinned slice's accessors do not wait: `read_stats` waits on `copied`.)
-pub struct CudaStats {
-    pub(super) device: DeviceBuffer,
-    pub(super) host: PinnedHostSlice<u8>,
+/// Page-locked host memory that the stream copies to or from asynchronously, and
+/// the event recorded after the last such copy. The context runs without cudarc's
+/// own event tracking, so the slice's accessors do not wait: whoever reads or
+/// overwrites `memory` first waits for `copied`.
+pub struct Pinned<T> {
+    pub(super) memory: PinnedHostSlice<T>,
     pub(super) copied: CudaEvent,
 }
 
-impl Drop for CudaStats {
+impl<T> Drop for Pinned<T> {
     /// A copy still in flight finishes before its host memory is freed.
     fn drop(&mut self) {
         let _ = self.copied.synchronize();
     }
+}
+
+/// Token ids `(N)` u32 on the device and the pinned host memory they are staged in
+/// on their way there ([`Backend::upload_ids`](crate::kernels::Backend::upload_ids)):
+/// a copy from pageable memory would be staged by the driver, synchronously.
+pub struct CudaIds {
+    pub(super) device: DeviceBuffer,
+    pub(super) staging: Pinned<u32>,
+}
+
+impl CudaIds {
+    /// The ids as a kernel argument.
+    pub fn view(&self) -> Dev {
+        self.device.view()
+    }
+}
+
+/// A training step's statistics on the device — bytes `0..4` the loss (f32), `8..16`
+/// the gradient's sum of squares (f64) — and the pinned host memory they are
+/// copied to, asynchronously, by
+/// [`Backend::send_stats`](crate::kernels::Backend::send_stats); `read_stats` waits
+/// for that copy.
+pub struct CudaStats {
+    pub(super) device: DeviceBuffer,
+    pub(super) host: Pinned<u8>,
 }
 
 /// Bytes of [`CudaStats`].

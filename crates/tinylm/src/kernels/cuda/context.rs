@@ -16,6 +16,9 @@ use std::sync::{Arc, Mutex};
 pub const DRIVER_LIBRARY: &str = "libcuda.so.1";
 /// The cuBLASLt library cudarc loads (CUDA 13).
 pub const CUBLASLT_LIBRARY: &str = "libcublasLt.so.13";
+/// The oldest CUDA version the driver must support, as `cuDriverGetVersion` writes
+/// it (`1000·major + 10·minor`): NVRTC and cuBLASLt are CUDA 13's.
+const MIN_DRIVER_CUDA: i32 = 13000;
 
 /// The kernels' work space, one buffer per use, grown to the largest request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -23,6 +26,9 @@ pub enum Scratch {
     /// Heads of q, k, v and their gradients
     /// ([`attention_scratch_len`](super::attention::attention_scratch_len)).
     Attention,
+    /// Attention scores `(B, H, Tq, T)` f32 before the softmax
+    /// ([`attention_scores_len`](super::attention::attention_scores_len)).
+    Scores,
     /// RMSNorm gain-gradient partial sums `(ROW_BLOCKS, C)` f32
     /// ([`ROW_BLOCKS`](super::rmsnorm::ROW_BLOCKS)).
     NormGain,
@@ -52,8 +58,8 @@ pub struct Cuda {
 impl Cuda {
     /// Opens device `ordinal` for `precision`: loads the driver and cuBLASLt,
     /// compiles (or reads from the cache) every kernel family for its architecture.
-    /// A missing library, no device, or a GPU without bf16 (compute capability < 8.0)
-    /// is one clear error.
+    /// A missing library, a driver older than CUDA 13.0, no device, or a GPU without
+    /// bf16 (compute capability < 8.0) is one clear error.
     pub fn new(ordinal: usize, precision: Precision) -> Result<Cuda> {
         // SAFETY: only tries to load the libraries.
         if !unsafe { cudarc::driver::sys::is_culib_present() } {
@@ -62,6 +68,9 @@ impl Cuda {
                 "the NVIDIA driver: is a GPU and its driver installed?",
             ));
         }
+        // Before NVRTC and cuBLASLt are loaded: CUDA 13's libraries on an older
+        // driver fail later, in less clear ways.
+        check_driver_version(driver_cuda_version()?)?;
         if !unsafe { cudarc::cublaslt::sys::is_culib_present() } {
             return Err(nvrtc::missing_library(CUBLASLT_LIBRARY, "cuBLASLt"));
         }
@@ -80,8 +89,14 @@ impl Cuda {
         }
         let ctx = CudaContext::new(ordinal).map_err(|e| driver_error("opening the device", e))?;
         // One stream, in order: no cross-stream events needed.
-        // SAFETY: every buffer and kernel of this backend uses `stream` only.
+        // SAFETY: every buffer, kernel, copy, event and cuBLASLt call of this backend
+        // uses `stream` only.
         unsafe { ctx.disable_event_tracking() };
+        // A stream of its own, non-blocking: the legacy NULL stream would serialize
+        // with every other stream in the process.
+        let stream = ctx
+            .new_stream()
+            .map_err(|e| driver_error("creating a stream", e))?;
         let device_name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
         let capability = ctx
             .compute_capability()
@@ -93,11 +108,11 @@ impl Cuda {
                 capability.0, capability.1
             )));
         }
-        let stream = ctx.default_stream();
         let arch = format!("compute_{}{}", capability.0, capability.1);
         let mut kernels = HashMap::new();
+        let cache = nvrtc::cache_dir();
         for (family, source) in FAMILIES {
-            let ptx = nvrtc::compile_cached(family, source, &arch, precision)?;
+            let ptx = nvrtc::compile_cached(family, source, &arch, precision, cache.as_deref())?;
             let module = ctx
                 .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
                 .map_err(|e| driver_error(&format!("loading {family}.cu for {arch}"), e))?;
@@ -122,13 +137,17 @@ impl Cuda {
         })
     }
 
-    /// Whether a CUDA device can be opened: the driver, NVRTC and cuBLASLt load and
-    /// at least one GPU is present (the bf16 headers are checked by [`Cuda::new`]).
+    /// Whether a CUDA device can be opened: the driver loads and supports CUDA 13,
+    /// NVRTC and cuBLASLt load, and at least one GPU is present (the bf16 headers
+    /// are checked by [`Cuda::new`]).
     pub fn is_available() -> bool {
-        // SAFETY: only tries to load the libraries.
-        let libraries = unsafe {
-            cudarc::driver::sys::is_culib_present() && cudarc::cublaslt::sys::is_culib_present()
-        } && nvrtc::nvrtc_available();
+        // SAFETY: only tries to load the library.
+        let driver = unsafe { cudarc::driver::sys::is_culib_present() }
+            && driver_cuda_version().is_ok_and(|v| check_driver_version(v).is_ok());
+        // SAFETY: only tries to load the library.
+        let libraries = driver
+            && unsafe { cudarc::cublaslt::sys::is_culib_present() }
+            && nvrtc::nvrtc_available();
         libraries && CudaContext::device_count().is_ok_and(|n| n > 0)
     }
 
@@ -302,4 +321,46 @@ impl Cuda {
 
 pub(crate) fn driver_error(what: &str, e: DriverError) -> Error {
     Error::Device(format!("CUDA error {what}: {e}"))
+}
+
+/// The CUDA version the loaded driver supports, as `cuDriverGetVersion` writes it
+/// (`1000·major + 10·minor`: 12080 is CUDA 12.8).
+fn driver_cuda_version() -> Result<i32> {
+    let mut version = 0;
+    // SAFETY: the caller has checked that the driver library loads; writes one int.
+    unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut version) }
+        .result()
+        .map_err(|e| driver_error("reading the driver's CUDA version", e))?;
+    Ok(version)
+}
+
+/// One line naming the installed and the needed CUDA version when a driver that
+/// supports CUDA `version` (`cuDriverGetVersion`'s encoding) is too old.
+fn check_driver_version(version: i32) -> Result<()> {
+    let name = |v: i32| format!("{}.{}", v / 1000, v % 1000 / 10);
+    if version >= MIN_DRIVER_CUDA {
+        return Ok(());
+    }
+    Err(Error::Device(format!(
+        "the NVIDIA driver supports CUDA {}; tinylm's CUDA backend needs CUDA {} or newer \
+         (driver 580+): update the NVIDIA driver",
+        name(version),
+        name(MIN_DRIVER_CUDA)
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_driver_version;
+
+    #[test]
+    fn a_driver_older_than_cuda_13_is_one_line_naming_both_versions() {
+        let err = check_driver_version(12080).unwrap_err().to_string();
+        assert!(
+            err.contains("CUDA 12.8;") && err.contains("CUDA 13.0 or newer") && !err.contains('\n'),
+            "{err}"
+        );
+        assert!(check_driver_version(13000).is_ok());
+        assert!(check_driver_version(13020).is_ok());
+    }
 }

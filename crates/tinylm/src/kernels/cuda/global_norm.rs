@@ -8,6 +8,9 @@ use cudarc::driver::{LaunchConfig, PushKernelArg};
 /// Blocks of the first stage: fixed, so the summation order (and the result) is the
 /// same every step. Its scratch is `NORM_BLOCKS` f64.
 pub const NORM_BLOCKS: usize = 264;
+/// Threads per block of the first stage: its grid-stride loop covers
+/// `NORM_BLOCKS · NORM_THREADS` elements a pass.
+pub const NORM_THREADS: u32 = 512;
 
 impl Cuda {
     /// `sum (1)` f64 = `Σ x²` over `x` (f32); `scratch`: `NORM_BLOCKS` f64.
@@ -20,7 +23,7 @@ impl Cuda {
         args.arg(&scratch.ptr).arg(&x.ptr).arg(&n);
         let cfg = LaunchConfig {
             grid_dim: (NORM_BLOCKS as u32, 1, 1),
-            block_dim: (512, 1, 1),
+            block_dim: (NORM_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
         self.run("global_norm_partial", args, cfg);

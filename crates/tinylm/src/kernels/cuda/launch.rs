@@ -4,7 +4,7 @@ use super::buffer::{DType, Dev};
 use cudarc::driver::LaunchConfig;
 
 /// Threads per block of the one-thread-per-element and one-warp-per-row kernels.
-pub(crate) const BLOCK: u32 = 256;
+pub const BLOCK: u32 = 256;
 
 /// A one-dimensional launch of `blocks` blocks of [`BLOCK`] threads.
 pub(crate) fn grid(blocks: usize) -> LaunchConfig {

@@ -34,6 +34,6 @@ pub mod rmsnorm;
 pub mod rope;
 pub mod swiglu;
 
-pub use buffer::{CudaBuf, CudaStats, DType, Dev, DeviceBuffer, HostElement};
+pub use buffer::{CudaBuf, CudaIds, CudaStats, DType, Dev, DeviceBuffer, HostElement};
 pub use context::{Cuda, CUBLASLT_LIBRARY, DRIVER_LIBRARY};
 pub use nvrtc::{COMMON, FAMILIES};

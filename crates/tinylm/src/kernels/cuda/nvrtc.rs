@@ -156,15 +156,19 @@ pub fn cache_dir() -> Option<PathBuf> {
         .or_else(|| env("HOME").map(|d| d.join(".cache/tinylm/ptx")))
 }
 
-/// [`compile`] through the cache: the PTX of a family is stored under a key of its
+/// [`compile`] through the PTX cache in directory `cache` (`None`: no cache; the
+/// backend passes [`cache_dir`]): the PTX of a family is stored under a key of its
 /// full source, the architecture, the precision and the NVRTC version, so an edit
 /// or another toolkit recompiles. The cache is best-effort: when it cannot be read
-/// or written, the source is compiled.
+/// or written, the source is compiled. Concurrent writers (threads or processes)
+/// each write a file of their own ([`temp_path`]) and rename it into place, so a
+/// reader sees a whole file or none.
 pub fn compile_cached(
     family: &str,
     source: &str,
     arch: &str,
     precision: Precision,
+    cache: Option<&Path>,
 ) -> Result<String> {
     use std::hash::{Hash, Hasher};
     if !nvrtc_available() {
@@ -185,13 +189,13 @@ pub fn compile_cached(
     )
         .hash(&mut hasher);
     let file = format!("{family}-{arch}-{}-{:016x}.ptx", precision, hasher.finish());
-    let path = cache_dir().map(|d| d.join(file));
+    let path = cache.map(|d| d.join(file));
     if let Some(ptx) = path.as_ref().and_then(|p| std::fs::read_to_string(p).ok()) {
         return Ok(ptx);
     }
     let ptx = compile(family, source, arch, precision)?;
     if let Some(path) = path {
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        let tmp = temp_path(&path);
         let written = path
             .parent()
             .map_or(Ok(()), std::fs::create_dir_all)
@@ -202,4 +206,14 @@ pub fn compile_cached(
         }
     }
     Ok(ptx)
+}
+
+/// A temporary name beside `path` that no other writer uses: `path` with extension
+/// `tmp<pid>-<n>`, `n` counting this process's calls (so two threads compiling one
+/// family write two files, and the rename publishes only whole ones).
+pub fn temp_path(path: &Path) -> PathBuf {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static WRITERS: AtomicU64 = AtomicU64::new(0);
+    let n = WRITERS.fetch_add(1, Ordering::Relaxed);
+    path.with_extension(format!("tmp{}-{n}", std::process::id()))
 }
