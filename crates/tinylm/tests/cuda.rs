@@ -12,7 +12,6 @@ use common::{ablations, perturbed_params};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::path::Path;
-use std::process::Command;
 use std::sync::atomic::AtomicBool;
 use tinylm::checkpoint;
 use tinylm::config::{Ffn, ModelConfig, Norm, Positional};
@@ -712,50 +711,6 @@ fn token_ids_uploaded_back_to_back_each_reach_their_kernel() {
 fn the_backend_runs_on_a_stream_of_its_own() {
     let cuda = gpu(Precision::Fp32);
     assert!(!cuda.stream().cu_stream().is_null(), "the NULL stream");
-}
-
-/// Set for the child process of [`a_driver_older_than_cuda_13_is_one_clear_error`]:
-/// [`driver_version_probe`] then expects `Cuda::new` to refuse the driver.
-const EXPECT_OLD_DRIVER: &str = "TINYLM_TEST_EXPECT_OLD_DRIVER";
-
-/// Opens the GPU; with [`EXPECT_OLD_DRIVER`] set, checks instead that a driver
-/// supporting only CUDA 12.8 is refused in one line naming both versions.
-#[test]
-fn driver_version_probe() {
-    let opened = Cuda::new(0, Precision::Fp32);
-    if std::env::var_os(EXPECT_OLD_DRIVER).is_none() {
-        opened.unwrap_or_else(|e| panic!("CUDA tests need a GPU: {e}"));
-        return;
-    }
-    let err = opened
-        .err()
-        .expect("Cuda::new accepted a CUDA 12.8 driver (CUDA_EMU_DRIVER_VERSION is read by the emulated driver only)")
-        .to_string();
-    assert!(
-        err.contains("CUDA 12.8") && err.contains("CUDA 13.0") && !err.contains('\n'),
-        "{err}"
-    );
-    println!("{err}");
-}
-
-/// [`driver_version_probe`] in a child process whose (emulated) driver reports
-/// CUDA 12.8 through `CUDA_EMU_DRIVER_VERSION`: the variable is set for the child
-/// only, as the tests of this process run in parallel threads.
-#[test]
-fn a_driver_older_than_cuda_13_is_one_clear_error() {
-    let child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "driver_version_probe", "--nocapture"])
-        .env("CUDA_EMU_DRIVER_VERSION", "12080")
-        .env(EXPECT_OLD_DRIVER, "1")
-        .output()
-        .unwrap();
-    assert!(
-        child.status.success(),
-        "driver_version_probe with a CUDA 12.8 driver: {}\n{}{}",
-        child.status,
-        String::from_utf8_lossy(&child.stdout),
-        String::from_utf8_lossy(&child.stderr)
-    );
 }
 
 // ---- The whole model on the GPU against the CPU engine.

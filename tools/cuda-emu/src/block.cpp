@@ -72,6 +72,7 @@ struct Worker {
     int barrier_line = 0;
     bool faulted = false;
     std::string fault;
+    unsigned cursor = 0;  // the thread the scheduler's pass has reached
 
     Worker() {
         size_t per = kStackSize + kGuard;
@@ -144,13 +145,35 @@ const char* op_name(int op) {
     std::abort();  // never resumed
 }
 
-/// Waits (as a fiber) until the scheduler resumes this thread.
-void wait(Thread& t) { leave(worker().scheduler, t.fiber, false); }
+/// Leaves the running thread `t` for the next ready thread of the scheduler's
+/// pass, or for the scheduler when there is none (`finished`: `t` has exited).
+void switch_away(Thread& t, bool finished) {
+    Worker& w = worker();
+    for (unsigned i = t.linear + 1; i < w.count; i++) {
+        if (w.threads[i].state == State::Ready) {
+            w.cursor = i;
+            tl_thread = &w.threads[i];
+            hand_off(t.fiber, w.threads[i].fiber, finished);
+            return;
+        }
+    }
+    leave(w.scheduler, t.fiber, finished);
+}
+
+/// Waits (as a fiber) until this thread is resumed.
+void wait(Thread& t) { switch_away(t, false); }
 
 void thread_main(void* arg) {
     Worker& w = worker();
     Thread& t = *static_cast<Thread*>(arg);
-    __sanitizer_finish_switch_fiber(nullptr, &w.scheduler.stack_bottom, &w.scheduler.stack_size);
+    const void* from_bottom;
+    size_t from_size;
+    __sanitizer_finish_switch_fiber(nullptr, &from_bottom, &from_size);
+    if (w.scheduler.stack_bottom == nullptr) {
+        // The first fiber of this host thread is entered from the scheduler.
+        w.scheduler.stack_bottom = from_bottom;
+        w.scheduler.stack_size = from_size;
+    }
     w.launch->kernel.entry(const_cast<void**>(w.launch->args.data()));
     // The thread exits.
     t.state = State::Exited;
@@ -172,7 +195,7 @@ void thread_main(void* arg) {
                               site(first.file, first.line).c_str(), first.mask));
         }
     }
-    leave(w.scheduler, t.fiber, true);
+    switch_away(t, true);
     std::abort();
 }
 
@@ -202,9 +225,11 @@ bool run_block(Worker& w, const Launch& launch, uint64_t index) {
         for (unsigned i = 0; i < w.count && !w.faulted; i++) {
             Thread& t = w.threads[i];
             if (t.state == State::Ready) {
+                w.cursor = i;
                 tl_thread = &t;
                 resume(w.scheduler, t.fiber);
                 ran = true;
+                i = w.cursor;  // threads handed off to each other up to here
             }
         }
         if (!ran && !w.faulted) {

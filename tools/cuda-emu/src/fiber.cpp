@@ -101,6 +101,13 @@ void leave(Scheduler& scheduler, Fiber& fiber, bool finished) {
     __sanitizer_finish_switch_fiber(fiber.asan_fake_stack, nullptr, nullptr);
 }
 
+void hand_off(Fiber& from, Fiber& to, bool finished) {
+    __sanitizer_start_switch_fiber(finished ? nullptr : &from.asan_fake_stack, to.stack,
+                                   to.stack_size);
+    switch_to(from, to);
+    __sanitizer_finish_switch_fiber(from.asan_fake_stack, nullptr, nullptr);
+}
+
 void forget_stack(Fiber& fiber) { __asan_unpoison_memory_region(fiber.stack, fiber.stack_size); }
 
 }  // namespace cuemu

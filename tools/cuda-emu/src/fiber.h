@@ -37,6 +37,8 @@ void resume(Scheduler& scheduler, Fiber& fiber);
 /// Returns from the running `fiber` to the scheduler; `finished` when it will never
 /// be resumed.
 void leave(Scheduler& scheduler, Fiber& fiber, bool finished);
+/// Switches from the running fiber `from` straight to `to` (prepared or left).
+void hand_off(Fiber& from, Fiber& to, bool finished);
 /// Marks a fiber's stack clean again after it was abandoned mid-way (a fault).
 void forget_stack(Fiber& fiber);
 

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The CUDA backend on the emulated GPU (tools/cuda-emu), on any CPU:
+#   1. builds the emulator and runs its planted-fault suite;
+#   2. checks that a driver older than CUDA 13 is one clear error;
+#   3. trains a tiny model for a few steps with `tinylm train --device cuda`, in fp32
+#      and bf16, and compares every step's loss with the CPU run's;
+#   4. runs the numeric suite crates/tinylm/tests/cuda.rs with its assertions as on a
+#      GPU, and prints how many kernels and cuBLASLt products the emulator executed.
+# The last line is cargo's `test result:` line of the numeric suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+emu=tools/cuda-emu
+make -s -C "$emu"
+stats=$(mktemp)
+export CUDA_EMU_STATS=$stats
+work=$(mktemp -d)
+trap 'rm -rf "$work" "$stats"' EXIT
+
+echo "== cuda-emu: planted faults"
+"$emu/run.sh" "$emu/build/faults" crates/tinylm/src/kernels/cuda
+
+echo "== cuda-emu: tinylm train --device cuda against the CPU (fp32 and bf16)"
+cargo build --quiet --release -p tinylm-cli --features cuda
+tinylm=target/release/tinylm
+python3 - "$work/tokens.npy" <<'PY'
+import random, struct, sys
+random.seed(12)
+words = [b"the dog ", b"a cat ", b"sees ", b"likes ", b"a red ", b"the big ", b"ball. ", b"tree.\n"]
+data = b"".join(random.choice(words) for _ in range(20000))
+header = "{'descr': '<u2', 'fortran_order': False, 'shape': (%d,), }" % len(data)
+header += " " * (63 - (10 + len(header)) % 64) + "\n"
+with open(sys.argv[1], "wb") as f:
+    f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode())
+    f.write(b"".join(struct.pack("<H", b) for b in data))
+PY
+train() {
+    "$emu/run.sh" "$tinylm" train --train-data "$work/tokens.npy" --out-dir "$work/$1" \
+        --vocab-size 256 --context-length 32 --d-model 32 --num-layers 2 --num-heads 2 \
+        --d-ff 64 --batch-size 8 --steps 6 --warmup-steps 2 --log-interval 1 \
+        --eval-interval 0 --checkpoint-interval 0 --threads 2 "${@:2}" >"$work/$1.out" 2>&1 ||
+        { cat "$work/$1.out"; exit 1; }
+}
+train cpu --device cpu
+train fp32 --device cuda --precision fp32
+train bf16 --device cuda --precision bf16
+python3 - "$work" <<'PY'
+import json, sys
+def losses(run):
+    return [r["train_loss"] for r in map(json.loads, open(f"{sys.argv[1]}/{run}/log.jsonl"))
+            if r.get("train_loss") is not None]
+cpu = losses("cpu")
+assert len(cpu) == 6, cpu
+# The suite's tolerances: fp32 within 1e-4 of the CPU's loss, bf16 within 3e-2.
+for run, tol in (("fp32", 1e-4), ("bf16", 3e-2)):
+    gpu = losses(run)
+    assert len(gpu) == len(cpu), (run, gpu)
+    worst = max(abs(g - c) / c for g, c in zip(gpu, cpu))
+    print(f"{run}: {len(gpu)} steps, losses {gpu[0]:.4f} .. {gpu[-1]:.4f}, "
+          f"largest relative difference from the CPU run {worst:.1e} (limit {tol:.0e})")
+    assert worst <= tol, (run, gpu, cpu)
+PY
+
+echo "== cuda-emu: a driver older than CUDA 13 is one clear error"
+if CUDA_EMU_DRIVER_VERSION=12080 "$emu/run.sh" "$tinylm" train --train-data "$work/tokens.npy" \
+    --out-dir "$work/old" --device cuda --steps 1 >"$work/old.out" 2>&1; then
+    echo "a CUDA 12.8 driver was accepted"; exit 1
+fi
+grep "CUDA 12.8" "$work/old.out"
+grep -q "CUDA 13.0 or newer" "$work/old.out"
+
+echo "== cuda-emu: the numeric suite (crates/tinylm/tests/cuda.rs)"
+export CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="$PWD/$emu/run.sh"
+export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="$PWD/$emu/run.sh"
+start=$(date +%s)
+cargo test --release -p tinylm --features cuda --test cuda 2>&1 | tee "$work/suite.out"
+grep -q "^test result: ok" "$work/suite.out"
+awk -v s="$(($(date +%s) - start))" '{ k += $2; p += $4 }
+    END { printf "cuda-emu: %d kernels launched and %d cuBLASLt products executed (all steps); numeric suite %d s\n", k, p, s }' "$stats"
+grep "^test result:" "$work/suite.out" | tail -1
