@@ -114,23 +114,23 @@ static inline T atomicAdd(T* address, T value) {
         return old;
     }
 }
-template <typename T>
-static inline T atomicMax(T* address, T value) {
+/// Replaces `*address` by `value` while `value` is `better` than it; the old value.
+template <typename T, typename Better>
+static inline T cuemu_atomic_keep(T* address, T value, Better better) {
     T old = *address;
-    while (old < value &&
+    while (better(value, old) &&
            !__atomic_compare_exchange(address, &old, &value, false, __ATOMIC_RELAXED,
                                       __ATOMIC_RELAXED)) {
     }
     return old;
 }
 template <typename T>
+static inline T atomicMax(T* address, T value) {
+    return cuemu_atomic_keep(address, value, [](T a, T b) { return a > b; });
+}
+template <typename T>
 static inline T atomicMin(T* address, T value) {
-    T old = *address;
-    while (value < old &&
-           !__atomic_compare_exchange(address, &old, &value, false, __ATOMIC_RELAXED,
-                                      __ATOMIC_RELAXED)) {
-    }
-    return old;
+    return cuemu_atomic_keep(address, value, [](T a, T b) { return a < b; });
 }
 template <typename T>
 static inline T atomicExch(T* address, T value) {

@@ -520,34 +520,28 @@ API CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t bytes,
                    [=] { std::memset(reinterpret_cast<void*>(dst), value, bytes); });
 }
 
-API CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, size_t bytes) {
+/// A blocking call on `bytes` of device memory at `device`: waits for every
+/// stream (the legacy stream's semantics), then does `work`.
+static CUresult blocking(CUdeviceptr device, size_t bytes, const std::function<void()>& work) {
     Guard g(g_lock);
     if (CUresult r = ready()) return r;
-    if (CUresult r = check_device_range(dst, bytes)) return r;
+    if (CUresult r = check_device_range(device, bytes)) return r;
     run_all();
     if (g_sticky) return g_sticky;
-    std::memcpy(reinterpret_cast<void*>(dst), src, bytes);
+    work();
     return CUDA_SUCCESS;
+}
+
+API CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, size_t bytes) {
+    return blocking(dst, bytes, [=] { std::memcpy(reinterpret_cast<void*>(dst), src, bytes); });
 }
 
 API CUresult cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, size_t bytes) {
-    Guard g(g_lock);
-    if (CUresult r = ready()) return r;
-    if (CUresult r = check_device_range(src, bytes)) return r;
-    run_all();
-    if (g_sticky) return g_sticky;
-    std::memcpy(dst, reinterpret_cast<void*>(src), bytes);
-    return CUDA_SUCCESS;
+    return blocking(src, bytes, [=] { std::memcpy(dst, reinterpret_cast<void*>(src), bytes); });
 }
 
 API CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, size_t bytes) {
-    Guard g(g_lock);
-    if (CUresult r = ready()) return r;
-    if (CUresult r = check_device_range(dst, bytes)) return r;
-    run_all();
-    if (g_sticky) return g_sticky;
-    std::memset(reinterpret_cast<void*>(dst), value, bytes);
-    return CUDA_SUCCESS;
+    return blocking(dst, bytes, [=] { std::memset(reinterpret_cast<void*>(dst), value, bytes); });
 }
 
 // ---- Streams and events.
