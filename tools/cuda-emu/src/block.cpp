@@ -93,8 +93,9 @@ struct Worker {
     }
 };
 
-thread_local Worker* tl_worker = nullptr;
-thread_local Thread* tl_thread = nullptr;
+// Initial-exec: read on every index and collective, without __tls_get_addr.
+__attribute__((tls_model("initial-exec"))) thread_local Worker* tl_worker = nullptr;
+__attribute__((tls_model("initial-exec"))) thread_local Thread* tl_thread = nullptr;
 
 Worker& worker() {
     if (tl_worker == nullptr) {

@@ -137,7 +137,7 @@ uint64_t alignment_of(uint64_t ptr) {
     return ptr == 0 ? 256 : std::min<uint64_t>(256, ptr & (~ptr + 1));
 }
 
-inline float load(const void* base, int type, int64_t i) {
+__attribute__((no_sanitize_address)) inline float load(const void* base, int type, int64_t i) {
     if (type == CUDA_R_32F) return static_cast<const float*>(base)[i];
     uint32_t bits = uint32_t(static_cast<const uint16_t*>(base)[i]) << 16;
     float f;
@@ -145,7 +145,7 @@ inline float load(const void* base, int type, int64_t i) {
     return f;  // bf16: the high half of an f32
 }
 
-inline void store(void* base, int type, int64_t i, float v) {
+__attribute__((no_sanitize_address)) inline void store(void* base, int type, int64_t i, float v) {
     if (type == CUDA_R_32F) {
         static_cast<float*>(base)[i] = v;
         return;
@@ -169,34 +169,47 @@ struct Product {
     const void *pa, *pb, *pc;
     void* pd;
 
-    __attribute__((no_sanitize_address)) void run() const {
+    /// Every entry's op(A) by rows and op(B) by columns, each a contiguous run of k
+    /// values, then the dot products, columns of all entries in parallel.
+    void run() const {
         const uint64_t m = dl.rows, n = dl.cols, k = d.trans[0] ? a.rows : a.cols;
-        for (int batch = 0; batch < dl.batch; batch++) {
-            // op(A) by rows and op(B) by columns, each a contiguous run of k values.
-            std::vector<float> ar(m * k), bc(n * k);
-            const int64_t oa = batch * a.stride, ob = batch * b.stride;
-            for (uint64_t r = 0; r < m; r++)
-                for (uint64_t p = 0; p < k; p++)
-                    ar[r * k + p] = load(pa, a.type, oa + (d.trans[0] ? p + r * a.ld : r + p * a.ld));
-            for (uint64_t col = 0; col < n; col++)
-                for (uint64_t p = 0; p < k; p++)
-                    bc[col * k + p] = load(pb, b.type, ob + (d.trans[1] ? col + p * b.ld : p + col * b.ld));
-            const int64_t oc = batch * c.stride, od = batch * dl.stride;
-            cuemu::parallel_for(n, [&](size_t col) {
-                const float* y = &bc[col * k];
-                for (uint64_t r = 0; r < m; r++) {
-                    const float* x = &ar[r * k];
-                    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-                    uint64_t p = 0;
-                    for (; p + 8 <= k; p += 8)
-                        for (int j = 0; j < 8; j++) acc[j] += x[p + j] * y[p + j];
-                    for (; p < k; p++) acc[0] += x[p] * y[p];
-                    float sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-                    float v = alpha * sum;
-                    if (beta != 0.0f) v += beta * load(pc, c.type, oc + int64_t(r + col * c.ld));
-                    store(pd, dl.type, od + int64_t(r + col * dl.ld), v);
-                }
-            });
+        const uint64_t batches = uint64_t(dl.batch);
+        std::vector<float> ar(batches * m * k), bc(batches * n * k);
+        cuemu::parallel_for(batches, [&](size_t e) {
+            pack(&ar[e * m * k], &bc[e * n * k], e, m, n, k);
+        });
+        cuemu::parallel_for(batches * n, [&](size_t i) {
+            size_t e = i / n, col = i % n;
+            column(&ar[e * m * k], &bc[(e * n + col) * k], e, col, m, k);
+        });
+    }
+
+    __attribute__((no_sanitize_address)) void pack(float* ar, float* bc, uint64_t e, uint64_t m,
+                                                   uint64_t n, uint64_t k) const {
+        const int64_t oa = int64_t(e) * a.stride, ob = int64_t(e) * b.stride;
+        for (uint64_t r = 0; r < m; r++)
+            for (uint64_t p = 0; p < k; p++)
+                ar[r * k + p] = load(pa, a.type, oa + int64_t(d.trans[0] ? p + r * a.ld : r + p * a.ld));
+        for (uint64_t col = 0; col < n; col++)
+            for (uint64_t p = 0; p < k; p++)
+                bc[col * k + p] = load(pb, b.type, ob + int64_t(d.trans[1] ? col + p * b.ld : p + col * b.ld));
+    }
+
+    /// Column `col` of entry `e`: `D(:, col) = alpha · op(A) · y + beta · C(:, col)`.
+    __attribute__((no_sanitize_address)) void column(const float* ar, const float* y, uint64_t e,
+                                                     uint64_t col, uint64_t m, uint64_t k) const {
+        const int64_t oc = int64_t(e) * c.stride, od = int64_t(e) * dl.stride;
+        for (uint64_t r = 0; r < m; r++) {
+            const float* x = &ar[r * k];
+            float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            uint64_t p = 0;
+            for (; p + 8 <= k; p += 8)
+                for (int j = 0; j < 8; j++) acc[j] += x[p + j] * y[p + j];
+            for (; p < k; p++) acc[0] += x[p] * y[p];
+            float sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+            float v = alpha * sum;
+            if (beta != 0.0f) v += beta * load(pc, c.type, oc + int64_t(r + col * c.ld));
+            store(pd, dl.type, od + int64_t(r + col * dl.ld), v);
         }
     }
 };

@@ -11,8 +11,8 @@ namespace cuemu {
 #if defined(__x86_64__)
 extern "C" void cuemu_fiber_switch(void** save_sp, void* load_sp);
 extern "C" void cuemu_fiber_start();
-// Saves the callee-saved registers, the SSE and x87 control words and the stack
-// pointer of the current context, then loads the other's.
+// Saves the callee-saved registers and the stack pointer of the current context,
+// then loads the other's (kernels leave the SSE and x87 control words alone).
 asm(R"(
     .text
     .globl cuemu_fiber_switch
@@ -24,14 +24,8 @@ cuemu_fiber_switch:
     pushq %r13
     pushq %r14
     pushq %r15
-    subq $8, %rsp
-    stmxcsr (%rsp)
-    fnstcw 4(%rsp)
     movq %rsp, (%rdi)
     movq %rsi, %rsp
-    ldmxcsr (%rsp)
-    fldcw 4(%rsp)
-    addq $8, %rsp
     popq %r15
     popq %r14
     popq %r13
@@ -52,15 +46,16 @@ cuemu_fiber_start:
 
 void prepare(Fiber& fiber, void (*entry)(void*), void* arg) {
     auto top = reinterpret_cast<uintptr_t>(fiber.stack + fiber.stack_size) & ~uintptr_t(15);
-    auto* frame = reinterpret_cast<uint64_t*>(top - 16 - 8 * 8);
-    frame[0] = 0x1f80 | (uint64_t(0x037f) << 32);  // MXCSR, x87 control word
-    frame[1] = 0;                                  // r15
-    frame[2] = 0;                                  // r14
-    frame[3] = reinterpret_cast<uint64_t>(entry);  // r13
-    frame[4] = reinterpret_cast<uint64_t>(arg);    // r12
-    frame[5] = 0;                                  // rbx
-    frame[6] = 0;                                  // rbp
-    frame[7] = reinterpret_cast<uint64_t>(&cuemu_fiber_start);
+    // Popped by the switch: r15, r14, r13 (entry), r12 (arg), rbx, rbp, then the
+    // return into cuemu_fiber_start, which leaves the stack 16-byte aligned.
+    auto* frame = reinterpret_cast<uint64_t*>(top - 16 - 7 * 8);
+    frame[0] = 0;
+    frame[1] = 0;
+    frame[2] = reinterpret_cast<uint64_t>(entry);
+    frame[3] = reinterpret_cast<uint64_t>(arg);
+    frame[4] = 0;
+    frame[5] = 0;
+    frame[6] = reinterpret_cast<uint64_t>(&cuemu_fiber_start);
     fiber.sp = frame;
 }
 
