@@ -268,13 +268,15 @@ bool run_block(Worker& w, const Launch& launch, uint64_t index) {
 
 // ---- The worker pool.
 
+/// Host threads that run the items of one `parallel_for` at a time; `run` returns
+/// when every worker has finished with the generation it started.
 struct Pool {
     std::mutex mutex;
     std::condition_variable start, done;
     const std::function<void(size_t)>* body = nullptr;
     size_t n = 0;
     std::atomic<size_t> next{0};
-    unsigned busy = 0;
+    unsigned pending = 0;  // workers not yet finished with this generation
     uint64_t generation = 0;
     std::vector<std::thread> threads;
 
@@ -299,11 +301,10 @@ struct Pool {
             seen = generation;
             const auto* f = body;
             size_t count = n;
-            busy++;
             lock.unlock();
             drain(*f, count);
             lock.lock();
-            if (--busy == 0) {
+            if (--pending == 0) {
                 done.notify_all();
             }
         }
@@ -319,12 +320,13 @@ struct Pool {
             body = &f;
             n = count;
             next = 0;
+            pending = unsigned(threads.size());
             generation++;
         }
         start.notify_all();
         drain(f, count);
         std::unique_lock<std::mutex> lock(mutex);
-        done.wait(lock, [&] { return busy == 0 && next.load() >= count; });
+        done.wait(lock, [&] { return pending == 0; });
     }
 };
 
