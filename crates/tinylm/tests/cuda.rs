@@ -59,14 +59,23 @@ fn tolerance(precision: Precision, roundings: f64) -> f64 {
     }
 }
 
-/// The whole model's tolerance: in bf16, every product, norm and activation of two
-/// layers forward and backward rounds, with cancellations in the residual sums and
-/// the gradients between them, too many for a useful bound: 2e-2, as measured.
+/// The whole model's logits and loss: in bf16, every product, norm and activation
+/// of two layers rounds, with cancellations in the residual sums, too many for a
+/// useful bound: 2e-2.
 fn model_tolerance(precision: Precision) -> f64 {
     match precision {
         Precision::Fp32 => FP32_TOLERANCE,
         Precision::Bf16 => 2e-2,
     }
+}
+
+/// The whole model's parameter gradients: a gradient of layer 0 comes back through
+/// both layers' backward, each rounding the gradient of its two sublayers' outputs
+/// to bf16 — four roundings on top of the forward's: `tolerance(_, 4)` = 3.1e-2
+/// in bf16. (The emulated GPU measures 2.2e-2 for `layers.0.ln1.weight` of the
+/// pre-norm, RoPE, SiLU, tied ablation, over the logits' 2e-2.)
+fn model_gradient_tolerance(precision: Precision) -> f64 {
+    tolerance(precision, 4.0)
 }
 
 fn random(rng: &mut ChaCha8Rng, len: usize, scale: f32) -> Vec<f32> {
@@ -759,6 +768,7 @@ fn whole_model_logits_loss_and_every_gradient_match_the_cpu_for_every_ablation()
                 .into_iter()
                 .zip(layout.tensors(&got))
             {
+                let tol = model_gradient_tolerance(precision);
                 assert_close(got, want, tol, &format!("{what} gradient of {name}"));
             }
         }
