@@ -56,9 +56,8 @@ struct cuemu_kernel_info {
 #include <string>
 
 namespace cuemu {
-/// Queues `work` on `stream` (a CUstream; 0 is the legacy stream); `what` names it
-/// in faults. Returns a CUresult.
-int enqueue(void* stream, const char* what, std::function<void()> work);
+/// Queues `work` on `stream` (a CUstream; 0 is the legacy stream). Returns a CUresult.
+int enqueue(void* stream, std::function<void()> work);
 /// Whether `[ptr, ptr + bytes)` lies inside one live device allocation; else a
 /// sentence saying where it falls.
 bool in_device_memory(uint64_t ptr, size_t bytes, std::string* why);

@@ -454,7 +454,7 @@ uint64_t cuemu_warp(int op, unsigned mask, uint64_t value, int lane_arg, int wid
     }
     // Every lane is here: compute each lane's result, then let them all go.
     uint64_t ballot = 0;
-    for (unsigned l = 0; l < 32; l++) {
+    for (unsigned l = 0; l < 32 && op == CUEMU_BALLOT; l++) {
         if ((mask & (1u << l)) && w.threads[base + l].value != 0) ballot |= 1u << l;
     }
     for (unsigned l = 0; l < 32; l++) {

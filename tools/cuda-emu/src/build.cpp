@@ -86,16 +86,17 @@ std::vector<std::string> kernel_names(const std::string& source) {
     return names;
 }
 
-std::string module_text(const std::string& source, const std::string& name,
-                        const std::vector<std::string>& flags) {
+std::string module_cpp(const std::string& source, const std::string& name) {
+    std::string cpp = "#include \"cuda_emu_prelude.h\"\n#line 1 \"" + name + "\"\n" + source + "\n";
+    for (const auto& k : kernel_names(source)) cpp += "CUEMU_KERNEL(" + k + ")\n";
+    return cpp;
+}
+
+std::string module_text(const std::string& cpp, const std::vector<std::string>& flags) {
     std::string text = kMagic;
-    auto kernels = kernel_names(source);
-    for (const auto& k : kernels) text += "// .entry " + k + "(\n";
+    for (const auto& k : kernel_names(cpp)) text += "// .entry " + k + "(\n";
     for (const auto& f : flags) text += "//@flag " + f + "\n";
-    text += kSourceMarker;
-    text += "#include \"cuda_emu_prelude.h\"\n#line 1 \"" + name + "\"\n" + source + "\n";
-    for (const auto& k : kernels) text += "CUEMU_KERNEL(" + k + ")\n";
-    return text;
+    return text + kSourceMarker + cpp;
 }
 
 bool parse_module_text(const std::string& text, std::string* cpp, std::vector<std::string>* flags) {

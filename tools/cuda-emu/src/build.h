@@ -12,10 +12,13 @@ namespace cuemu {
 /// The names of the `__global__` functions of a CUDA C source.
 std::vector<std::string> kernel_names(const std::string& source);
 
+/// The C++ of a program: the prelude, `source` (named `name` in diagnostics), and
+/// an entry for each kernel.
+std::string module_cpp(const std::string& source, const std::string& name);
+
 /// The module text NVRTC hands out as PTX: a header naming the entries (`.entry
-/// NAME(` like real PTX), the flags, then the C++ that wraps `source`.
-std::string module_text(const std::string& source, const std::string& name,
-                        const std::vector<std::string>& flags);
+/// NAME(` like real PTX), the flags, then `cpp`.
+std::string module_text(const std::string& cpp, const std::vector<std::string>& flags);
 
 /// Parses module text; false when `text` is not one (e.g. real PTX).
 bool parse_module_text(const std::string& text, std::string* cpp, std::vector<std::string>* flags);

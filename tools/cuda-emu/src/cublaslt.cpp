@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_bf16.h"
 #include "cuda_emu.h"
 
 typedef int cublasStatus_t;
@@ -139,21 +140,15 @@ uint64_t alignment_of(uint64_t ptr) {
 
 __attribute__((no_sanitize_address)) inline float load(const void* base, int type, int64_t i) {
     if (type == CUDA_R_32F) return static_cast<const float*>(base)[i];
-    uint32_t bits = uint32_t(static_cast<const uint16_t*>(base)[i]) << 16;
-    float f;
-    std::memcpy(&f, &bits, 4);
-    return f;  // bf16: the high half of an f32
+    return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
 }
 
 __attribute__((no_sanitize_address)) inline void store(void* base, int type, int64_t i, float v) {
     if (type == CUDA_R_32F) {
         static_cast<float*>(base)[i] = v;
-        return;
+    } else {
+        static_cast<__nv_bfloat16*>(base)[i] = __float2bfloat16_rn(v);
     }
-    uint32_t u;
-    std::memcpy(&u, &v, 4);
-    uint16_t bits = (u & 0x7fffffffu) > 0x7f800000u ? 0x7fff : uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-    static_cast<uint16_t*>(base)[i] = bits;
 }
 
 /// Bytes a layout touches from its pointer.
@@ -366,7 +361,7 @@ API cublasStatus_t cublasLtMatmul(Handle* handle, Desc* d, const void* alpha, co
     Product p{*d, *la, *lb, *lc, *ld, 0, 0, a, b, c, dp};
     std::memcpy(&p.alpha, alpha, 4);
     std::memcpy(&p.beta, beta, 4);
-    int queued = cuemu::enqueue(stream, "cublasLtMatmul", [p] {
+    int queued = cuemu::enqueue(stream, [p] {
         const char* names = "ABCD";
         const Layout* layouts[4] = {&p.a, &p.b, &p.c, &p.dl};
         const void* ptrs[4] = {p.pa, p.pb, p.pc, p.pd};

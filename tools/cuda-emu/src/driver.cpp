@@ -234,8 +234,7 @@ void fault(int cuda_error, const std::string& what) {
 
 void count_product() { g_products++; }
 
-int enqueue(void* handle, const char* what, std::function<void()> work) {
-    (void)what;
+int enqueue(void* handle, std::function<void()> work) {
     Guard g(g_lock);
     if (CUresult r = ready()) return r;
     Stream* s = stream_of(handle);
@@ -439,7 +438,7 @@ API CUresult cuMemFreeAsync(CUdeviceptr ptr, void* stream) {
     if (CUresult r = ready()) return r;
     auto it = g_regions.find(ptr);
     if (it == g_regions.end() || it->second.pinned) return CUDA_ERROR_INVALID_VALUE;
-    return enqueue(stream, "free", [ptr] { free_device(ptr); });
+    return enqueue(stream, [ptr] { free_device(ptr); });
 }
 
 API CUresult cuMemHostAlloc(void** ptr, size_t bytes, unsigned int flags) {
@@ -475,8 +474,7 @@ API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t bytes
     if (s == nullptr) return CUDA_ERROR_INVALID_HANDLE;
     if (is_pinned(src, bytes)) {
         // Read when the copy runs: the host must not touch `src` until then.
-        return enqueue(stream, "copy to the device",
-                       [=] { std::memcpy(reinterpret_cast<void*>(dst), src, bytes); });
+        return enqueue(stream, [=] { std::memcpy(reinterpret_cast<void*>(dst), src, bytes); });
     }
     // From pageable memory the driver waits for the stream, then copies.
     run_queued(s, s->enqueued);
@@ -492,8 +490,7 @@ API CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t bytes, void
     Stream* s = stream_of(stream);
     if (s == nullptr) return CUDA_ERROR_INVALID_HANDLE;
     if (is_pinned(dst, bytes)) {
-        return enqueue(stream, "copy to the host",
-                       [=] { std::memcpy(dst, reinterpret_cast<void*>(src), bytes); });
+        return enqueue(stream, [=] { std::memcpy(dst, reinterpret_cast<void*>(src), bytes); });
     }
     // To pageable memory the call returns when the copy is done.
     run_queued(s, s->enqueued);
@@ -507,7 +504,7 @@ API CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t bytes
     if (CUresult r = ready()) return r;
     if (CUresult r = check_device_range(dst, bytes)) return r;
     if (CUresult r = check_device_range(src, bytes)) return r;
-    return enqueue(stream, "device copy", [=] {
+    return enqueue(stream, [=] {
         std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<void*>(src), bytes);
     });
 }
@@ -516,8 +513,7 @@ API CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t bytes,
     Guard g(g_lock);
     if (CUresult r = ready()) return r;
     if (CUresult r = check_device_range(dst, bytes)) return r;
-    return enqueue(stream, "memset",
-                   [=] { std::memset(reinterpret_cast<void*>(dst), value, bytes); });
+    return enqueue(stream, [=] { std::memset(reinterpret_cast<void*>(dst), value, bytes); });
 }
 
 /// A blocking call on `bytes` of device memory at `device`: waits for every
@@ -598,7 +594,7 @@ API CUresult cuEventRecord(Event* event, void* stream) {
     if (CUresult r = ready()) return r;
     Stream* s = stream_of(stream);
     if (!g_events.count(event) || s == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-    CUresult r = enqueue(stream, "event", [event] {
+    CUresult r = enqueue(stream, [event] {
         event->time_ms =
             std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - g_start)
                 .count();
@@ -643,7 +639,7 @@ API CUresult cuStreamWaitEvent(void* stream, Event* event, unsigned int flags) {
     Stream* source = event->stream;
     uint64_t upto = event->seq;
     if (source == nullptr) return CUDA_SUCCESS;  // never recorded: nothing to wait for
-    return enqueue(stream, "event wait", [source, upto] { run_queued(source, upto); });
+    return enqueue(stream, [source, upto] { run_queued(source, upto); });
 }
 
 // ---- Modules and launches.
@@ -722,7 +718,7 @@ API CUresult cuLaunchKernel(Function* f, unsigned int gx, unsigned int gy, unsig
         std::memcpy(&launch->storage[offsets[i]], params[i], f->info.sizes[i]);
     }
     for (int i = 0; i < f->info.params; i++) launch->args.push_back(&launch->storage[offsets[i]]);
-    return enqueue(stream, f->info.name, [launch] {
+    return enqueue(stream, [launch] {
         const cuemu_kernel_info& k = launch->kernel;
         for (int i = 0; i < k.params; i++) {
             uint64_t ptr;

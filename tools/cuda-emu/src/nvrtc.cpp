@@ -92,13 +92,10 @@ API nvrtcResult nvrtcCompileProgram(Program* prog, int count, const char* const*
     for (int i = 0; i < count; i++) {
         if (!translate(options[i], &flags, &prog->log)) return NVRTC_ERROR_INVALID_OPTION;
     }
-    std::string text = cuemu::module_text(prog->source, prog->name, flags);
-    std::string cpp, library;
-    std::vector<std::string> parsed;
-    cuemu::parse_module_text(text, &cpp, &parsed);
-    if (!cuemu::build_module(cpp, parsed, &library, &prog->log)) return NVRTC_ERROR_COMPILATION;
+    std::string cpp = cuemu::module_cpp(prog->source, prog->name), library;
+    if (!cuemu::build_module(cpp, flags, &library, &prog->log)) return NVRTC_ERROR_COMPILATION;
     prog->log.clear();
-    prog->module = text;
+    prog->module = cuemu::module_text(cpp, flags);
     return NVRTC_SUCCESS;
 }
 
