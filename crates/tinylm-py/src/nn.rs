@@ -460,6 +460,9 @@ pub fn cross_entropy(
     }
     let mut scratch = logits.data().to_vec();
     detached(py, || {
-        Ok(kernels::cross_entropy::cross_entropy(&mut scratch, &targets, false).to_f64())
+        Ok(
+            kernels::cross_entropy::cross_entropy(&mut scratch, &targets, false, targets.len())
+                .to_f64(),
+        )
     })
 }

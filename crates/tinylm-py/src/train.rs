@@ -9,6 +9,7 @@ use crate::model::from_py_json;
 use pyo3::prelude::*;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
+use tinylm::distributed::World;
 use tinylm::train::{resolve_config, Progress};
 
 /// Reads a training config from a `.toml` or `.json` file.
@@ -54,7 +55,7 @@ pub fn train(py: Python<'_>, config: &Bound<'_, PyAny>) -> PyResult<PathBuf> {
         }
     };
     let summary = detached(py, || {
-        tinylm::train::train(&cfg, &stop, &mut on_step).map_err(model_error)
+        tinylm::train::train(&cfg, &World::single(), &stop, &mut on_step).map_err(model_error)
     })?;
     if let Some(e) = interrupt.into_inner().expect("not poisoned") {
         return Err(e);

@@ -138,6 +138,7 @@ pub fn load(path: &Path) -> Result<Checkpoint> {
             let state: OptimizerMeta = meta(&metadata, "optimizer", path)?;
             Some(AdamW {
                 hp: state.hp,
+                covers: 0..params.len(),
                 m: layout.load_buffer(&m, path)?,
                 v: layout.load_buffer(&v, path)?,
                 step: state.step,

@@ -181,10 +181,25 @@ impl TokenDataset {
     /// Fills `batch` with `B` windows at start indices uniform in `[0, n − T)`
     /// drawn from `rng` (see the module docs). Needs [`check_context`](Self::check_context)`(T)`.
     pub fn fill_random(&self, batch: &mut Batch, rng: &mut SplitMix64) {
+        self.fill_random_rows(batch, rng, batch.b, 0);
+    }
+
+    /// Draws the windows of a random batch of `batch_size` rows, as [`Self::fill_random`]
+    /// does, and fills `batch` with its rows `first..first + B`: a rank's share of the
+    /// batch every rank draws alike.
+    pub fn fill_random_rows(
+        &self,
+        batch: &mut Batch,
+        rng: &mut SplitMix64,
+        batch_size: usize,
+        first: usize,
+    ) {
         let starts = (self.len() - batch.t) as u64;
-        for row in 0..batch.b {
+        for row in 0..batch_size {
             let s = rng.below(starts) as usize;
-            self.fill_row(batch, row, s);
+            if (first..first + batch.b).contains(&row) {
+                self.fill_row(batch, row - first, s);
+            }
         }
     }
 

@@ -17,6 +17,10 @@ pub enum Error {
     /// which, and what to do).
     #[error("{0}")]
     Device(String),
+    /// The ranks of a distributed run disagree, or their launcher or collective
+    /// library failed (the message names the rank and what to do).
+    #[error("{0}")]
+    Ranks(String),
     #[error(transparent)]
     Tokenizer(#[from] tinylm_bpe::Error),
 }

@@ -6,6 +6,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod data;
 pub mod device;
+pub mod distributed;
 pub mod error;
 pub mod export;
 pub mod generate;

@@ -24,10 +24,11 @@
 //! backward counterparts. [`transformer_block`] runs one block on its own.
 
 use crate::config::{Ffn, ModelConfig, Norm, Positional};
+use crate::distributed::Collective;
 use crate::kernels::cpu::rope::rope_tables;
 use crate::kernels::{
-    AdamWParams, AdamWStep, AttnShape, Backend, BufKind, Buffer, Cpu, Float, MatMul, Span, SpanMut,
-    StepStats,
+    AdamWParams, AdamWStep, AttnShape, Backend, BatchPart, BufKind, Buffer, Cpu, Float, MatMul,
+    Span, SpanMut, StepStats,
 };
 use crate::optim::AdamW;
 use crate::params::{LayerOffsets, ParamLayout};
@@ -284,6 +285,13 @@ struct ModelView<'a, F: Float, B: Backend<F>> {
     sin: &'a B::Buf,
 }
 
+/// The parameters' gradient buffer as backward writes it: overwritten, or added to
+/// (`add`) when a step's gradient is accumulated over micro-batches.
+struct ParamGrads<'a, Buf> {
+    buf: &'a mut Buf,
+    add: bool,
+}
+
 /// What passes write, borrowed apart from the [`ModelView`] they read.
 struct PassBuffers<'a, F: Float, B: Backend<F>> {
     acts: &'a mut Option<Activations<B::Buf, B::Ids>>,
@@ -323,11 +331,12 @@ impl<F: Float, B: Backend<F>> ModelView<'_, F, B> {
     /// Backward of a linear layer `y (N, out) = x (N, in) · Wᵀ`, `W (out, in)` the
     /// parameters at `weight`: `dx (N, in) = dy (N, out) · W` by `dx_product` (a
     /// [`MatMul::linear_dx`], accumulating where `dx` already holds another path's
-    /// gradient) and `dW = dyᵀ · x` into `grads` (overwritten, [`MatMul::linear_dw`]).
+    /// gradient) and `dW = dyᵀ · x` into `grads` ([`MatMul::linear_dw`], overwritten
+    /// or added to).
     fn linear_backward(
         &self,
         dx: SpanMut<B::Buf>,
-        grads: &mut B::Buf,
+        grads: &mut ParamGrads<B::Buf>,
         weight: &Range<usize>,
         dy: Span<B::Buf>,
         x: Span<B::Buf>,
@@ -340,8 +349,12 @@ impl<F: Float, B: Backend<F>> ModelView<'_, F, B> {
             ..
         } = dx_product;
         let dw_product = MatMul::linear_dw(n, d_in, d_out);
+        let dw_product = match grads.add {
+            true => dw_product.accumulating(),
+            false => dw_product,
+        };
         self.backend.matmul(dx, dy, self.get(weight), dx_product);
-        (self.backend).matmul(grads.at_mut(weight.clone()), dy, x, dw_product);
+        (self.backend).matmul(grads.buf.at_mut(weight.clone()), dy, x, dw_product);
     }
 
     /// RoPE on the query and key parts of the rows `qkv (B, Tq, 3C)`, or the inverse
@@ -398,29 +411,39 @@ impl<B: Backend<f32>> Model<f32, B> {
         Model::with_backend(config, &params, backend)
     }
 
-    /// Zero AdamW moments in this model's backend.
+    /// Zero AdamW moments for every parameter, in this model's backend.
     pub fn new_adamw(&self, hp: AdamWParams) -> Result<AdamW<B::Buf>> {
-        let n = self.layout.total;
+        self.new_adamw_for(hp, 0..self.layout.total)
+    }
+
+    /// Zero AdamW moments for the parameters `covers` (a ZeRO-1 shard).
+    pub fn new_adamw_for(&self, hp: AdamWParams, covers: Range<usize>) -> Result<AdamW<B::Buf>> {
+        let n = covers.len();
         Ok(AdamW {
             hp,
+            covers,
             m: self.backend.alloc(n, BufKind::Full)?,
             v: self.backend.alloc(n, BufKind::Full)?,
             step: 0,
         })
     }
 
-    /// AdamW state from the host (a checkpoint's) into this model's backend.
-    pub fn upload_adamw(&self, host: &AdamW) -> Result<AdamW<B::Buf>> {
-        let mut opt = self.new_adamw(host.hp)?;
-        self.backend.upload(opt.m.all_mut(), &host.m)?;
-        self.backend.upload(opt.v.all_mut(), &host.v)?;
+    /// The part `covers` of the AdamW state `host` (a checkpoint's, for every
+    /// parameter) into this model's backend.
+    pub fn upload_adamw(&self, host: &AdamW, covers: Range<usize>) -> Result<AdamW<B::Buf>> {
+        let mut opt = self.new_adamw_for(host.hp, covers.clone())?;
+        let part = covers.start - host.covers.start..covers.end - host.covers.start;
+        self.backend
+            .upload(opt.m.all_mut(), &host.m[part.clone()])?;
+        self.backend.upload(opt.v.all_mut(), &host.v[part])?;
         opt.step = host.step;
         Ok(opt)
     }
 
-    /// AdamW state back to the host (for a checkpoint).
+    /// AdamW state back to the host (for a checkpoint), covering what `opt` covers.
     pub fn download_adamw(&self, opt: &AdamW<B::Buf>) -> Result<AdamW> {
-        let mut host = AdamW::new(self.layout.total, opt.hp);
+        let mut host = AdamW::new(opt.covers.len(), opt.hp);
+        host.covers = opt.covers.clone();
         self.backend.download(opt.m.all(), &mut host.m)?;
         self.backend.download(opt.v.all(), &mut host.v)?;
         host.step = opt.step;
@@ -562,17 +585,67 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
         lr: f64,
         max_norm: Option<f64>,
     ) -> Result<()> {
-        let slot = (self.steps_launched % 2) as usize;
-        if self.steps_launched - self.steps_read == 2 {
+        self.accumulate_gradient(ids, targets, b, t, BatchPart::whole(b * t))?;
+        self.optimizer_step(opt, lr, max_norm, None)
+    }
+
+    /// Queues one micro-batch `(B, T)` of the training step being built — forward,
+    /// the loss weighted as `part` of the step's batch, backward — into the step's
+    /// gradient: its first micro-batch (`!part.accumulate`) overwrites the gradient and
+    /// the loss, the others add to them. [`Model::optimizer_step`] ends the step.
+    pub fn accumulate_gradient(
+        &mut self,
+        ids: &[u32],
+        targets: &[u32],
+        b: usize,
+        t: usize,
+        part: BatchPart,
+    ) -> Result<()> {
+        if !part.accumulate && self.steps_launched - self.steps_read == 2 {
             return Err(Error::Invalid(
                 "two training steps are in flight: read the older one's statistics first".into(),
             ));
         }
-        self.queue_loss(ids, targets, b, t, Some(slot))?;
-        self.backward()?;
+        let slot = (self.steps_launched % 2) as usize;
+        self.queue_loss(ids, targets, b, t, part, Some(slot))?;
+        self.run_backward(part.accumulate)
+    }
+
+    /// Ends the training step [`Model::accumulate_gradient`] built: the gradient summed
+    /// over the ranks of `ranks` (each rank's is its share of the batch's mean), its
+    /// sum of squares, AdamW with learning rate `lr` and clipping to `max_norm` on the
+    /// parameters `opt` covers — under ZeRO-1 a shard, whose gradient alone is
+    /// reduced to this rank and whose update every rank then gathers — and the
+    /// step's statistics sent. Returns without waiting.
+    pub fn optimizer_step(
+        &mut self,
+        opt: &mut AdamW<B::Buf>,
+        lr: f64,
+        max_norm: Option<f64>,
+        ranks: Option<&dyn Collective<B::Buf, B::Stats>>,
+    ) -> Result<()> {
+        let slot = (self.steps_launched % 2) as usize;
+        let sharded = opt.covers != (0..self.layout.total);
+        match ranks {
+            Some(ranks) if sharded => ranks.reduce_scatter_sum(self.grads.all_mut())?,
+            Some(ranks) => ranks.all_reduce_sum(self.grads.all_mut())?,
+            None if sharded => {
+                return Err(Error::Invalid(
+                    "the optimizer state is a shard, but no ranks to gather it from".into(),
+                ))
+            }
+            None => {}
+        }
         let stats = &mut self.step_stats[slot];
-        self.backend.sum_squares(self.grads.all(), stats);
+        self.backend
+            .sum_squares(self.grads.at(opt.covers.clone()), stats);
+        if let (Some(ranks), true) = (ranks, sharded) {
+            ranks.all_reduce_sum_squares(stats)?;
+        }
         self.queue_adamw(opt, lr, max_norm, Some(slot));
+        if let (Some(ranks), true) = (ranks, sharded) {
+            ranks.all_gather(self.params.all_mut())?;
+        }
         self.backend.send_stats(&mut self.step_stats[slot]);
         self.steps_launched += 1;
         Ok(())
@@ -607,8 +680,8 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
         };
         let stats = slot.map_or(&self.stats, |k| &self.step_stats[k]);
         self.backend.adamw(
-            self.params.all_mut(),
-            self.grads.all(),
+            self.params.at_mut(opt.covers.clone()),
+            self.grads.at(opt.covers.clone()),
             opt.m.all_mut(),
             opt.v.all_mut(),
             &step,
@@ -639,19 +712,21 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
     /// from `ids (B, T)`; keeps what [`Model::backward`] needs. The logits buffer then
     /// holds the loss gradient, so read logits with [`Model::forward`] instead.
     pub fn forward_loss(&mut self, ids: &[u32], targets: &[u32], b: usize, t: usize) -> Result<F> {
-        self.queue_loss(ids, targets, b, t, None)?;
+        self.queue_loss(ids, targets, b, t, BatchPart::whole(b * t), None)?;
         self.backend.send_stats(&mut self.stats);
         Ok(F::from_f64(self.backend.read_stats(&self.stats)?.loss))
     }
 
     /// Checks and uploads a batch, queues the forward pass and the loss with its
-    /// gradient into the statistics of step slot `slot` (`None`: the ones read at once).
+    /// gradient, weighted as `part` of a batch, into the statistics of step slot
+    /// `slot` (`None`: the ones read at once).
     fn queue_loss(
         &mut self,
         ids: &[u32],
         targets: &[u32],
         b: usize,
         t: usize,
+        part: BatchPart,
         slot: Option<usize>,
     ) -> Result<()> {
         self.check_tokens(ids, b, t, "token id")?;
@@ -667,7 +742,7 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
             None => &mut self.stats,
         };
         self.backend
-            .cross_entropy(acts.logits.all_mut(), &acts.targets, true, stats);
+            .cross_entropy(acts.logits.all_mut(), &acts.targets, true, part, stats);
         self.loss_ready = true;
         Ok(())
     }
@@ -675,6 +750,11 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
     /// The gradient of the last [`Model::forward_loss`] into the model's gradient
     /// buffer (overwritten, not accumulated).
     pub fn backward(&mut self) -> Result<()> {
+        self.run_backward(false)
+    }
+
+    /// The gradient of the last loss into the gradient buffer, added to it with `add`.
+    fn run_backward(&mut self, add: bool) -> Result<()> {
         if !self.loss_ready {
             return Err(Error::Invalid(
                 "backward needs a forward_loss first (and no forward in between)".into(),
@@ -696,7 +776,11 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
         let (model, bufs) = self.split();
         let acts = bufs.acts.as_ref().expect("loss_ready implies activations");
         let dacts = bufs.grad_acts.as_mut().expect("allocated above");
-        backward_pass(&model, acts, dacts, bufs.grads);
+        let mut grads = ParamGrads {
+            buf: bufs.grads,
+            add,
+        };
+        backward_pass(&model, acts, dacts, &mut grads);
         Ok(())
     }
 
@@ -931,12 +1015,13 @@ fn block_forward<F: Float, B: Backend<F>>(
 }
 
 /// The backward pass of the last full forward, whose logits buffer holds
-/// `∂loss/∂logits`: every parameter's gradient into `grads` (overwritten).
+/// `∂loss/∂logits`: every parameter's gradient into `grads` (overwritten, or added
+/// to with `grads.add`).
 fn backward_pass<F: Float, B: Backend<F>>(
     model: &ModelView<F, B>,
     acts: &Activations<B::Buf, B::Ids>,
     dacts: &mut GradActivations<B::Buf>,
-    grads: &mut B::Buf,
+    grads: &mut ParamGrads<B::Buf>,
 ) {
     let (be, config, layout) = (model.backend, model.config, model.layout);
     let (n, d, v) = (acts.b * acts.t, config.d_model, config.vocab_size);
@@ -947,8 +1032,10 @@ fn backward_pass<F: Float, B: Backend<F>>(
         .chain([layout.ln_final.clone()])
         .flatten()
         .chain((!config.tie_embeddings).then(|| layout.token_embeddings.clone()));
-    for range in added_to {
-        be.fill_zero(grads.at_mut(range));
+    if !grads.add {
+        for range in added_to {
+            be.fill_zero(grads.buf.at_mut(range));
+        }
     }
 
     // LM head (and ln_final): dresid = ∂loss/∂(last block's output).
@@ -974,7 +1061,7 @@ fn backward_pass<F: Float, B: Backend<F>>(
         block_backward(model, layer, &acts.layers[l], x, dacts, grads, shape);
     }
     be.embedding_backward(
-        grads.at_mut(layout.token_embeddings.clone()),
+        grads.buf.at_mut(layout.token_embeddings.clone()),
         dacts.dresid.all(),
         &acts.ids,
     );
@@ -989,7 +1076,7 @@ fn block_backward<F: Float, B: Backend<F>>(
     acts: &LayerActs<B::Buf>,
     x: Span<B::Buf>,
     dacts: &mut GradActivations<B::Buf>,
-    grads: &mut B::Buf,
+    grads: &mut ParamGrads<B::Buf>,
     shape: AttnShape,
 ) {
     let be = model.backend;
@@ -1109,12 +1196,12 @@ impl<F: Float, B: Backend<F>> ModelView<'_, F, B> {
         sum: Span<B::Buf>,
         rstd: Span<B::Buf>,
         dacts: &mut GradActivations<B::Buf>,
-        grads: &mut B::Buf,
+        grads: &mut ParamGrads<B::Buf>,
     ) {
         if self.config.norm == Norm::Post {
             self.backend.rmsnorm_backward(
                 dacts.dtmp.all_mut(),
-                grads.at_mut(gain_range(gain)),
+                grads.buf.at_mut(gain_range(gain)),
                 dacts.dresid.all(),
                 sum,
                 self.gain(gain),
@@ -1153,13 +1240,13 @@ impl<F: Float, B: Backend<F>> ModelView<'_, F, B> {
         x: Span<B::Buf>,
         rstd: Span<B::Buf>,
         dacts: &mut GradActivations<B::Buf>,
-        grads: &mut B::Buf,
+        grads: &mut ParamGrads<B::Buf>,
         add: bool,
     ) {
         if self.config.norm == Norm::Pre {
             self.backend.rmsnorm_backward(
                 dacts.dresid.all_mut(),
-                grads.at_mut(gain_range(gain)),
+                grads.buf.at_mut(gain_range(gain)),
                 dacts.dtmp.all(),
                 x,
                 self.gain(gain),

@@ -12,12 +12,16 @@ use crate::kernels::cpu::global_norm::sum_squares_of;
 use crate::kernels::cpu::simd::CHUNK;
 use crate::kernels::{clip_scale, AdamWParams, CLIP_EPS};
 use rayon::prelude::*;
+use std::ops::Range;
 
 /// AdamW state: first and second moments mirroring the parameter buffer (host
 /// vectors, or a backend's buffers while a model trains), and the number of steps taken.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AdamW<M = Vec<f32>> {
     pub hp: AdamWParams,
+    /// The parameters the moments cover: all of them, or under ZeRO-1 this rank's
+    /// shard ([`crate::distributed::shard`]); `m` and `v` are that long.
+    pub covers: Range<usize>,
     pub m: M,
     pub v: M,
     pub step: u64,
@@ -28,6 +32,7 @@ impl AdamW {
     pub fn new(n: usize, hp: AdamWParams) -> Self {
         AdamW {
             hp,
+            covers: 0..n,
             m: vec![0.0; n],
             v: vec![0.0; n],
             step: 0,

@@ -26,7 +26,7 @@ use tinylm::kernels::cuda::rmsnorm::ROW_BLOCKS;
 use tinylm::kernels::cuda::{Cuda, CudaBuf, DType, DeviceBuffer};
 use tinylm::kernels::Precision;
 use tinylm::kernels::{clip_scale, AdamWParams, CLIP_EPS};
-use tinylm::kernels::{AttnShape, Backend, BufKind, Buffer, MatMul};
+use tinylm::kernels::{AttnShape, Backend, BatchPart, BufKind, Buffer, MatMul};
 use tinylm::optim::global_norm;
 use tinylm::params::ParamLayout;
 use tinylm::train::{train, LogRecord, Progress, TrainConfig};
@@ -534,7 +534,8 @@ fn bf16_attention_probabilities_at_realistic_scores_are_rounded_once() {
     }
 }
 
-/// Also past one pass of the mean's loop over rows (one block of 1,024 threads).
+/// Also past one pass of the mean's loop over rows (one block of 1,024 threads); the
+/// last call is a quarter of a larger batch, added to the loss already there.
 #[test]
 fn cross_entropy_loss_and_gradient_match_the_cpu() {
     let mut rng = ChaCha8Rng::seed_from_u64(7);
@@ -548,7 +549,16 @@ fn cross_entropy_loss_and_gradient_match_the_cpu() {
             let targets_d = put_ids(&cuda, &targets);
             let losses = cuda.alloc(n, DType::F32, "losses").unwrap();
             let loss = cuda.alloc(1, DType::F32, "loss").unwrap();
-            for grad in [false, true] {
+            let quarter = BatchPart {
+                rows: 4 * n,
+                accumulate: true,
+            };
+            let mut previous = 0.0;
+            for (grad, part) in [
+                (false, BatchPart::whole(n)),
+                (true, BatchPart::whole(n)),
+                (true, quarter),
+            ] {
                 let logits_d = put_x(&cuda, &logits);
                 cuda.cross_entropy(
                     loss.view(),
@@ -556,9 +566,15 @@ fn cross_entropy_loss_and_gradient_match_the_cpu() {
                     logits_d.view(),
                     targets_d.view(),
                     grad,
+                    part,
                 );
                 let mut want = logits.clone();
-                let want_loss = cpu::cross_entropy::cross_entropy(&mut want, &targets, grad);
+                let mut want_loss =
+                    cpu::cross_entropy::cross_entropy(&mut want, &targets, grad, part.rows);
+                if part.accumulate {
+                    want_loss += previous;
+                }
+                previous = want_loss;
                 let what = format!("{precision:?} cross-entropy ({n}, {v})");
                 // The loss is f32 from f32 statistics in both precisions.
                 assert_close(

@@ -266,7 +266,7 @@ fn cross_entropy_gradient_is_fused_in_place() {
     let (n, v) = (4, 6);
     let mut logits: Vec<f64> = randn(&mut rng, n * v).iter().map(|x| x * 3.0).collect();
     let targets = [2u32, 0, 5, 2];
-    let loss = |l: &[f64]| cross_entropy::cross_entropy(&mut l.to_vec(), &targets, false);
+    let loss = |l: &[f64]| cross_entropy::cross_entropy(&mut l.to_vec(), &targets, false, n);
     let want: f64 = (0..n)
         .map(|i| {
             let row = &logits[i * v..(i + 1) * v];
@@ -276,7 +276,7 @@ fn cross_entropy_gradient_is_fused_in_place() {
         / n as f64;
     assert!((loss(&logits) - want).abs() < 1e-12);
     let mut grad = logits.clone();
-    let l = cross_entropy::cross_entropy(&mut grad, &targets, true);
+    let l = cross_entropy::cross_entropy(&mut grad, &targets, true, n);
     assert!((l - want).abs() < 1e-12);
     check("cross-entropy", &mut logits, &grad, loss);
 }

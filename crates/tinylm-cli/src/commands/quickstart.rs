@@ -17,6 +17,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use tinylm::data::TokenDataset;
 use tinylm::device::{resolve, run_on, BackendTask, Device};
+use tinylm::distributed::World;
 use tinylm::generate::Sampler;
 use tinylm::kernels::Backend;
 use tinylm::kernels::Precision;
@@ -480,7 +481,7 @@ fn run_training(cfg: &TrainConfig) -> Result<tinylm::train::TrainSummary> {
     );
     let stop = AtomicBool::new(false);
     let mut last_val = None;
-    let summary = train(cfg, &stop, &mut |p| {
+    let summary = train(cfg, &World::single(), &stop, &mut |p| {
         let r = p.record;
         last_val = r.val_loss.or(last_val);
         let val = last_val.map_or(String::new(), |v| format!(" val {v:.3}"));

@@ -17,6 +17,7 @@ use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use tinylm::device::Device;
+use tinylm::distributed::World;
 use tinylm::kernels::Precision;
 use tinylm::train::{resolve_config, train, Progress, ResolvedConfig, Schedule, TrainConfig};
 
@@ -61,9 +62,16 @@ struct TrainFlags {
     /// Output directory: log.jsonl, loss.svg, checkpoint.safetensors.
     #[arg(long)]
     out_dir: Option<PathBuf>,
-    /// Sequences per step.
+    /// Sequences per optimizer step, over all ranks.
     #[arg(long)]
     batch_size: Option<usize>,
+    /// Sequences per forward/backward [default: a rank's whole share]: the step's
+    /// gradient is accumulated over batch_size / (ranks · micro_batch_size) of them.
+    #[arg(long)]
+    micro_batch_size: Option<usize>,
+    /// ZeRO stage: 1 shards the AdamW moments over the ranks (0: every rank has all).
+    #[arg(long)]
+    zero: Option<u8>,
     /// Optimizer steps.
     #[arg(long)]
     steps: Option<u64>,
@@ -202,25 +210,60 @@ fn read_config(path: &Path) -> Result<Value> {
     value.with_context(|| format!("{}: not a valid configuration", path.display()))
 }
 
+/// Trains as one rank of the ranks a launcher (`mpirun`, `srun`) started, or alone.
+/// A rank that fails prints its error and ends every rank (MPI_Abort), so that none
+/// waits for it.
 pub fn run(args: TrainArgs) -> Result<()> {
+    let world = World::from_launcher()?;
+    let result = run_rank(args, &world);
+    if let (Err(err), true) = (&result, world.ranks() > 1) {
+        eprintln!("error: rank {}: {err:#}", world.rank());
+        world.abort(2);
+    }
+    result
+}
+
+fn run_rank(args: TrainArgs, world: &World) -> Result<()> {
     let resolved = args.resolve()?;
     let cfg = &resolved.config;
+    let root = world.is_root();
     if args.print_config {
-        println!("{}", serde_json::to_string_pretty(&cfg)?);
+        if root {
+            println!("{}", serde_json::to_string_pretty(&cfg)?);
+        }
         return Ok(());
     }
-    if let Some(note) = resolved.resume_note() {
+    if let (Some(note), true) = (resolved.resume_note(), root) {
         println!("{note}");
     }
+    if world.ranks() > 1 && root {
+        let split = cfg.batch_split(world.ranks())?;
+        println!(
+            "{} ranks: {} sequences each per step, in micro-batches of {}{}",
+            world.ranks(),
+            split.share,
+            split.micro,
+            if cfg.zero == 1 {
+                ", AdamW state sharded (ZeRO-1)"
+            } else {
+                ""
+            }
+        );
+    }
+    // Ctrl-C, or the SIGTERM a launcher forwards: rank 0's flag ends every rank.
     ctrlc::set_handler(|| {
         if STOP.swap(true, Ordering::Relaxed) {
-            std::process::exit(130); // a second Ctrl-C: leave at once
+            std::process::exit(130); // a second signal: leave at once
         }
     })
     .context("installing the Ctrl-C handler")?;
 
     let total = cfg.total_steps();
-    let bar = ProgressBar::new(total).with_style(
+    let bar = match root {
+        true => ProgressBar::new(total),
+        false => ProgressBar::hidden(),
+    };
+    let bar = bar.with_style(
         ProgressStyle::with_template(
             "{bar:30.cyan/blue} {pos}/{len} steps · {msg} · {elapsed_precise} < {eta_precise}",
         )
@@ -228,7 +271,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
         .progress_chars("=> "),
     );
     let mut first = true;
-    let summary = train(cfg, &STOP, &mut |p: &Progress| {
+    let summary = train(cfg, world, &STOP, &mut |p: &Progress| {
         let r = p.record;
         if first {
             // A resumed run starts part-way: measure the ETA from here.
@@ -251,6 +294,9 @@ pub fn run(args: TrainArgs) -> Result<()> {
     });
     bar.finish_and_clear();
     let summary = summary?;
+    if !root {
+        return Ok(());
+    }
     let val = summary.val_loss.map_or(String::new(), |v| {
         format!(", val_loss {v:.4} (perplexity {:.2})", v.exp())
     });

@@ -6,6 +6,7 @@
 //! arithmetic of a GPU run ([`Precision`]).
 
 use super::float::Float;
+use crate::distributed::{Collective, World};
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -307,6 +308,26 @@ impl AdamWStep {
     }
 }
 
+/// Where the `N` rows of one [`Backend::cross_entropy`] sit in the batch whose mean
+/// loss is wanted: a micro-batch of an optimizer step's batch, on one of its ranks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchPart {
+    /// Rows (positions) of the whole batch: the mean's divisor.
+    pub rows: usize,
+    /// Add to the loss of the parts before it instead of replacing it.
+    pub accumulate: bool,
+}
+
+impl BatchPart {
+    /// `rows` positions that are the whole batch.
+    pub fn whole(rows: usize) -> Self {
+        BatchPart {
+            rows,
+            accumulate: false,
+        }
+    }
+}
+
 /// A training step's statistics as they reach the host ([`Backend::read_stats`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StepStats {
@@ -475,20 +496,30 @@ pub trait Backend<F: Float>: Sync {
         shape: AttnShape,
     );
 
-    /// Mean cross-entropy of `logits (N, V)` against `targets (N)` into `stats`' loss;
-    /// with `grad`, the logits are overwritten in the same pass by
-    /// `∂loss/∂logits = (softmax − onehot)/N`.
+    /// Cross-entropy of `logits (N, V)` against `targets (N)`, summed over the rows
+    /// and divided by `part.rows`, into `stats`' loss (added to it with
+    /// `part.accumulate`); with `grad`, the logits are overwritten in the same pass by
+    /// `∂loss/∂logits = (softmax − onehot)/part.rows`. [`BatchPart::whole`]: the mean.
     fn cross_entropy(
         &self,
         logits: SpanMut<Self::Buf>,
         targets: &Self::Ids,
         grad: bool,
+        part: BatchPart,
         stats: &mut Self::Stats,
     );
 
     /// `Σ x²` in `f64` into `stats`' sum of squares, the same sum whatever the
     /// number of threads.
     fn sum_squares(&self, x: Span<Self::Buf>, stats: &mut Self::Stats);
+
+    /// The collectives of a training step over the several ranks of `world`, on this
+    /// backend's buffers (MPI's on the CPU, NCCL's on GPUs); an error saying what to
+    /// build where this build has none.
+    fn collective<'w>(
+        &self,
+        world: &'w World,
+    ) -> Result<Box<dyn Collective<Self::Buf, Self::Stats> + 'w>>;
 
     /// One AdamW update of `params` from `grads`, moments `m`, `v` (all the same
     /// length); with `step.max_norm`, clipped by the sum of squares in `stats`.

@@ -1,6 +1,9 @@
 //! A backend wrapper that times every kernel call by kind: where a step's time goes.
 
-use super::{AdamWStep, AttnShape, Backend, BufKind, Float, MatMul, Span, SpanMut, StepStats};
+use super::{
+    AdamWStep, AttnShape, Backend, BatchPart, BufKind, Float, MatMul, Span, SpanMut, StepStats,
+};
+use crate::distributed::{Collective, World};
 use crate::Result;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -254,11 +257,19 @@ impl<F: Float, B: Backend<F>> Backend<F> for Profiled<B> {
         logits: SpanMut<B::Buf>,
         targets: &B::Ids,
         grad: bool,
+        part: BatchPart,
         stats: &mut B::Stats,
     ) {
         self.time(Kind::CrossEntropy, || {
-            self.inner.cross_entropy(logits, targets, grad, stats)
+            self.inner.cross_entropy(logits, targets, grad, part, stats)
         })
+    }
+
+    fn collective<'w>(
+        &self,
+        world: &'w World,
+    ) -> Result<Box<dyn Collective<B::Buf, B::Stats> + 'w>> {
+        self.inner.collective(world)
     }
 
     fn sum_squares(&self, x: Span<B::Buf>, stats: &mut B::Stats) {

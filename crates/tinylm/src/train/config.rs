@@ -42,8 +42,17 @@ pub struct TrainConfig {
     pub tokenizer: Option<PathBuf>,
     /// Where the log, plot and checkpoint go.
     pub out_dir: PathBuf,
-    /// Sequences per step `B`; the sequence length `T` is `model.context_length`.
+    /// Sequences per optimizer step `B` over all ranks; the sequence length `T` is
+    /// `model.context_length`.
     pub batch_size: usize,
+    /// Sequences one forward/backward holds (default: a rank's whole share,
+    /// `batch_size / ranks`): each rank accumulates the step's gradient over
+    /// `batch_size / (ranks · micro_batch_size)` of them. The trajectory is the same
+    /// whatever it is.
+    pub micro_batch_size: Option<usize>,
+    /// ZeRO stage: 0, or 1 to shard the AdamW moments (and on GPUs the f32 master
+    /// weights) over the ranks.
+    pub zero: u8,
     /// Optimizer steps.
     pub steps: u64,
     /// Token budget: when set, `steps = ceil(max_tokens / (B·T))` instead.
@@ -94,6 +103,8 @@ impl Default for TrainConfig {
             tokenizer: None,
             out_dir: PathBuf::from("runs/train"),
             batch_size: 32,
+            micro_batch_size: None,
+            zero: 0,
             steps: 5000,
             max_tokens: None,
             lr_max: 1e-3,
@@ -118,6 +129,15 @@ impl Default for TrainConfig {
             precision: Precision::Bf16,
         }
     }
+}
+
+/// How one step's batch is cut ([`TrainConfig::batch_split`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchSplit {
+    /// Sequences of the batch each rank takes.
+    pub share: usize,
+    /// Sequences per forward/backward: a step is `share / micro` of them per rank.
+    pub micro: usize,
 }
 
 impl TrainConfig {
@@ -168,6 +188,27 @@ impl TrainConfig {
         }
     }
 
+    /// Each rank's share of a step's batch and the micro-batch it is run in, for
+    /// `ranks` ranks: an error naming the numbers when they do not divide.
+    pub fn batch_split(&self, ranks: usize) -> Result<BatchSplit> {
+        if !self.batch_size.is_multiple_of(ranks) {
+            return Err(Error::Config(format!(
+                "batch_size {} does not divide over {ranks} ranks: choose a multiple of {ranks}",
+                self.batch_size
+            )));
+        }
+        let share = self.batch_size / ranks;
+        let micro = self.micro_batch_size.unwrap_or(share);
+        if !share.is_multiple_of(micro) {
+            return Err(Error::Config(format!(
+                "micro_batch_size {micro} does not divide a rank's share of {share} sequences \
+                 (batch_size {} over {ranks} ranks)",
+                self.batch_size
+            )));
+        }
+        Ok(BatchSplit { share, micro })
+    }
+
     pub fn adamw(&self) -> AdamWParams {
         AdamWParams {
             beta1: self.beta1,
@@ -186,6 +227,12 @@ impl TrainConfig {
         }
         if self.batch_size == 0 {
             return bad("batch_size must be positive".into());
+        }
+        if self.micro_batch_size == Some(0) {
+            return bad("micro_batch_size must be positive".into());
+        }
+        if self.zero > 1 {
+            return bad(format!("zero must be 0 or 1, got {}", self.zero));
         }
         if self.total_steps() == 0 {
             return bad("the number of steps must be positive".into());

@@ -28,20 +28,22 @@ mod config;
 mod log;
 mod plot;
 
-pub use config::{resolve_config, ConfigChange, ResolvedConfig, Schedule, TrainConfig};
+pub use config::{resolve_config, BatchSplit, ConfigChange, ResolvedConfig, Schedule, TrainConfig};
 pub use log::{LogRecord, Progress};
 pub use plot::write_loss_plot;
 
 use crate::checkpoint::{self, check_same_config};
 use crate::data::{Batch, SplitMix64, TokenDataset};
-use crate::device::{run_on, BackendTask};
-use crate::kernels::{Backend, StepStats};
+use crate::device::{resolve, run_on, BackendTask, Device};
+use crate::distributed::{shard, Reduce, World};
+use crate::kernels::{Backend, BatchPart, StepStats};
 use crate::model::Model;
 use crate::optim::AdamW;
 use crate::{Error, Result};
 use log::{Journal, QueuedStep};
 use serde::Serialize;
 use std::collections::BTreeMap;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -83,25 +85,38 @@ pub fn evaluate<B: Backend<f32>>(
     batch_size: usize,
     max_batches: usize,
 ) -> Result<EvalResult> {
+    evaluate_on(&World::single(), model, data, batch_size, max_batches)
+}
+
+/// [`evaluate`] with the batches split over the ranks of `world` (batch `j` on rank
+/// `j mod R`), the result the same on every rank.
+fn evaluate_on<B: Backend<f32>>(
+    world: &World,
+    model: &mut Model<f32, B>,
+    data: &TokenDataset,
+    batch_size: usize,
+    max_batches: usize,
+) -> Result<EvalResult> {
     let t = model.config().context_length;
     data.check_context(t)?;
+    let mut batches = data.num_windows(t).div_ceil(batch_size);
+    if max_batches > 0 {
+        batches = batches.min(max_batches);
+    }
     let mut batch = Batch::new(batch_size, t);
-    let (mut sum, mut windows) = (0.0f64, 0usize);
-    let mut batches = 0;
-    while max_batches == 0 || batches < max_batches {
-        let rows = data.fill_windows(&mut batch, windows);
-        if rows == 0 {
-            break;
-        }
+    // The loss summed over windows, and the windows.
+    let mut sums = [0.0f64, 0.0];
+    for j in (world.rank()..batches).step_by(world.ranks()) {
+        let rows = data.fill_windows(&mut batch, j * batch_size);
         let n = rows * t;
         let loss = model.forward_loss(&batch.inputs[..n], &batch.targets[..n], rows, t)?;
-        sum += loss as f64 * rows as f64;
-        windows += rows;
-        batches += 1;
+        sums[0] += loss as f64 * rows as f64;
+        sums[1] += rows as f64;
     }
+    world.all_reduce(&mut sums, Reduce::Sum)?;
     Ok(EvalResult {
-        loss: sum / windows as f64,
-        windows,
+        loss: sums[0] / sums[1],
+        windows: sums[1] as usize,
     })
 }
 
@@ -125,28 +140,49 @@ impl RunState {
     }
 }
 
-/// Runs training as `cfg` says. `stop` is checked after every step: when set, the
-/// run evaluates, checkpoints and returns (Ctrl-C). `on_step` sees every step.
+/// Runs training as `cfg` says, as one rank of `world` (see [`crate::distributed`]):
+/// every rank takes its share of each step's batch, rank 0 alone logs, plots and
+/// writes checkpoints. `stop` is checked after every step (rank 0's decides): when
+/// set, the run evaluates, checkpoints and returns (Ctrl-C). `on_step` sees every
+/// step on rank 0.
 pub fn train(
     cfg: &TrainConfig,
+    world: &World,
     stop: &AtomicBool,
     on_step: &mut (dyn FnMut(&Progress) + Send),
 ) -> Result<TrainSummary> {
     cfg.validate()?;
-    let task = TrainTask { cfg, stop, on_step };
+    cfg.batch_split(world.ranks())?;
+    let device = rank_device(cfg.device, world)?;
+    let task = TrainTask {
+        cfg,
+        world,
+        stop,
+        on_step,
+    };
     if cfg.threads == 0 {
-        return run_on(cfg.device, cfg.precision, task);
+        return run_on(device, cfg.precision, task);
     }
     rayon::ThreadPoolBuilder::new()
         .num_threads(cfg.threads)
         .build()
         .map_err(|e| Error::Config(format!("cannot start {} threads: {e}", cfg.threads)))?
-        .install(|| run_on(cfg.device, cfg.precision, task))
+        .install(|| run_on(device, cfg.precision, task))
+}
+
+/// The device of this rank: with several ranks on GPUs, the GPU of its local rank
+/// (`cuda` and `cuda:N` alike: one GPU per rank).
+fn rank_device(device: Device, world: &World) -> Result<Device> {
+    match (resolve(device)?, world.ranks()) {
+        (Device::Cuda(_), 2..) => Ok(Device::Cuda(world.local_rank())),
+        (device, _) => Ok(device),
+    }
 }
 
 /// A training run, on whichever backend its device names.
 struct TrainTask<'a, 'f> {
     cfg: &'a TrainConfig,
+    world: &'a World,
     stop: &'a AtomicBool,
     on_step: &'a mut (dyn FnMut(&Progress) + Send + 'f),
 }
@@ -154,18 +190,20 @@ struct TrainTask<'a, 'f> {
 impl BackendTask for TrainTask<'_, '_> {
     type Output = TrainSummary;
     fn run<B: Backend<f32>>(self, backend: B) -> Result<TrainSummary> {
-        run(self.cfg, backend, self.stop, self.on_step)
+        run(self.cfg, backend, self.world, self.stop, self.on_step)
     }
 }
 
 fn run<B: Backend<f32>>(
     cfg: &TrainConfig,
     backend: B,
+    world: &World,
     stop: &AtomicBool,
     on_step: &mut (dyn FnMut(&Progress) + Send),
 ) -> Result<TrainSummary> {
     let started = Instant::now();
     let (b, t) = (cfg.batch_size, cfg.model.context_length);
+    let split = cfg.batch_split(world.ranks())?;
     let train_data = TokenDataset::open(&cfg.train_data, cfg.model.vocab_size)?;
     train_data.check_context(t)?;
     let val_data = match &cfg.val_data {
@@ -176,11 +214,14 @@ fn run<B: Backend<f32>>(
         }
         None => None,
     };
-    std::fs::create_dir_all(&cfg.out_dir).map_err(|e| Error::io(&cfg.out_dir, e))?;
+    world.check_same(&describe_run(cfg)?)?;
     let ckpt_path = cfg.out_dir.join("checkpoint.safetensors");
     let log_path = cfg.out_dir.join("log.jsonl");
     let plot_path = cfg.out_dir.join("loss.svg");
-    if cfg.resume.is_none() {
+    if world.is_root() {
+        std::fs::create_dir_all(&cfg.out_dir).map_err(|e| Error::io(&cfg.out_dir, e))?;
+    }
+    if cfg.resume.is_none() && world.is_root() {
         // A new run never overwrites an earlier run's checkpoint or log.
         for earlier in [&ckpt_path, &log_path] {
             if std::fs::metadata(earlier).is_ok_and(|m| m.len() > 0) {
@@ -193,11 +234,16 @@ fn run<B: Backend<f32>>(
         }
     }
 
+    let ranks = match world.ranks() {
+        1 => None,
+        _ => Some(backend.collective(world)?),
+    };
+    let ranks = ranks.as_deref();
     let (mut model, mut opt, mut state) = match &cfg.resume {
-        Some(path) => resume(cfg, path, backend)?,
+        Some(path) => resume(cfg, world, path, backend)?,
         None => {
             let model = Model::init_with_backend(cfg.model.clone(), cfg.seed, backend)?;
-            let opt = model.new_adamw(cfg.adamw())?;
+            let opt = model.new_adamw_for(cfg.adamw(), optimizer_shard(cfg, world, &model))?;
             let state = RunState {
                 rng: cfg.seed,
                 ..RunState::default()
@@ -206,14 +252,17 @@ fn run<B: Backend<f32>>(
         }
     };
     opt.hp = cfg.adamw();
-    let mut journal = Journal::open(log_path, state.step, (b * t) as u64)?;
+    let mut journal = match world.is_root() {
+        true => Some(Journal::open(log_path, state.step, (b * t) as u64)?),
+        false => None,
+    };
     if !(state.step < step_limit(cfg) && cfg.step_fits(state.wallclock_s, state.expected_s())) {
         return Err(nothing_to_do(cfg, &state));
     }
 
     let clip = (cfg.grad_clip > 0.0).then_some(cfg.grad_clip);
     let mut rng = SplitMix64::new(state.rng);
-    let mut batch = Batch::new(b, t);
+    let mut batch = Batch::new(split.share, t);
     let wall_offset = state.wallclock_s;
     let elapsed_s = || wall_offset + started.elapsed().as_secs_f64();
     // The last checkpoint written (or resumed from) and its step.
@@ -225,12 +274,29 @@ fn run<B: Backend<f32>>(
     // statistics (on a GPU they arrive while step k runs). A step that evaluates,
     // checkpoints or stops is finished at once, before another is queued; the run ends
     // only after such a step, so the last one always evaluates and checkpoints however
-    // long the logging in between took.
+    // long the logging in between took. Decisions that read the clock or the stop
+    // flag are rank 0's, broadcast, so that the ranks never disagree on a step.
     loop {
         let queued_at = Instant::now();
-        let lr = cfg.learning_rate(state.step, elapsed_s());
-        train_data.fill_random(&mut batch, &mut rng);
-        model.train_step(&batch.inputs, &batch.targets, b, t, &mut opt, lr, clip)?;
+        let mut lr = [cfg.learning_rate(state.step, elapsed_s())];
+        if cfg.schedule == Schedule::Time {
+            world.broadcast_f64(&mut lr)?;
+        }
+        let lr = lr[0];
+        train_data.fill_random_rows(&mut batch, &mut rng, b, world.rank() * split.share);
+        let micro_tokens = split.micro * t;
+        let micro_batches = batch
+            .inputs
+            .chunks(micro_tokens)
+            .zip(batch.targets.chunks(micro_tokens));
+        for (i, (inputs, targets)) in micro_batches.enumerate() {
+            let part = BatchPart {
+                rows: b * t,
+                accumulate: i > 0,
+            };
+            model.accumulate_gradient(inputs, targets, split.micro, t, part)?;
+        }
+        model.optimizer_step(&mut opt, lr, clip, ranks)?;
         state.step += 1;
         state.tokens += (b * t) as u64;
         state.rng = rng.state;
@@ -241,11 +307,13 @@ fn run<B: Backend<f32>>(
             at: queued_at,
         };
         if let Some(previous) = in_flight.replace(queued) {
-            let (stats, step_s) = read_step(&mut model, &previous, &mut last_ready, &saved)?;
+            let (stats, step_s) = read_step(world, &mut model, &previous, &mut last_ready, &saved)?;
             state.step_s = step_s;
             state.wallclock_s = elapsed_s();
-            let record = journal.record(&previous, &stats, step_s, None, state.wallclock_s);
-            journal.write(cfg, &record, false, on_step)?;
+            if let Some(journal) = &mut journal {
+                let record = journal.record(&previous, &stats, step_s, None, state.wallclock_s);
+                journal.write(cfg, &record, false, on_step)?;
+            }
         }
 
         // Another step and the final evaluation, as long as the last ones, would end
@@ -256,50 +324,110 @@ fn run<B: Backend<f32>>(
             + Duration::try_from_secs_f64(state.step_s).unwrap_or_default())
         .saturating_duration_since(Instant::now())
         .as_secs_f64();
-        let out_of_time = !cfg.step_fits(elapsed_s() + running_s, state.expected_s());
-        let next = after_step(cfg, state.step, stop.load(Ordering::Relaxed), out_of_time);
+        let mut flags = [
+            f64::from(u8::from(stop.load(Ordering::Relaxed))),
+            f64::from(u8::from(
+                !cfg.step_fits(elapsed_s() + running_s, state.expected_s()),
+            )),
+        ];
+        world.broadcast_f64(&mut flags)?;
+        let next = after_step(cfg, state.step, flags[0] > 0.0, flags[1] > 0.0);
         if !(next.evaluate || next.save) {
             continue;
         }
         // This step's parameters are evaluated or saved: its statistics first, so that
         // nothing is saved after a non-finite loss.
         let queued = in_flight.take().expect("queued above");
-        let (stats, step_s) = read_step(&mut model, &queued, &mut last_ready, &saved)?;
+        let (stats, step_s) = read_step(world, &mut model, &queued, &mut last_ready, &saved)?;
         state.step_s = step_s;
         let eval_start = Instant::now();
         let val_loss = match (&val_data, next.evaluate) {
-            (Some(v), true) => Some(evaluate(&mut model, v, b, cfg.eval_batches)?.loss),
+            (Some(v), true) => Some(evaluate_on(world, &mut model, v, b, cfg.eval_batches)?.loss),
             _ => None,
         };
         if val_loss.is_some() {
             state.eval_s = eval_start.elapsed().as_secs_f64();
         }
         state.wallclock_s = elapsed_s();
-        let record = journal.record(&queued, &stats, step_s, val_loss, state.wallclock_s);
-        journal.write(cfg, &record, next.evaluate, on_step)?;
-        if next.evaluate {
-            write_loss_plot(&plot_path, journal.history())?;
+        if let Some(journal) = &mut journal {
+            let record = journal.record(&queued, &stats, step_s, val_loss, state.wallclock_s);
+            journal.write(cfg, &record, next.evaluate, on_step)?;
+            if next.evaluate {
+                write_loss_plot(&plot_path, journal.history())?;
+            }
         }
         if next.save {
-            save(cfg, &ckpt_path, &model, &opt, &state)?;
+            save(cfg, world, &ckpt_path, &model, &opt, &state)?;
             saved = Some((ckpt_path.clone(), state.step));
         }
         // Out of time by the estimate above, but the state just measured and saved
         // (the numbers a resumed run would check) still has room for a step and an
         // evaluation: the step came out faster than estimated, so the run goes on.
-        let room_left = cfg.step_fits(state.wallclock_s, state.expected_s());
-        if next.stop || (next.out_of_time && !room_left) {
+        let mut room_left = [f64::from(u8::from(
+            cfg.step_fits(state.wallclock_s, state.expected_s()),
+        ))];
+        world.broadcast_f64(&mut room_left)?;
+        if next.stop || (next.out_of_time && room_left[0] == 0.0) {
             return Ok(TrainSummary {
                 steps: state.step,
                 tokens: state.tokens,
                 wallclock_s: state.wallclock_s,
-                train_loss: record.train_loss,
-                val_loss: record.val_loss,
+                train_loss: stats.loss,
+                val_loss,
                 stopped_early: next.stopped_early,
                 checkpoint: ckpt_path,
             });
         }
     }
+}
+
+/// The parameters this rank's AdamW moments cover: all of them, or under ZeRO-1
+/// its shard.
+fn optimizer_shard<B: Backend<f32>>(
+    cfg: &TrainConfig,
+    world: &World,
+    model: &Model<f32, B>,
+) -> Range<usize> {
+    let n = model.layout().total;
+    match cfg.zero {
+        0 => 0..n,
+        _ => shard(n, world.ranks(), world.rank()),
+    }
+}
+
+/// What every rank of a run must agree on: the configuration, and each data file's
+/// size and a fingerprint of its first and last MiB.
+fn describe_run(cfg: &TrainConfig) -> Result<Vec<(String, String)>> {
+    let mut out = vec![("the configuration".to_string(), json(cfg))];
+    for path in std::iter::once(&cfg.train_data).chain(&cfg.val_data) {
+        out.push((
+            format!("the data file {}", path.display()),
+            fingerprint(path)?,
+        ));
+    }
+    Ok(out)
+}
+
+/// A file's size and a hash of its first and last MiB.
+fn fingerprint(path: &Path) -> Result<String> {
+    use std::hash::Hasher;
+    use std::io::{Read, Seek, SeekFrom};
+    const MIB: u64 = 1 << 20;
+    let mut file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    let mut bytes = Vec::new();
+    for start in [0, len.saturating_sub(MIB)] {
+        bytes.clear();
+        file.seek(SeekFrom::Start(start))
+            .and_then(|_| (&mut file).take(MIB).read_to_end(&mut bytes))
+            .map_err(|e| Error::io(path, e))?;
+        hasher.write(&bytes);
+    }
+    Ok(format!(
+        "{len} bytes, content hash {:016x}",
+        hasher.finish()
+    ))
 }
 
 /// The steps a run may take: the schedule's, or unbounded when the time budget
@@ -364,18 +492,23 @@ fn nothing_to_do(cfg: &TrainConfig, state: &RunState) -> Error {
     })
 }
 
-/// Waits for the statistics of `queued`, the oldest step in flight, and checks
-/// them (a non-finite value is the divergence error naming that step). Returns them
+/// Waits for the statistics of `queued`, the oldest step in flight, sums the loss
+/// over the ranks and checks them (a non-finite value is the divergence error naming that step). Returns them
 /// and the step's time: from its start — its launch, or when the previous statistics
 /// arrived if it was queued behind them — to its statistics' arrival. On the CPU,
 /// where a step runs inside its launch, that is the launch's time.
 fn read_step<B: Backend<f32>>(
+    world: &World,
     model: &mut Model<f32, B>,
     queued: &QueuedStep,
     last_ready: &mut Option<Instant>,
     saved: &Option<(PathBuf, u64)>,
 ) -> Result<(StepStats, f64)> {
-    let stats = model.step_stats()?;
+    let mut stats = model.step_stats()?;
+    // Each rank's loss is its share of the batch's mean.
+    let mut loss = [stats.loss];
+    world.all_reduce(&mut loss, Reduce::Sum)?;
+    stats.loss = loss[0];
     if !stats.loss.is_finite() {
         return Err(diverged(queued.step, "loss", stats.loss, saved));
     }
@@ -409,8 +542,14 @@ fn diverged(step: u64, what: &str, value: f64, saved: &Option<(PathBuf, u64)>) -
 
 /// A model, its optimizer state and where the run stands.
 type Resumed<B> = (Model<f32, B>, AdamW<<B as Backend<f32>>::Buf>, RunState);
-/// Loads `path` for resuming: the same model config, weights, AdamW state and run state.
-fn resume<B: Backend<f32>>(cfg: &TrainConfig, path: &Path, backend: B) -> Result<Resumed<B>> {
+/// Loads `path` for resuming: the same model config, weights, AdamW state (this
+/// rank's shard of it under ZeRO-1) and run state. Every rank reads the file.
+fn resume<B: Backend<f32>>(
+    cfg: &TrainConfig,
+    world: &World,
+    path: &Path,
+    backend: B,
+) -> Result<Resumed<B>> {
     let ckpt = checkpoint::load(path)?;
     check_same_config(path, &ckpt.config, &cfg.model)?;
     let opt = ckpt.optimizer.as_ref().ok_or_else(|| {
@@ -433,13 +572,15 @@ fn resume<B: Backend<f32>>(cfg: &TrainConfig, path: &Path, backend: B) -> Result
         eval_s: seconds("last_eval_s")?,
     };
     let model = Model::with_backend(ckpt.config, &ckpt.params, backend)?;
-    let opt = model.upload_adamw(opt)?;
+    let opt = model.upload_adamw(opt, optimizer_shard(cfg, world, &model))?;
     Ok((model, opt, state))
 }
 
-/// Writes the checkpoint with the run's metadata.
+/// Writes the checkpoint with the run's metadata: one file, by rank 0, with the
+/// AdamW moments gathered from every rank's shard under ZeRO-1.
 fn save<B: Backend<f32>>(
     cfg: &TrainConfig,
+    world: &World,
     path: &Path,
     model: &Model<f32, B>,
     opt: &AdamW<B::Buf>,
@@ -460,8 +601,18 @@ fn save<B: Backend<f32>>(
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
     .collect();
+    let mut opt = model.download_adamw(opt)?;
+    if opt.covers.len() < model.layout().total {
+        let (m, v) = (world.gather(opt.m)?, world.gather(opt.v)?);
+        let (Some(m), Some(v)) = (m, v) else {
+            return Ok(()); // Not rank 0: its shard is sent.
+        };
+        (opt.covers, opt.m, opt.v) = (0..m.len(), m, v);
+    }
+    if !world.is_root() {
+        return Ok(());
+    }
     let params = model.download_params()?;
-    let opt = model.download_adamw(opt)?;
     checkpoint::save(path, model.config(), &params, Some(&opt), &meta)
 }
 

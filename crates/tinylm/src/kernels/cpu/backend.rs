@@ -6,9 +6,12 @@ use super::{
     simd::CHUNK, swiglu,
 };
 use crate::config::RMS_NORM_EPS;
+use crate::distributed::{Collective, World};
 use crate::kernels::{
-    AdamWStep, AttnShape, Backend, BufKind, Float, MatMul, Span, SpanMut, StepStats,
+    AdamWStep, AttnShape, Backend, BatchPart, BufKind, Float, MatMul, Span, SpanMut, StepStats,
 };
+#[cfg(not(feature = "mpi"))]
+use crate::Error;
 use crate::Result;
 use rayon::prelude::*;
 use std::time::Instant;
@@ -189,9 +192,34 @@ impl<F: Float> Backend<F> for Cpu {
         logits: SpanMut<Vec<F>>,
         targets: &Vec<u32>,
         grad: bool,
+        part: BatchPart,
         stats: &mut StepStats,
     ) {
-        stats.loss = cross_entropy::cross_entropy(logits.slice(), targets, grad).to_f64();
+        let loss = cross_entropy::cross_entropy(logits.slice(), targets, grad, part.rows).to_f64();
+        stats.loss = if part.accumulate {
+            stats.loss + loss
+        } else {
+            loss
+        };
+    }
+
+    #[cfg(feature = "mpi")]
+    fn collective<'w>(
+        &self,
+        world: &'w World,
+    ) -> Result<Box<dyn Collective<Vec<F>, StepStats> + 'w>> {
+        world.cpu_collective::<F>()
+    }
+
+    #[cfg(not(feature = "mpi"))]
+    fn collective<'w>(
+        &self,
+        world: &'w World,
+    ) -> Result<Box<dyn Collective<Vec<F>, StepStats> + 'w>> {
+        Err(Error::Ranks(format!(
+            "training on {} ranks needs MPI: rebuild tinylm with `--features mpi`",
+            world.ranks()
+        )))
     }
 
     fn sum_squares(&self, x: Span<Vec<F>>, stats: &mut StepStats) {

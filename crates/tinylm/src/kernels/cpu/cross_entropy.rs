@@ -4,14 +4,16 @@ use super::simd::{max, sum_by, vectorized};
 use crate::kernels::Float;
 use rayon::prelude::*;
 
-/// Mean over the `N` rows of `logsumexp(logits) − logits[target]`, `logits (N, V)`,
-/// `targets (N)` (checked by the caller). With `grad`, each row is overwritten by
-/// `(softmax − onehot(target)) / N` while it is still in cache: one pass for the
-/// max, one for the exponentials (kept in place), one for the scaling.
-pub fn cross_entropy<F: Float>(logits: &mut [F], targets: &[u32], grad: bool) -> F {
+/// The sum over the `N` rows of `logsumexp(logits) − logits[target]`, divided by
+/// `rows` — the positions of the whole batch these `N` are part of (`N` for the mean)
+/// — for `logits (N, V)`, `targets (N)` (checked by the caller). With `grad`, each
+/// row is overwritten by `(softmax − onehot(target)) / rows` while it is still in
+/// cache: one pass for the max, one for the exponentials (kept in place), one for
+/// the scaling.
+pub fn cross_entropy<F: Float>(logits: &mut [F], targets: &[u32], grad: bool, rows: usize) -> F {
     let n = targets.len();
     let v = logits.len() / n;
-    let inv_n = 1.0 / n as f64;
+    let inv_rows = 1.0 / rows as f64;
     let total: f64 = logits
         .par_chunks_mut(v)
         .zip(targets.par_iter())
@@ -27,11 +29,11 @@ pub fn cross_entropy<F: Float>(logits: &mut [F], targets: &[u32], grad: bool) ->
                             *x = (*x - max).exp();
                         }
                         let sum = sum_by(row, |x| x);
-                        let k = F::from_f64(inv_n) / sum;
+                        let k = F::from_f64(inv_rows) / sum;
                         for x in row.iter_mut() {
                             *x *= k;
                         }
-                        row[target] -= F::from_f64(inv_n);
+                        row[target] -= F::from_f64(inv_rows);
                         sum
                     } else {
                         sum_by(row, |x| (x - max).exp())
@@ -41,5 +43,5 @@ pub fn cross_entropy<F: Float>(logits: &mut [F], targets: &[u32], grad: bool) ->
             )
         })
         .sum();
-    F::from_f64(total * inv_n)
+    F::from_f64(total * inv_rows)
 }

@@ -14,7 +14,12 @@ use super::context::{driver_error, Cuda, Scratch};
 use super::global_norm::NORM_BLOCKS;
 use super::rmsnorm::ROW_BLOCKS;
 use crate::config::RMS_NORM_EPS;
-use crate::kernels::{AdamWStep, AttnShape, Backend, BufKind, MatMul, Span, SpanMut, StepStats};
+use crate::distributed::{Collective, World};
+use crate::kernels::{
+    AdamWStep, AttnShape, Backend, BatchPart, BufKind, MatMul, Span, SpanMut, StepStats,
+};
+#[cfg(not(feature = "nccl"))]
+use crate::Error;
 use crate::Result;
 use cudarc::driver::{DeviceRepr, ValidAsZeroBits};
 use std::time::Instant;
@@ -331,6 +336,7 @@ impl Backend<f32> for Cuda {
         logits: SpanMut<CudaBuf>,
         targets: &CudaIds,
         grad: bool,
+        part: BatchPart,
         stats: &mut CudaStats,
     ) {
         let targets = targets.view();
@@ -338,7 +344,26 @@ impl Backend<f32> for Cuda {
             return;
         };
         let logits = view_mut(logits);
-        Cuda::cross_entropy(self, stats.loss(), losses, logits, targets, grad);
+        Cuda::cross_entropy(self, stats.loss(), losses, logits, targets, grad, part);
+    }
+
+    #[cfg(feature = "nccl")]
+    fn collective<'w>(
+        &self,
+        world: &'w World,
+    ) -> Result<Box<dyn Collective<CudaBuf, CudaStats> + 'w>> {
+        Ok(Box::new(crate::distributed::nccl::Nccl::new(self, world)?))
+    }
+
+    #[cfg(not(feature = "nccl"))]
+    fn collective<'w>(
+        &self,
+        world: &'w World,
+    ) -> Result<Box<dyn Collective<CudaBuf, CudaStats> + 'w>> {
+        Err(Error::Ranks(format!(
+            "training on {} ranks on GPUs needs NCCL: rebuild tinylm with `--features nccl`",
+            world.ranks()
+        )))
     }
 
     fn sum_squares(&self, x: Span<CudaBuf>, stats: &mut CudaStats) {

@@ -10,10 +10,11 @@ __device__ __forceinline__ void online_merge(float& m, float& s, float m2, float
 }
 
 /// losses (N) f32 = logsumexp(logits[n]) − logits[n, targets[n]] for logits (N, V);
-/// with `grad`, each row is overwritten by (softmax − onehot(target)) / N.
+/// with `grad`, each row is overwritten by (softmax − onehot(target)) / rows, `rows`
+/// the positions of the whole batch these N are part of.
 /// Launch: grid N, block 512 (a multiple of 32, at most 1024); one block per row.
 extern "C" __global__ void cross_entropy_forward_backward(floatX* logits, float* losses,
-                                                          const unsigned int* targets, int n,
+                                                          const unsigned int* targets, int rows,
                                                           int v, int grad) {
     __shared__ float warp_max_s[WARP_SIZE];
     __shared__ float warp_sum_s[WARP_SIZE];
@@ -51,26 +52,29 @@ extern "C" __global__ void cross_entropy_forward_backward(floatX* logits, float*
     }
     // Thread 0 has read x[target] above before any thread overwrites it.
     __syncthreads();
-    const float inv_n = 1.0f / n;
-    const float k = inv_n / s;
+    const float inv_rows = 1.0f / rows;
+    const float k = inv_rows / s;
     for (int j = threadIdx.x; j < v; j += blockDim.x) {
         float g = expf(to_f32(x[j]) - m) * k;
         if (j == target) {
-            g -= inv_n;
+            g -= inv_rows;
         }
         x[j] = to_x(g);
     }
 }
 
-/// loss (1) f32 = mean of losses (N), summed in f64 in a fixed order.
+/// loss (1) f32 = Σ losses (N) / rows, summed in f64 in a fixed order; with
+/// `accumulate`, added to the loss already there (the earlier parts of the batch).
 /// Launch: grid 1, block 1024.
-extern "C" __global__ void cross_entropy_mean(float* loss, const float* losses, int n) {
+extern "C" __global__ void cross_entropy_mean(float* loss, const float* losses, int n, int rows,
+                                              int accumulate) {
     double sum = 0.0;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         sum += losses[i];
     }
     sum = block_sum(sum);
     if (threadIdx.x == 0) {
-        *loss = (float)(sum / n);
+        const float part = (float)(sum / rows);
+        *loss = accumulate ? *loss + part : part;
     }
 }
