@@ -162,11 +162,16 @@ fn resume_with_no_flags_continues_the_run_bit_for_bit() {
     assert!(out.status.success(), "{}", text(&out));
     let cfg: tinylm::train::TrainConfig = serde_json::from_slice(&out.stdout).unwrap();
     let stop = AtomicBool::new(false);
-    let first = tinylm::train::train(&cfg, &stop, &mut |p| {
-        if p.record.step == 9 {
-            stop.store(true, Ordering::Relaxed);
-        }
-    })
+    let first = tinylm::train::train(
+        &cfg,
+        &tinylm::distributed::World::single(),
+        &stop,
+        &mut |p| {
+            if p.record.step == 9 {
+                stop.store(true, Ordering::Relaxed);
+            }
+        },
+    )
     .unwrap();
     assert_eq!((first.steps, first.stopped_early), (10, true));
 

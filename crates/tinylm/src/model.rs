@@ -24,11 +24,11 @@
 //! backward counterparts. [`transformer_block`] runs one block on its own.
 
 use crate::config::{Ffn, ModelConfig, Norm, Positional};
-use crate::distributed::Collective;
+
 use crate::kernels::cpu::rope::rope_tables;
 use crate::kernels::{
-    AdamWParams, AdamWStep, AttnShape, Backend, BatchPart, BufKind, Buffer, Cpu, Float, MatMul,
-    Span, SpanMut, StepStats,
+    AdamWParams, AdamWStep, AttnShape, Backend, BatchPart, BufKind, Buffer, Collective, Cpu, Float,
+    MatMul, Span, SpanMut, StepStats,
 };
 use crate::optim::AdamW;
 use crate::params::{LayerOffsets, ParamLayout};

@@ -16,6 +16,7 @@ use std::sync::atomic::AtomicBool;
 use tinylm::checkpoint;
 use tinylm::config::{Ffn, ModelConfig, Norm, Positional};
 use tinylm::device::Device;
+use tinylm::distributed::World;
 use tinylm::kernels::cpu;
 use tinylm::kernels::cpu::adamw::adamw_step;
 use tinylm::kernels::cuda::adamw::MAX_BLOCKS;
@@ -860,7 +861,13 @@ fn training_config(dir: &Path, steps: u64) -> TrainConfig {
 }
 
 fn train_losses(cfg: &TrainConfig) -> Vec<f64> {
-    train(cfg, &AtomicBool::new(false), &mut |_: &Progress| {}).unwrap();
+    train(
+        cfg,
+        &World::single(),
+        &AtomicBool::new(false),
+        &mut |_: &Progress| {},
+    )
+    .unwrap();
     std::fs::read_to_string(cfg.out_dir.join("log.jsonl"))
         .unwrap()
         .lines()
@@ -920,7 +927,13 @@ fn a_clipped_run_on_the_gpu_tracks_the_cpu_run_step_by_step_in_fp32() {
     let mut cfg = training_config(dir.path(), 30);
     cfg.grad_clip = 0.05;
     let log = |cfg: &TrainConfig| -> Vec<LogRecord> {
-        train(cfg, &AtomicBool::new(false), &mut |_: &Progress| {}).unwrap();
+        train(
+            cfg,
+            &World::single(),
+            &AtomicBool::new(false),
+            &mut |_: &Progress| {},
+        )
+        .unwrap();
         std::fs::read_to_string(cfg.out_dir.join("log.jsonl"))
             .unwrap()
             .lines()
@@ -958,7 +971,13 @@ fn a_checkpoint_moves_between_gpu_and_cpu_bit_for_bit() {
     cfg.device = Device::Cuda(0);
     cfg.precision = Precision::Fp32;
     cfg.out_dir = dir.path().join("gpu");
-    let summary = train(&cfg, &AtomicBool::new(false), &mut |_: &Progress| {}).unwrap();
+    let summary = train(
+        &cfg,
+        &World::single(),
+        &AtomicBool::new(false),
+        &mut |_: &Progress| {},
+    )
+    .unwrap();
     let saved = checkpoint::load(&summary.checkpoint).unwrap();
     // The saved parameters go to the GPU and back unchanged, in both precisions
     // (bf16 keeps f32 master weights).
@@ -968,8 +987,9 @@ fn a_checkpoint_moves_between_gpu_and_cpu_bit_for_bit() {
             model.download_params().unwrap() == saved.params,
             "{precision}: parameters changed"
         );
+        let whole = 0..saved.params.len();
         let opt = model
-            .upload_adamw(saved.optimizer.as_ref().unwrap())
+            .upload_adamw(saved.optimizer.as_ref().unwrap(), whole)
             .unwrap();
         assert_eq!(
             &model.download_adamw(&opt).unwrap(),

@@ -7,6 +7,7 @@ use common::{ablations, perturbed_params};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tinylm::config::{Ffn, ModelConfig, Norm, Positional};
+use tinylm::kernels::BatchPart;
 use tinylm::params::ParamLayout;
 use tinylm::{KvCache, Model};
 
@@ -371,6 +372,52 @@ fn queued_training_steps_read_in_order_and_at_most_two_in_flight() {
     assert_eq!(got, want);
     assert!(want.iter().any(|&(_, norm)| norm > 0.5), "{want:?}");
     assert_eq!(queued.params(), sync.params());
+}
+
+/// A step accumulated over micro-batches, each weighted as its part of the batch,
+/// is the whole batch's step: the same loss, gradient norm and gradient (within
+/// float reordering), in every ablation.
+#[test]
+fn micro_batches_accumulate_the_whole_batch_step() {
+    let mut rng = ChaCha8Rng::seed_from_u64(10);
+    let (b, t) = (4, 7);
+    for c in ablations(config) {
+        let p = perturbed_params(&c, 5);
+        let ids = random_ids(&mut rng, b * t, c.vocab_size);
+        let targets = random_ids(&mut rng, b * t, c.vocab_size);
+        let mut whole = Model::from_params(c.clone(), p.clone()).unwrap();
+        let mut opt = whole.new_adamw(Default::default()).unwrap();
+        whole
+            .train_step(&ids, &targets, b, t, &mut opt, 1e-2, Some(0.5))
+            .unwrap();
+        let want = whole.step_stats().unwrap();
+
+        let mut parts = Model::from_params(c.clone(), p).unwrap();
+        let mut opt = parts.new_adamw(Default::default()).unwrap();
+        let micro = t; // one sequence per micro-batch
+        for (i, (ids, targets)) in ids.chunks(micro).zip(targets.chunks(micro)).enumerate() {
+            let part = BatchPart {
+                rows: b * t,
+                accumulate: i > 0,
+            };
+            parts.accumulate_gradient(ids, targets, 1, t, part).unwrap();
+        }
+        parts
+            .optimizer_step(&mut opt, 1e-2, Some(0.5), None)
+            .unwrap();
+        let got = parts.step_stats().unwrap();
+        assert!((got.loss - want.loss).abs() <= 1e-6 * want.loss, "{c:?}");
+        let norm = want.grad_norm();
+        assert!((got.grad_norm() - norm).abs() <= 1e-5 * norm, "{c:?}");
+        let largest = whole.grads().iter().fold(0.0f32, |m, g| m.max(g.abs()));
+        let worst = (whole.grads().iter().zip(parts.grads()))
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(
+            worst <= 1e-5 * largest,
+            "{c:?}: gradients differ by {worst}"
+        );
+    }
 }
 
 /// `backward` overwrites the gradient: after another batch's backward, every tensor

@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use tinylm::data::{Batch, SplitMix64, TokenDataset};
+use tinylm::distributed::World;
 use tinylm::train::{evaluate, resolve_config, train, LogRecord, Progress, Schedule, TrainConfig};
 use tinylm::{checkpoint, Model, ModelConfig};
 use tinylm_bpe::npy;
@@ -88,7 +89,7 @@ fn loss_falls_and_outputs_are_written() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = setup(dir.path());
     let mut seen = 0;
-    let summary = train(&cfg, &never(), &mut |p: &Progress| {
+    let summary = train(&cfg, &World::single(), &never(), &mut |p: &Progress| {
         seen += 1;
         assert_eq!(p.total_steps, 60);
     })
@@ -147,14 +148,14 @@ fn resumed_run_equals_uninterrupted_run_bit_for_bit() {
     let mut cfg = setup(dir.path());
     cfg.steps = 24;
     cfg.out_dir = dir.path().join("straight");
-    train(&cfg, &never(), &mut |_: &Progress| {}).unwrap();
+    train(&cfg, &World::single(), &never(), &mut |_: &Progress| {}).unwrap();
     let straight = read_log(&cfg);
 
     // Stop after step 10 (as Ctrl-C would: the flag is read after each update, so
     // setting it while reporting step 9 ends the run after step 10), then resume.
     cfg.out_dir = dir.path().join("resumed");
     let stop = AtomicBool::new(false);
-    let s = train(&cfg, &stop, &mut |p: &Progress| {
+    let s = train(&cfg, &World::single(), &stop, &mut |p: &Progress| {
         if p.record.step == 9 {
             stop.store(true, Ordering::Relaxed);
         }
@@ -173,7 +174,13 @@ fn resumed_run_equals_uninterrupted_run_bit_for_bit() {
             ..cfg.clone()
         }
     );
-    let s = train(&resolved.config, &never(), &mut |_: &Progress| {}).unwrap();
+    let s = train(
+        &resolved.config,
+        &World::single(),
+        &never(),
+        &mut |_: &Progress| {},
+    )
+    .unwrap();
     assert_eq!(s.steps, 24);
     let resumed = read_log(&cfg);
 
@@ -194,7 +201,7 @@ fn resume_overrides_are_changes_but_the_model_is_kept() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = setup(dir.path());
     cfg.max_tokens = Some(2 * 8 * 32);
-    let s = train(&cfg, &never(), &mut |_: &Progress| {}).unwrap();
+    let s = train(&cfg, &World::single(), &never(), &mut |_: &Progress| {}).unwrap();
     assert_eq!(s.steps, 2);
     let name = |key: &str| format!("<{key}>");
 
@@ -213,7 +220,13 @@ fn resume_overrides_are_changes_but_the_model_is_kept() {
     );
     let note = resolved.resume_note().unwrap();
     assert!(note.contains("checkpoint.safetensors") && note.contains("steps 60 -> 4"));
-    let resumed = train(&resolved.config, &never(), &mut |_: &Progress| {}).unwrap();
+    let resumed = train(
+        &resolved.config,
+        &World::single(),
+        &never(),
+        &mut |_: &Progress| {},
+    )
+    .unwrap();
     assert_eq!(resumed.steps, 4);
     assert_eq!(
         read_log(&cfg).last().unwrap().lr,
@@ -332,7 +345,7 @@ fn time_schedule_run_ends_on_its_budget_and_resumes_with_more_time() {
     // even when the set-up before it was slow; nothing here depends on the speed.
     cfg.warmup_steps = 30;
     cfg.time_budget_s = Some(1.5);
-    let s = train(&cfg, &never(), &mut |_: &Progress| {}).unwrap();
+    let s = train(&cfg, &World::single(), &never(), &mut |_: &Progress| {}).unwrap();
     assert!(!s.stopped_early);
     // A warm-up, then a decay that follows the clock.
     let lrs: Vec<f64> = read_log(&cfg).iter().map(|r| r.lr).collect();
@@ -347,14 +360,26 @@ fn time_schedule_run_ends_on_its_budget_and_resumes_with_more_time() {
     let given = serde_json::json!({ "resume": s.checkpoint });
     let resolved = resolve_config(given, &|k| k.to_string()).unwrap();
     assert_eq!(resolved.config.schedule, Schedule::Time);
-    let e = train(&resolved.config, &never(), &mut |_: &Progress| {}).unwrap_err();
+    let e = train(
+        &resolved.config,
+        &World::single(),
+        &never(),
+        &mut |_: &Progress| {},
+    )
+    .unwrap_err();
     assert!(e.to_string().contains("used its time budget"), "{e}");
     // More time is a schedule change: the run goes on from the seconds it used.
     let given = serde_json::json!({ "resume": s.checkpoint, "time_budget_s": 3.0 });
     let resolved = resolve_config(given, &|k| k.to_string()).unwrap();
     let changes: Vec<String> = resolved.changes.iter().map(|c| c.to_string()).collect();
     assert_eq!(changes, ["time_budget_s 1.5 -> 3.0"]);
-    let more = train(&resolved.config, &never(), &mut |_: &Progress| {}).unwrap();
+    let more = train(
+        &resolved.config,
+        &World::single(),
+        &never(),
+        &mut |_: &Progress| {},
+    )
+    .unwrap();
     assert!(more.steps > s.steps && more.wallclock_s > s.wallclock_s);
     let log = read_log(&cfg);
     assert_eq!(log.len() as u64, more.steps);
@@ -377,7 +402,7 @@ fn a_time_budget_run_checkpoints_even_when_the_time_runs_out_between_steps() {
     cfg.val_data = Some(val);
     cfg.eval_interval = 1;
     cfg.eval_batches = 0;
-    let s = train(&cfg, &never(), &mut |_: &Progress| {}).unwrap();
+    let s = train(&cfg, &World::single(), &never(), &mut |_: &Progress| {}).unwrap();
     assert!(
         s.checkpoint.exists(),
         "no checkpoint after {} steps",
@@ -392,14 +417,14 @@ fn bad_resume_divergence_and_data_are_clear_errors() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = setup(dir.path());
     cfg.steps = 2;
-    let s = train(&cfg, &never(), &mut |_: &Progress| {}).unwrap();
+    let s = train(&cfg, &World::single(), &never(), &mut |_: &Progress| {}).unwrap();
 
     // Resume with another model shape.
     let mut other = cfg.clone();
     other.model.d_model = 64;
     other.steps = 4;
     other.resume = Some(s.checkpoint.clone());
-    let e = train(&other, &never(), &mut |_: &Progress| {})
+    let e = train(&other, &World::single(), &never(), &mut |_: &Progress| {})
         .unwrap_err()
         .to_string();
     assert!(
@@ -416,7 +441,7 @@ fn bad_resume_divergence_and_data_are_clear_errors() {
     wild.warmup_steps = 0;
     wild.grad_clip = 0.0;
     wild.checkpoint_interval = 1;
-    let e = train(&wild, &never(), &mut |_: &Progress| {})
+    let e = train(&wild, &World::single(), &never(), &mut |_: &Progress| {})
         .unwrap_err()
         .to_string();
     assert!(
@@ -429,16 +454,21 @@ fn bad_resume_divergence_and_data_are_clear_errors() {
     // Ids outside the model's vocabulary.
     let mut small_vocab = cfg.clone();
     small_vocab.model.vocab_size = 100;
-    let e = train(&small_vocab, &never(), &mut |_: &Progress| {})
-        .unwrap_err()
-        .to_string();
+    let e = train(
+        &small_vocab,
+        &World::single(),
+        &never(),
+        &mut |_: &Progress| {},
+    )
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("train.npy") && e.contains("element"), "{e}");
     // A validation file shorter than the context.
     let short = dir.path().join("short.npy");
     npy::write(&short, &[5], &[1u16, 2, 3, 4, 5]).unwrap();
     let mut c = cfg.clone();
     c.val_data = Some(short);
-    let e = train(&c, &never(), &mut |_: &Progress| {})
+    let e = train(&c, &World::single(), &never(), &mut |_: &Progress| {})
         .unwrap_err()
         .to_string();
     assert!(
@@ -484,7 +514,7 @@ fn loss_falls_on_real_text_when_available() {
     cfg.val_data = None;
     cfg.steps = 80;
     cfg.lr_max = 5e-3;
-    let s = train(&cfg, &never(), &mut |_: &Progress| {}).unwrap();
+    let s = train(&cfg, &World::single(), &never(), &mut |_: &Progress| {}).unwrap();
     let log = read_log(&cfg);
     let late: f64 = log[70..].iter().map(|r| r.train_loss).sum::<f64>() / 10.0;
     assert!(
@@ -549,7 +579,10 @@ fn the_loop_one_step_ahead_logs_what_a_synchronous_loop_computes() {
     cfg.grad_clip = 1.0;
     let (want, params) = hand_loop(&cfg);
     let mut seen = Vec::new();
-    let s = train(&cfg, &never(), &mut |p: &Progress| seen.push(p.record.step)).unwrap();
+    let s = train(&cfg, &World::single(), &never(), &mut |p: &Progress| {
+        seen.push(p.record.step)
+    })
+    .unwrap();
     assert_eq!(s.steps, 12);
     assert_eq!(seen, (1..=12).collect::<Vec<u64>>());
     let got: Vec<StepBits> = read_log(&cfg)
@@ -609,7 +642,7 @@ fn divergence_found_a_step_late_names_its_step_and_keeps_the_last_good_checkpoin
     for interval in [2, 1] {
         cfg.checkpoint_interval = interval;
         cfg.out_dir = dir.path().join(format!("every-{interval}"));
-        let e = train(&cfg, &never(), &mut |_: &Progress| {})
+        let e = train(&cfg, &World::single(), &never(), &mut |_: &Progress| {})
             .unwrap_err()
             .to_string();
         let kept = bad - 1;
@@ -621,5 +654,88 @@ fn divergence_found_a_step_late_names_its_step_and_keeps_the_last_good_checkpoin
         let saved = checkpoint::load(&path).unwrap();
         assert_eq!(saved.meta::<u64>("step", &path).unwrap(), kept);
         assert!(saved.params.iter().all(|x| x.is_finite()));
+    }
+}
+
+/// The configuration is the math: a step's batch run in micro-batches of 2 follows
+/// the trajectory of the whole batch at once (within the float sums' reordering),
+/// and a micro-batch that does not divide the batch is an error naming the numbers.
+#[test]
+fn micro_batches_follow_the_whole_batch_trajectory() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = setup(dir.path());
+    cfg.steps = 12;
+    cfg.eval_interval = 6;
+    let mut runs = Vec::new();
+    for micro in [None, Some(2), Some(1)] {
+        cfg.micro_batch_size = micro;
+        cfg.out_dir = dir.path().join(format!("micro-{micro:?}"));
+        let s = train(&cfg, &World::single(), &never(), &mut |_: &Progress| {}).unwrap();
+        let params = checkpoint::load(&s.checkpoint).unwrap().params;
+        runs.push((read_log(&cfg), params));
+    }
+    let (whole, whole_params) = &runs[0];
+    assert_eq!(whole.len(), 12);
+    for (log, params) in &runs[1..] {
+        assert_eq!(log.len(), whole.len());
+        for (a, b) in whole.iter().zip(log) {
+            assert_eq!(a.step, b.step);
+            assert!(
+                (a.train_loss - b.train_loss).abs() <= 1e-5 * a.train_loss,
+                "{a:?} {b:?}"
+            );
+            assert!(
+                (a.grad_norm - b.grad_norm).abs() <= 1e-4 * a.grad_norm,
+                "{a:?} {b:?}"
+            );
+            match (a.val_loss, b.val_loss) {
+                (Some(x), Some(y)) => assert!((x - y).abs() <= 1e-5 * x),
+                (x, y) => assert_eq!(x, y),
+            }
+        }
+        let worst = (whole_params.iter().zip(params))
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(worst <= 1e-4, "weights differ by {worst}");
+    }
+
+    cfg.micro_batch_size = Some(3);
+    let e = train(&cfg, &World::single(), &never(), &mut |_: &Progress| {})
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("micro_batch_size 3") && e.contains("share of 8"),
+        "{e}"
+    );
+    let e = cfg.batch_split(3).unwrap_err().to_string();
+    assert!(
+        e.contains("batch_size 8 does not divide over 3 ranks"),
+        "{e}"
+    );
+    let split = TrainConfig {
+        micro_batch_size: Some(2),
+        ..cfg.clone()
+    }
+    .batch_split(2)
+    .unwrap();
+    assert_eq!((split.share, split.micro), (4, 2));
+    for (bad, key) in [
+        (
+            TrainConfig {
+                micro_batch_size: Some(0),
+                ..cfg.clone()
+            },
+            "micro_batch_size must be positive",
+        ),
+        (
+            TrainConfig {
+                zero: 2,
+                ..cfg.clone()
+            },
+            "zero must be 0 or 1",
+        ),
+    ] {
+        let e = bad.validate().unwrap_err().to_string();
+        assert!(e.contains(key), "{e}");
     }
 }

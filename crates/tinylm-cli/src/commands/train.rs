@@ -212,13 +212,21 @@ fn read_config(path: &Path) -> Result<Value> {
 
 /// Trains as one rank of the ranks a launcher (`mpirun`, `srun`) started, or alone.
 /// A rank that fails prints its error and ends every rank (MPI_Abort), so that none
-/// waits for it.
+/// waits for it; an error every rank meets alike (ranks started differently) is
+/// said by rank 0, and every rank leaves normally.
 pub fn run(args: TrainArgs) -> Result<()> {
     let world = World::from_launcher()?;
     let result = run_rank(args, &world);
     if let (Err(err), true) = (&result, world.ranks() > 1) {
-        eprintln!("error: rank {}: {err:#}", world.rank());
-        world.abort(2);
+        let shared = matches!(err.downcast_ref(), Some(tinylm::Error::Ranks(_)));
+        if world.is_root() || !shared {
+            eprintln!("error: rank {}: {err:#}", world.rank());
+        }
+        if !shared {
+            world.abort(2);
+        }
+        drop(world); // MPI_Finalize, which every rank reaches
+        std::process::exit(2);
     }
     result
 }

@@ -4,10 +4,11 @@
 //! [`World`] is the process's place among the ranks and the host-side collectives
 //! the training loop needs (the loss averaged over ranks, rank 0's decisions
 //! broadcast, optimizer shards gathered for a checkpoint): MPI in builds with the
-//! cargo feature `mpi`, one rank otherwise. [`Collective`] is the per-step part on
-//! the backend's own buffers — the gradient's all-reduce, or under ZeRO-1 its
-//! reduce-scatter and the parameters' all-gather — which [`crate::Model::optimizer_step`]
-//! queues between backward and AdamW: MPI on the CPU, NCCL on GPUs (feature `nccl`).
+//! cargo feature `mpi`, one rank otherwise. The per-step part on the backend's own
+//! buffers — the gradient's all-reduce, or under ZeRO-1 its reduce-scatter and the
+//! parameters' all-gather, which [`crate::Model::optimizer_step`] queues between
+//! backward and AdamW — is the kernel interface's [`crate::kernels::Collective`]:
+//! MPI's on the CPU, NCCL's on GPUs (feature `nccl`).
 //!
 //! Shards are contiguous ranges of the flat buffer, rank `r` holding [`shard`]`(n,
 //! R, r)`: the ranks' shards in rank order are the whole buffer.
@@ -15,28 +16,11 @@
 #[cfg(feature = "mpi")]
 mod mpi;
 
-use crate::kernels::SpanMut;
+#[cfg(feature = "mpi")]
+pub(crate) use mpi::Mpi;
+
 use crate::{Error, Result};
 use std::ops::Range;
-
-/// Collectives of one optimizer step over a backend's buffers `Buf` and step
-/// statistics `Stats`, queued in order with the kernels around them. Every rank
-/// calls the same ones on buffers of the same length.
-pub trait Collective<Buf, Stats> {
-    /// This process's rank and the number of ranks.
-    fn rank(&self) -> usize;
-    fn ranks(&self) -> usize;
-    /// `buf` ← the sum over ranks of `buf`.
-    fn all_reduce_sum(&self, buf: SpanMut<Buf>) -> Result<()>;
-    /// This rank's [`shard`] of `buf` ← the sum over ranks of that shard; the rest
-    /// of `buf` is left undefined.
-    fn reduce_scatter_sum(&self, buf: SpanMut<Buf>) -> Result<()>;
-    /// Every rank's [`shard`] of `buf` from that rank, to every rank.
-    fn all_gather(&self, buf: SpanMut<Buf>) -> Result<()>;
-    /// The gradient sum of squares in `stats` ← its sum over ranks (each rank's is
-    /// its shard's).
-    fn all_reduce_sum_squares(&self, stats: &mut Stats) -> Result<()>;
-}
 
 /// Rank `rank`'s part of `n` values split over `ranks`: contiguous, in rank order,
 /// the first `n % ranks` ranks one value longer.
@@ -145,7 +129,7 @@ impl World {
 
     /// The MPI ranks, when there are several.
     #[cfg(feature = "mpi")]
-    fn mpi(&self) -> Option<&mpi::Mpi> {
+    pub(crate) fn mpi(&self) -> Option<&Mpi> {
         self.mpi.as_ref()
     }
 
@@ -153,6 +137,12 @@ impl World {
     pub fn all_reduce(&self, values: &mut [f64], op: Reduce) -> Result<()> {
         #[cfg(feature = "mpi")]
         if let Some(mpi) = self.mpi() {
+            use ::mpi::collective::SystemOperation;
+            let op = match op {
+                Reduce::Sum => SystemOperation::sum(),
+                Reduce::Min => SystemOperation::min(),
+                Reduce::Max => SystemOperation::max(),
+            };
             mpi.all_reduce(values, op);
         }
         let _ = (values, op);
@@ -186,17 +176,6 @@ impl World {
             return Ok(mpi.gather(&values));
         }
         Ok(Some(values))
-    }
-
-    /// The [`Collective`] of a CPU backend over these ranks: MPI's.
-    #[cfg(feature = "mpi")]
-    pub(crate) fn cpu_collective<F: crate::kernels::Float>(
-        &self,
-    ) -> Result<Box<dyn Collective<Vec<F>, crate::kernels::StepStats> + '_>> {
-        match self.mpi() {
-            Some(mpi) => Ok(Box::new(mpi::MpiCollective::<F>::new(mpi))),
-            None => Err(Error::Ranks("a single rank has no collectives".into())),
-        }
     }
 
     /// Checks that every rank was started with the same `description` (its

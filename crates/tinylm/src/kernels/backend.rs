@@ -6,7 +6,7 @@
 //! arithmetic of a GPU run ([`Precision`]).
 
 use super::float::Float;
-use crate::distributed::{Collective, World};
+use crate::distributed::World;
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -354,6 +354,25 @@ impl StepStats {
             ready: Instant::now(),
         }
     }
+}
+
+/// Collectives of one optimizer step over a backend's buffers `Buf` and step
+/// statistics `Stats`, queued in order with the kernels around them. Every rank
+/// calls the same ones on buffers of the same length.
+pub trait Collective<Buf, Stats> {
+    /// This process's rank and the number of ranks.
+    fn rank(&self) -> usize;
+    fn ranks(&self) -> usize;
+    /// `buf` ← the sum over ranks of `buf`.
+    fn all_reduce_sum(&self, buf: SpanMut<Buf>) -> Result<()>;
+    /// This rank's [`shard`](crate::distributed::shard) of `buf` ← the sum over ranks of that shard; the rest
+    /// of `buf` is left undefined.
+    fn reduce_scatter_sum(&self, buf: SpanMut<Buf>) -> Result<()>;
+    /// Every rank's [`shard`](crate::distributed::shard) of `buf` from that rank, to every rank.
+    fn all_gather(&self, buf: SpanMut<Buf>) -> Result<()>;
+    /// The gradient sum of squares in `stats` ← its sum over ranks (each rank's is
+    /// its shard's).
+    fn all_reduce_sum_squares(&self, stats: &mut Stats) -> Result<()>;
 }
 
 /// The kernels one backend provides, over buffers it owns ([`Backend::Buf`]).

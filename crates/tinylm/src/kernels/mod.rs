@@ -28,8 +28,8 @@ pub mod float;
 pub mod profile;
 
 pub use backend::{
-    clip_scale, AdamWParams, AdamWStep, AttnShape, Backend, BatchPart, BufKind, Buffer, MatMul,
-    Precision, Span, SpanMut, StepStats, CLIP_EPS,
+    clip_scale, AdamWParams, AdamWStep, AttnShape, Backend, BatchPart, BufKind, Buffer, Collective,
+    MatMul, Precision, Span, SpanMut, StepStats, CLIP_EPS,
 };
 pub use cpu::Cpu;
 pub use float::Float;

@@ -1,9 +1,10 @@
 //! A backend wrapper that times every kernel call by kind: where a step's time goes.
 
 use super::{
-    AdamWStep, AttnShape, Backend, BatchPart, BufKind, Float, MatMul, Span, SpanMut, StepStats,
+    AdamWStep, AttnShape, Backend, BatchPart, BufKind, Collective, Float, MatMul, Span, SpanMut,
+    StepStats,
 };
-use crate::distributed::{Collective, World};
+use crate::distributed::World;
 use crate::Result;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;

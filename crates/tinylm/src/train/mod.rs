@@ -42,6 +42,7 @@ use crate::optim::AdamW;
 use crate::{Error, Result};
 use log::{Journal, QueuedStep};
 use serde::Serialize;
+use serde_json::Value;
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -395,15 +396,26 @@ fn optimizer_shard<B: Backend<f32>>(
     }
 }
 
-/// What every rank of a run must agree on: the configuration, and each data file's
-/// size and a fingerprint of its first and last MiB.
+/// What every rank of a run must agree on: each configuration key (`model.<key>`
+/// for the model's) and each data file's size and a fingerprint of its first and
+/// last MiB.
 fn describe_run(cfg: &TrainConfig) -> Result<Vec<(String, String)>> {
-    let mut out = vec![("the configuration".to_string(), json(cfg))];
+    let Value::Object(keys) = serde_json::to_value(cfg).expect("serializes") else {
+        unreachable!("a TrainConfig is a table");
+    };
+    let mut out = Vec::new();
+    for (key, value) in keys {
+        match value {
+            Value::Object(inner) => out.extend(
+                inner
+                    .iter()
+                    .map(|(k, v)| (format!("{key}.{k}"), v.to_string())),
+            ),
+            value => out.push((key, value.to_string())),
+        }
+    }
     for path in std::iter::once(&cfg.train_data).chain(&cfg.val_data) {
-        out.push((
-            format!("the data file {}", path.display()),
-            fingerprint(path)?,
-        ));
+        out.push((format!("data file {}", path.display()), fingerprint(path)?));
     }
     Ok(out)
 }

@@ -6,13 +6,12 @@ use super::{
     simd::CHUNK, swiglu,
 };
 use crate::config::RMS_NORM_EPS;
-use crate::distributed::{Collective, World};
+use crate::distributed::World;
 use crate::kernels::{
-    AdamWStep, AttnShape, Backend, BatchPart, BufKind, Float, MatMul, Span, SpanMut, StepStats,
+    AdamWStep, AttnShape, Backend, BatchPart, BufKind, Collective, Float, MatMul, Span, SpanMut,
+    StepStats,
 };
-#[cfg(not(feature = "mpi"))]
-use crate::Error;
-use crate::Result;
+use crate::{Error, Result};
 use rayon::prelude::*;
 use std::time::Instant;
 
@@ -208,7 +207,10 @@ impl<F: Float> Backend<F> for Cpu {
         &self,
         world: &'w World,
     ) -> Result<Box<dyn Collective<Vec<F>, StepStats> + 'w>> {
-        world.cpu_collective::<F>()
+        let mpi = world
+            .mpi()
+            .ok_or_else(|| Error::Ranks("one rank has no collectives".into()))?;
+        Ok(Box::new(super::collective::MpiCollective::<F>::new(mpi)))
     }
 
     #[cfg(not(feature = "mpi"))]

@@ -8,6 +8,8 @@
 pub mod adamw;
 pub mod attention;
 pub mod backend;
+#[cfg(feature = "mpi")]
+mod collective;
 pub mod cross_entropy;
 pub mod embedding;
 pub mod global_norm;

@@ -14,9 +14,9 @@ use super::context::{driver_error, Cuda, Scratch};
 use super::global_norm::NORM_BLOCKS;
 use super::rmsnorm::ROW_BLOCKS;
 use crate::config::RMS_NORM_EPS;
-use crate::distributed::{Collective, World};
+use crate::distributed::World;
 use crate::kernels::{
-    AdamWStep, AttnShape, Backend, BatchPart, BufKind, MatMul, Span, SpanMut, StepStats,
+    AdamWStep, AttnShape, Backend, BatchPart, BufKind, Collective, MatMul, Span, SpanMut, StepStats,
 };
 #[cfg(not(feature = "nccl"))]
 use crate::Error;

@@ -1,0 +1,180 @@
+#!/usr/bin/env bash
+# Data-parallel training over MPI ranks on the CPU (Open MPI, `--features mpi`):
+#   1. the same configuration follows the same trajectory whatever the launch: one
+#      process (batch 8), one process in micro-batches of 2, `mpirun -np 2`, `-np 2
+#      --zero 1` and `-np 4` in micro-batches of 1: every step's loss within 1e-5
+#      (relative) of the one-process run's, the final weights within 1e-4;
+#   2. a checkpoint of 2 ZeRO-1 ranks resumed by 1 process in micro-batches of 4
+#      continues the one-process trajectory;
+#   3. SIGTERM on mpirun ends every rank at the same step, with its checkpoint;
+#   4. a killed rank ends the job within seconds, naming the rank, and the last
+#      checkpoint stays whole;
+#   5. ranks started with different configurations refuse to start, naming the key;
+#   6. a binary built without MPI, started by mpirun, says so.
+# Usage: .ci/distributed.sh MPI_BINARY DEFAULT_BINARY. The last line counts the checks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tinylm=$(realpath "$1")
+plain=$(realpath "$2")
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+mpirun="mpirun --bind-to none"
+passed=0
+pass() {
+    passed=$((passed + 1))
+    echo "ok: $*"
+}
+
+python3 - "$work" <<'PY'
+import random, struct, sys
+random.seed(12)
+words = [b"the dog ", b"a cat ", b"sees ", b"likes ", b"a red ", b"the big ", b"ball. ", b"tree.\n"]
+data = b"".join(random.choice(words) for _ in range(20000))
+def npy(path, tokens):
+    header = "{'descr': '<u2', 'fortran_order': False, 'shape': (%d,), }" % len(tokens)
+    header += " " * (63 - (10 + len(header)) % 64) + "\n"
+    with open(path, "wb") as f:
+        f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode())
+        f.write(b"".join(struct.pack("<H", b) for b in tokens))
+npy(f"{sys.argv[1]}/train.npy", data[:100000])
+npy(f"{sys.argv[1]}/val.npy", data[100000:])
+PY
+cd "$work"
+model=(--vocab-size 256 --context-length 32 --d-model 64 --num-layers 2 --num-heads 4 --d-ff 128)
+run=("${model[@]}" --train-data train.npy --val-data val.npy --batch-size 8 --cosine-steps 20
+    --warmup-steps 2 --lr-max 3e-3 --log-interval 1 --eval-interval 10 --eval-batches 4
+    --checkpoint-interval 10)
+# train OUT [LAUNCHER ...] -- [FLAGS ...]: a run into OUT, its output in OUT.out.
+train() {
+    local out=$1 launcher=()
+    shift
+    while [ "$1" != -- ]; do launcher+=("$1"); shift; done
+    shift
+    "${launcher[@]}" "$tinylm" train "${run[@]}" --out-dir "$out" "$@" >"$out.out" 2>&1 ||
+        { cat "$out.out"; exit 1; }
+}
+
+# compare.py REFERENCE RUN FIRST_STEP: losses of steps >= FIRST_STEP and final weights.
+cat >compare.py <<'PY'
+import array, json, struct, sys
+def losses(run):
+    return {r["step"]: r["train_loss"] for r in map(json.loads, open(f"{run}/log.jsonl"))}
+def weights(run):
+    with open(f"{run}/checkpoint.safetensors", "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    for name, t in header.items():
+        if name == "__metadata__" or name.startswith("optim."):
+            continue
+        start, end = t["data_offsets"]
+        out[name] = array.array("f", data[start:end])
+    return out, json.loads(header["__metadata__"]["step"])
+ref, run, first = sys.argv[1], sys.argv[2], int(sys.argv[3])
+a, b = losses(ref), losses(run)
+steps = [s for s in a if s >= first]
+assert steps and all(s in b for s in steps), (sorted(a), sorted(b))
+loss_diff = max(abs(b[s] - a[s]) / abs(a[s]) for s in steps)
+(wa, step_a), (wb, step_b) = weights(ref), weights(run)
+assert step_a == step_b and wa.keys() == wb.keys(), (step_a, step_b)
+weight_diff = max(max(abs(x - y) for x, y in zip(wa[k], wb[k])) for k in wa)
+print(f"{run}: {len(steps)} steps' losses within {loss_diff:.1e} (relative) of {ref}'s, "
+      f"weights at step {step_b} within {weight_diff:.1e}")
+assert loss_diff <= 1e-5 and weight_diff <= 1e-4, (loss_diff, weight_diff)
+PY
+
+echo "== one trajectory whatever the launch (20 steps, batch 8)"
+train one -- --steps 20 --threads 2
+train micro2 -- --steps 20 --threads 2 --micro-batch-size 2
+train ranks2 $mpirun -np 2 -- --steps 20 --threads 1
+train zero2 $mpirun -np 2 -- --steps 20 --threads 1 --zero 1
+train ranks4 $mpirun -np 4 -- --steps 20 --threads 1 --micro-batch-size 1
+grep -q "2 ranks: 4 sequences each per step, in micro-batches of 4, AdamW state sharded" zero2.out
+for r in micro2 ranks2 zero2 ranks4; do
+    python3 compare.py one "$r" 1
+    pass "$r follows the one-process trajectory"
+done
+
+echo "== a 2-rank ZeRO-1 checkpoint resumed by 1 process in micro-batches of 4"
+train resumed $mpirun -np 2 -- --steps 10 --threads 1 --zero 1
+"$tinylm" train --resume resumed/checkpoint.safetensors --steps 20 --threads 2 \
+    --micro-batch-size 4 >resumed.out 2>&1 || { cat resumed.out; exit 1; }
+python3 compare.py one resumed 11
+pass "the resumed run continues the one-process trajectory"
+
+# long OUT [FLAGS ...]: a 2-rank run that goes on until stopped, in the background.
+long() {
+    local out=$1
+    shift
+    $mpirun -np 2 "$tinylm" train "${model[@]}" --train-data train.npy --val-data val.npy \
+        --batch-size 8 --steps 1000000 --threads 1 --log-interval 1 --eval-interval 0 \
+        --eval-batches 2 --out-dir "$out" "$@" >"$out.out" 2>&1 &
+    launcher=$!
+}
+# wait_for_step OUT STEP: until OUT's log reaches STEP (60 s at most).
+wait_for_step() {
+    for _ in $(seq 600); do
+        [ -f "$1/log.jsonl" ] && [ "$(wc -l <"$1/log.jsonl")" -ge "$2" ] && return 0
+        sleep 0.1
+    done
+    cat "$1.out"
+    exit 1
+}
+# ended_within SECONDS: the launcher in the background has exited within SECONDS.
+ended_within() {
+    for _ in $(seq $(($1 * 10))); do
+        kill -0 "$launcher" 2>/dev/null || { wait "$launcher" || true; return 0; }
+        sleep 0.1
+    done
+    echo "mpirun still running $1 s later" >&2
+    exit 1
+}
+
+echo "== SIGTERM on mpirun: every rank stops at the same step, with a checkpoint"
+long term --checkpoint-interval 0
+wait_for_step term 20
+kill -TERM "$launcher"
+ended_within 30
+steps=$(sed -n 's/^stopped after \([0-9]*\) steps.*/\1/p' term.out)
+[ -n "$steps" ] || { cat term.out; exit 1; }
+python3 - "$steps" <<'PY'
+import json, struct, sys
+with open("term/checkpoint.safetensors", "rb") as f:
+    header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+step = json.loads(header["__metadata__"]["step"])
+last = [json.loads(l) for l in open("term/log.jsonl")][-1]
+assert step == int(sys.argv[1]) == last["step"] and last["val_loss"] is not None, (step, last)
+print(f"stopped at step {step}: checkpoint and log agree, the last step evaluated")
+PY
+pass "SIGTERM stops every rank at one step with a checkpoint"
+
+echo "== a killed rank ends the job, naming it; the last checkpoint stays whole"
+long killed --checkpoint-interval 5
+wait_for_step killed 30
+rank=$(pgrep -f "tinylm train .*--out-dir killed" | grep -v "^$launcher$" | tail -1)
+kill -KILL "$rank"
+ended_within 20
+grep -E "process rank [01] .* exited on signal 9" killed.out
+"$tinylm" eval --checkpoint killed/checkpoint.safetensors --data val.npy --max-batches 2
+pass "a killed rank ends the job within 20 s and leaves a whole checkpoint"
+
+echo "== ranks started differently refuse to start"
+status=0
+$mpirun -np 1 "$tinylm" train "${run[@]}" --steps 5 --out-dir differ : \
+    -np 1 "$tinylm" train "${run[@]}" --steps 5 --out-dir differ --seed 3 >differ.out 2>&1 ||
+    status=$?
+cat differ.out
+[ "$status" -ne 0 ] && grep -q "rank 1 has seed = 3, rank 0 has 0" differ.out
+[ ! -e differ/checkpoint.safetensors ]
+pass "ranks with different seeds refuse to start, naming the key"
+
+echo "== a binary built without MPI under mpirun"
+status=0
+$mpirun -np 2 "$plain" train "${run[@]}" --steps 5 --out-dir plain >plain.out 2>&1 || status=$?
+head -1 plain.out
+[ "$status" -ne 0 ] && grep -q "built without MPI" plain.out
+pass "a binary without MPI says so"
+
+echo "distributed: $passed passed, 0 failed"
