@@ -8,6 +8,7 @@
 //! matmuls (input and weight gradients) per forward one.
 
 use crate::config::{Ffn, ModelConfig, Norm};
+use crate::distributed::MPI_CHUNK;
 
 /// Parameter counts by component.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -85,6 +86,8 @@ pub struct Memory {
     pub activations: Vec<Activation>,
     /// Backward scratch, one block's worth, reused by every block.
     pub backward_scratch: Vec<Activation>,
+    /// The scratch of the CPU's MPI collectives, with several ranks.
+    pub collective: u64,
 }
 
 impl Memory {
@@ -169,7 +172,28 @@ impl Memory {
             adamw: 2 * params,
             activations,
             backward_scratch,
+            collective: 0,
         }
+    }
+
+    /// One rank's memory when training over `ranks` ranks (this one's activations
+    /// being for its micro-batch): under ZeRO-1 (`sharded`) the AdamW moments of its
+    /// shard of the parameters, and the scratch of the CPU's MPI collectives (a
+    /// shard, or at most [`MPI_CHUNK`] values).
+    pub fn on_ranks(mut self, ranks: usize, sharded: bool) -> Self {
+        if ranks > 1 {
+            let params = self.parameters / 4;
+            let shard = params.div_ceil(ranks as u64);
+            if sharded {
+                self.adamw = 2 * 4 * shard;
+            }
+            self.collective = 4 * if sharded {
+                shard
+            } else {
+                params.min(MPI_CHUNK as u64)
+            };
+        }
+        self
     }
 
     pub fn activation_bytes(&self) -> u64 {
@@ -186,6 +210,7 @@ impl Memory {
             + self.adamw
             + self.activation_bytes()
             + self.scratch_bytes()
+            + self.collective
     }
 }
 
@@ -278,6 +303,24 @@ mod tests {
     use super::*;
     use crate::config::Positional;
     use crate::params::ParamLayout;
+
+    /// A rank's memory: activations for its micro-batch, a quarter of the AdamW
+    /// moments over four ZeRO-1 ranks, and the collectives' scratch.
+    #[test]
+    fn one_rank_holds_its_micro_batch_and_shard() {
+        let c = ModelConfig::tinystories();
+        let whole = Memory::new(&c, 8, 256);
+        let rank = Memory::new(&c, 2, 256).on_ranks(4, true);
+        assert_eq!(4 * rank.activation_bytes(), whole.activation_bytes());
+        assert_eq!(4 * rank.scratch_bytes(), whole.scratch_bytes());
+        let params = whole.parameters / 4;
+        assert_eq!(rank.adamw, 8 * params.div_ceil(4));
+        assert_eq!(rank.collective, 4 * params.div_ceil(4));
+        let replicated = Memory::new(&c, 2, 256).on_ranks(4, false);
+        assert_eq!(replicated.adamw, whole.adamw);
+        assert_eq!(replicated.collective, 4 * params.min(MPI_CHUNK as u64));
+        assert_eq!(Memory::new(&c, 2, 256).on_ranks(1, true).collective, 0);
+    }
 
     #[test]
     fn gpt2_xl_parameters_and_flops() {

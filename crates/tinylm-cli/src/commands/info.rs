@@ -4,6 +4,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use tinylm::accounting::{forward_flops, forward_matmuls, Memory, ParamCounts};
 use tinylm::config::Ffn;
+use tinylm::train::TrainConfig;
 use tinylm::ModelConfig;
 
 use super::flags::{flag, flag_values, ModelArgs};
@@ -25,9 +26,20 @@ const SHAPE_KEYS: [&str; 6] = [
 pub struct InfoArgs {
     #[command(flatten)]
     model: ModelArgs,
-    /// Sequences per batch for the memory and FLOP tables.
+    /// Sequences per batch (per optimizer step, over all ranks) for the memory and
+    /// FLOP tables.
     #[arg(long, default_value_t = 1)]
     batch_size: usize,
+    /// Sequences per forward/backward [default: a rank's whole share]: the memory
+    /// table's activations are for one micro-batch.
+    #[arg(long)]
+    micro_batch_size: Option<usize>,
+    /// Ranks the batch is split over (the memory table is one rank's).
+    #[arg(long, default_value_t = 1)]
+    ranks: usize,
+    /// ZeRO stage of the run: 1 shards the AdamW moments over the ranks.
+    #[arg(long, default_value_t = 0)]
+    zero: u8,
     /// Tokens per sequence (default: the context length).
     #[arg(long)]
     seq_len: Option<usize>,
@@ -70,12 +82,35 @@ pub fn run(args: InfoArgs) -> Result<()> {
             c.context_length
         );
     }
-    print!("{}", report(&c, b, t));
+    if args.ranks == 0 || args.zero > 1 {
+        bail!("--ranks must be positive and --zero 0 or 1");
+    }
+    let run = TrainConfig {
+        batch_size: b,
+        micro_batch_size: args.micro_batch_size,
+        ..TrainConfig::default()
+    };
+    let split = run.batch_split(args.ranks)?;
+    let memory = Memory::new(&c, split.micro, t).on_ranks(args.ranks, args.zero == 1);
+    let launch = Launch {
+        ranks: args.ranks,
+        micro: split.micro,
+        zero: args.zero,
+    };
+    print!("{}", report(&c, b, t, &memory, &launch));
     Ok(())
 }
 
-/// The three tables as text.
-fn report(c: &ModelConfig, b: usize, t: usize) -> String {
+/// How a step's batch is run: over `ranks` ranks, in micro-batches of `micro`
+/// sequences, with ZeRO stage `zero`.
+struct Launch {
+    ranks: usize,
+    micro: usize,
+    zero: u8,
+}
+
+/// The three tables as text; `m` is one rank's memory for a step launched so.
+fn report(c: &ModelConfig, b: usize, t: usize, m: &Memory, launch: &Launch) -> String {
     let mut out = format!(
         "model: vocab_size {} · context_length {} · d_model {} · num_layers {} · num_heads {} (d_k {}) · d_ff {}\n       norm {} · positional {} · ffn {} · {} · rope_theta {}\n\n",
         group(c.vocab_size as u64),
@@ -141,15 +176,26 @@ fn report(c: &ModelConfig, b: usize, t: usize) -> String {
     out += "Parameters\n";
     out += &table(&rows);
 
-    let m = Memory::new(c, b, t);
-    out += &format!("\nMemory for a training step (f32, AdamW), batch {b} × {t} tokens\n");
+    out += &format!("\nMemory for a training step (f32, AdamW), batch {b} × {t} tokens");
+    if launch.micro < b {
+        out += &format!(" in micro-batches of {} × {t}", launch.micro);
+    }
+    if launch.ranks > 1 {
+        let zero = if launch.zero == 1 { ", ZeRO-1" } else { "" };
+        out += &format!(", one of {} ranks{zero}", launch.ranks);
+    }
+    out += "\n";
     let mut rows = vec![row(["", "shape", "per layer", "total", "share"])];
     let grand = m.total();
     for (name, bytes) in [
         ("parameters", m.parameters),
         ("gradients", m.gradients),
         ("AdamW moments (m, v)", m.adamw),
-    ] {
+        ("collectives' scratch (MPI)", m.collective),
+    ]
+    .into_iter()
+    .filter(|&(_, bytes)| bytes > 0)
+    {
         rows.push(row([name, "", "", &bytes_h(bytes), &share(bytes, grand)]));
     }
     let groups = [
@@ -330,7 +376,13 @@ mod tests {
 
     #[test]
     fn gpt2_xl_report_has_the_reference_numbers() {
-        let text = report(&ModelConfig::gpt2_xl(), 1, 1024);
+        let c = ModelConfig::gpt2_xl();
+        let single = Launch {
+            ranks: 1,
+            micro: 1,
+            zero: 0,
+        };
+        let text = report(&c, 1, 1024, &Memory::new(&c, 1, 1024), &single);
         for part in [
             "2,127,057,600",
             "(2.13 B)",

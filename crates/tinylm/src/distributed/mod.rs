@@ -22,6 +22,10 @@ pub(crate) use mpi::Mpi;
 use crate::{Error, Result};
 use std::ops::Range;
 
+/// Values per call of the CPU's MPI collectives: a larger buffer goes through their
+/// scratch in chunks this long.
+pub const MPI_CHUNK: usize = 1 << 22;
+
 /// Rank `rank`'s part of `n` values split over `ranks`: contiguous, in rank order,
 /// the first `n % ranks` ranks one value longer.
 pub fn shard(n: usize, ranks: usize, rank: usize) -> Range<usize> {

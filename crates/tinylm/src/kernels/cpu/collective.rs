@@ -2,7 +2,7 @@
 //! buffers. MPI's default error handler ends every rank on a failure, so no call
 //! returns an error.
 
-use crate::distributed::{shard, Mpi};
+use crate::distributed::{shard, Mpi, MPI_CHUNK};
 use crate::kernels::{Collective, Float, SpanMut, StepStats};
 use crate::Result;
 use mpi::collective::SystemOperation;
@@ -12,11 +12,8 @@ use std::any::TypeId;
 use std::cell::RefCell;
 use std::os::raw::c_int;
 
-/// Values per MPI call: large buffers go through the scratch in chunks this long.
-const CHUNK: usize = 1 << 22;
-
 /// The CPU backend's collectives over MPI, through a scratch buffer (MPI has no
-/// portable in-place form here) of at most [`CHUNK`] values or one shard.
+/// portable in-place form here) of at most [`MPI_CHUNK`] values or one shard.
 pub(super) struct MpiCollective<'w, F> {
     mpi: &'w Mpi,
     scratch: RefCell<Vec<F>>,
@@ -62,7 +59,7 @@ impl<F: Float> Collective<Vec<F>, StepStats> for MpiCollective<'_, F> {
 
     fn all_reduce_sum(&self, buf: SpanMut<Vec<F>>) -> Result<()> {
         let mut scratch = self.scratch.borrow_mut();
-        for chunk in buf.slice().chunks_mut(CHUNK) {
+        for chunk in buf.slice().chunks_mut(MPI_CHUNK) {
             scratch.resize(chunk.len(), F::ZERO);
             // SAFETY: `chunk` and `scratch` are distinct buffers of `chunk.len()` values
             // of the datatype; every rank calls this with the same lengths.
