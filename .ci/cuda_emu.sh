@@ -3,7 +3,8 @@
 #   1. builds the emulator and runs its planted-fault suite;
 #   2. checks that a driver older than CUDA 13 is one clear error;
 #   3. trains a tiny model for a few steps with `tinylm train --device cuda`, in fp32
-#      and bf16, and compares every step's loss with the CPU run's;
+#      and bf16, and in fp32 in micro-batches of 2 (the step's gradient accumulated),
+#      and compares every step's loss with the CPU run's;
 #   4. runs the numeric suite crates/tinylm/tests/cuda.rs with its assertions as on a
 #      GPU, and prints how many kernels and cuBLASLt products the emulator executed.
 # The last line is cargo's `test result:` line of the numeric suite.
@@ -19,7 +20,7 @@ trap 'rm -rf "$work" "$stats"' EXIT
 echo "== cuda-emu: planted faults"
 "$emu/run.sh" "$emu/build/faults" crates/tinylm/src/kernels/cuda
 
-echo "== cuda-emu: tinylm train --device cuda against the CPU (fp32 and bf16)"
+echo "== cuda-emu: tinylm train --device cuda against the CPU (fp32, bf16, micro-batches)"
 cargo build --quiet --release -p tinylm-cli --features cuda
 tinylm=target/release/tinylm
 python3 - "$work/tokens.npy" <<'PY'
@@ -43,6 +44,7 @@ train() {
 train cpu --device cpu
 train fp32 --device cuda --precision fp32
 train bf16 --device cuda --precision bf16
+train fp32-micro --device cuda --precision fp32 --micro-batch-size 2
 python3 - "$work" <<'PY'
 import json, sys
 def losses(run):
@@ -51,7 +53,7 @@ def losses(run):
 cpu = losses("cpu")
 assert len(cpu) == 6, cpu
 # The suite's tolerances: fp32 within 1e-4 of the CPU's loss, bf16 within 3e-2.
-for run, tol in (("fp32", 1e-4), ("bf16", 3e-2)):
+for run, tol in (("fp32", 1e-4), ("bf16", 3e-2), ("fp32-micro", 1e-4)):
     gpu = losses(run)
     assert len(gpu) == len(cpu), (run, gpu)
     worst = max(abs(g - c) / c for g, c in zip(gpu, cpu))

@@ -215,9 +215,12 @@ fn read_config(path: &Path) -> Result<Value> {
 /// waits for it; an error every rank meets alike (ranks started differently) is
 /// said by rank 0, and every rank leaves normally.
 pub fn run(args: TrainArgs) -> Result<()> {
-    let world = World::from_launcher()?;
-    let result = run_rank(args, &world);
-    if let (Err(err), true) = (&result, world.ranks() > 1) {
+    {
+        let world = World::from_launcher()?;
+        let result = run_rank(args, &world);
+        let (Err(err), 2..) = (&result, world.ranks()) else {
+            return result;
+        };
         let shared = matches!(err.downcast_ref(), Some(tinylm::Error::Ranks(_)));
         if world.is_root() || !shared {
             eprintln!("error: rank {}: {err:#}", world.rank());
@@ -225,10 +228,8 @@ pub fn run(args: TrainArgs) -> Result<()> {
         if !shared {
             world.abort(2);
         }
-        drop(world); // MPI_Finalize, which every rank reaches
-        std::process::exit(2);
-    }
-    result
+    } // every rank reaches MPI_Finalize here
+    std::process::exit(2);
 }
 
 fn run_rank(args: TrainArgs, world: &World) -> Result<()> {
@@ -385,6 +386,7 @@ mod tests {
             val_data: Some("val.npy".into()),
             tokenizer: Some("tokenizer".into()),
             max_tokens: Some(1 << 20),
+            micro_batch_size: Some(4),
             cosine_steps: Some(900),
             time_budget_s: Some(60.0),
             schedule: Schedule::Time,
