@@ -352,7 +352,7 @@ impl Backend<f32> for Cuda {
         &self,
         world: &'w World,
     ) -> Result<Box<dyn Collective<CudaBuf, CudaStats> + 'w>> {
-        Ok(Box::new(crate::distributed::nccl::Nccl::new(self, world)?))
+        Ok(Box::new(super::collective::Nccl::new(self, world)?))
     }
 
     #[cfg(not(feature = "nccl"))]

@@ -13,7 +13,8 @@
 //! Beside the families: [`context`] (the device, its stream and compiled kernels),
 //! [`buffer`] (device memory), [`launch`] (launch shapes and checks), [`nvrtc`]
 //! (the families' sources and their compilation), [`blas`] (the cuBLASLt call) with
-//! its launch wrapper [`matmul`], and [`backend`] (the [`Backend`] over all of them).
+//! its launch wrapper [`matmul`], [`backend`] (the [`Backend`] over all of them),
+//! and with the feature `nccl`, `collective` (the ranks' collectives over NCCL).
 //!
 //! [`Backend`]: crate::kernels::Backend
 
@@ -22,6 +23,8 @@ pub mod attention;
 pub mod backend;
 pub mod blas;
 pub mod buffer;
+#[cfg(feature = "nccl")]
+mod collective;
 pub mod context;
 pub mod convert;
 pub mod cross_entropy;
