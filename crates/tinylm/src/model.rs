@@ -24,7 +24,6 @@
 //! backward counterparts. [`transformer_block`] runs one block on its own.
 
 use crate::config::{Ffn, ModelConfig, Norm, Positional};
-
 use crate::kernels::cpu::rope::rope_tables;
 use crate::kernels::{
     AdamWParams, AdamWStep, AttnShape, Backend, BatchPart, BufKind, Buffer, Collective, Cpu, Float,

@@ -39,7 +39,6 @@ pub fn shard(n: usize, ranks: usize, rank: usize) -> Range<usize> {
 pub enum Reduce {
     Sum,
     Min,
-    Max,
 }
 
 /// This process's place among the ranks of a run, and the host-side collectives
@@ -138,48 +137,51 @@ impl World {
     }
 
     /// `values` ← their combination by `op` over the ranks (element by element).
-    pub fn all_reduce(&self, values: &mut [f64], op: Reduce) -> Result<()> {
+    #[cfg_attr(not(feature = "mpi"), allow(unused_variables))]
+    pub fn all_reduce(&self, values: &mut [f64], op: Reduce) {
         #[cfg(feature = "mpi")]
         if let Some(mpi) = self.mpi() {
             use ::mpi::collective::SystemOperation;
             let op = match op {
                 Reduce::Sum => SystemOperation::sum(),
                 Reduce::Min => SystemOperation::min(),
-                Reduce::Max => SystemOperation::max(),
             };
             mpi.all_reduce(values, op);
         }
-        let _ = (values, op);
-        Ok(())
     }
 
     /// Rank `root`'s `bytes` to every rank.
-    pub fn broadcast(&self, bytes: &mut Vec<u8>, root: usize) -> Result<()> {
+    #[cfg_attr(not(feature = "mpi"), allow(unused_variables))]
+    pub fn broadcast(&self, bytes: &mut Vec<u8>, root: usize) {
         #[cfg(feature = "mpi")]
         if let Some(mpi) = self.mpi() {
             mpi.broadcast(bytes, root);
         }
-        let _ = (bytes, root);
-        Ok(())
     }
 
     /// Rank 0's `values` to every rank.
-    pub fn broadcast_f64(&self, values: &mut [f64]) -> Result<()> {
+    #[cfg_attr(not(feature = "mpi"), allow(unused_variables))]
+    pub fn broadcast_f64(&self, values: &mut [f64]) {
         #[cfg(feature = "mpi")]
         if let Some(mpi) = self.mpi() {
             mpi.broadcast_f64(values);
         }
-        let _ = values;
-        Ok(())
+    }
+
+    /// Rank 0's `flags`, on every rank: a decision that reads the clock or a signal.
+    pub fn root_flags<const N: usize>(&self, flags: [bool; N]) -> [bool; N] {
+        let mut values = flags.map(|f| f64::from(u8::from(f)));
+        self.broadcast_f64(&mut values);
+        values.map(|v| v > 0.0)
     }
 
     /// Every rank's `values` in rank order, at rank 0 (`None` on the others).
-    pub fn gather(&self, values: Vec<f32>) -> Result<Option<Vec<f32>>> {
+    pub fn gather(&self, values: Vec<f32>) -> Option<Vec<f32>> {
         #[cfg(feature = "mpi")]
         if let Some(mpi) = self.mpi() {
-            return Ok(mpi.gather(&values));
+            return mpi.gather(&values);
         }
-        Ok(Some(values))
+        Some(values)
     }
 
     /// Checks that every rank was started with the same `description` (its
@@ -190,7 +192,7 @@ impl World {
             return Ok(());
         }
         let mut root = serde_json::to_vec(description).expect("serializes");
-        self.broadcast(&mut root, 0)?;
+        self.broadcast(&mut root, 0);
         let root: Vec<(String, String)> = serde_json::from_slice(&root).expect("rank 0 sent JSON");
         let difference = description
             .iter()
@@ -200,7 +202,7 @@ impl World {
             Some(_) => self.rank as f64,
             None => self.ranks as f64,
         }];
-        self.all_reduce(&mut first, Reduce::Min)?;
+        self.all_reduce(&mut first, Reduce::Min);
         let first = first[0] as usize;
         if first == self.ranks {
             return Ok(());
@@ -212,7 +214,7 @@ impl World {
             .into_bytes(),
             _ => Vec::new(),
         };
-        self.broadcast(&mut message, first)?;
+        self.broadcast(&mut message, first);
         Err(Error::Ranks(String::from_utf8_lossy(&message).into_owned()))
     }
 }
@@ -242,9 +244,9 @@ mod tests {
         let world = World::single();
         assert_eq!((world.rank(), world.ranks(), world.is_root()), (0, 1, true));
         let mut v = [1.5, 2.0];
-        world.all_reduce(&mut v, Reduce::Sum).unwrap();
+        world.all_reduce(&mut v, Reduce::Sum);
         assert_eq!(v, [1.5, 2.0]);
-        assert_eq!(world.gather(vec![1.0, 2.0]).unwrap(), Some(vec![1.0, 2.0]));
+        assert_eq!(world.gather(vec![1.0, 2.0]), Some(vec![1.0, 2.0]));
         world.check_same(&[("a".into(), "1".into())]).unwrap();
     }
 }

@@ -114,7 +114,7 @@ fn evaluate_on<B: Backend<f32>>(
         sums[0] += loss as f64 * rows as f64;
         sums[1] += rows as f64;
     }
-    world.all_reduce(&mut sums, Reduce::Sum)?;
+    world.all_reduce(&mut sums, Reduce::Sum);
     Ok(EvalResult {
         loss: sums[0] / sums[1],
         windows: sums[1] as usize,
@@ -281,7 +281,7 @@ fn run<B: Backend<f32>>(
         let queued_at = Instant::now();
         let mut lr = [cfg.learning_rate(state.step, elapsed_s())];
         if cfg.schedule == Schedule::Time {
-            world.broadcast_f64(&mut lr)?;
+            world.broadcast_f64(&mut lr);
         }
         let lr = lr[0];
         train_data.fill_random_rows(&mut batch, &mut rng, b, world.rank() * split.share);
@@ -325,14 +325,11 @@ fn run<B: Backend<f32>>(
             + Duration::try_from_secs_f64(state.step_s).unwrap_or_default())
         .saturating_duration_since(Instant::now())
         .as_secs_f64();
-        let mut flags = [
-            f64::from(u8::from(stop.load(Ordering::Relaxed))),
-            f64::from(u8::from(
-                !cfg.step_fits(elapsed_s() + running_s, state.expected_s()),
-            )),
-        ];
-        world.broadcast_f64(&mut flags)?;
-        let next = after_step(cfg, state.step, flags[0] > 0.0, flags[1] > 0.0);
+        let [stop_flag, out_of_time] = world.root_flags([
+            stop.load(Ordering::Relaxed),
+            !cfg.step_fits(elapsed_s() + running_s, state.expected_s()),
+        ]);
+        let next = after_step(cfg, state.step, stop_flag, out_of_time);
         if !(next.evaluate || next.save) {
             continue;
         }
@@ -364,11 +361,8 @@ fn run<B: Backend<f32>>(
         // Out of time by the estimate above, but the state just measured and saved
         // (the numbers a resumed run would check) still has room for a step and an
         // evaluation: the step came out faster than estimated, so the run goes on.
-        let mut room_left = [f64::from(u8::from(
-            cfg.step_fits(state.wallclock_s, state.expected_s()),
-        ))];
-        world.broadcast_f64(&mut room_left)?;
-        if next.stop || (next.out_of_time && room_left[0] == 0.0) {
+        let [room_left] = world.root_flags([cfg.step_fits(state.wallclock_s, state.expected_s())]);
+        if next.stop || (next.out_of_time && !room_left) {
             return Ok(TrainSummary {
                 steps: state.step,
                 tokens: state.tokens,
@@ -519,7 +513,7 @@ fn read_step<B: Backend<f32>>(
     let mut stats = model.step_stats()?;
     // Each rank's loss is its share of the batch's mean.
     let mut loss = [stats.loss];
-    world.all_reduce(&mut loss, Reduce::Sum)?;
+    world.all_reduce(&mut loss, Reduce::Sum);
     stats.loss = loss[0];
     if !stats.loss.is_finite() {
         return Err(diverged(queued.step, "loss", stats.loss, saved));
@@ -615,7 +609,7 @@ fn save<B: Backend<f32>>(
     .collect();
     let mut opt = model.download_adamw(opt)?;
     if opt.covers.len() < model.layout().total {
-        let (m, v) = (world.gather(opt.m)?, world.gather(opt.v)?);
+        let (m, v) = (world.gather(opt.m), world.gather(opt.v));
         let (Some(m), Some(v)) = (m, v) else {
             return Ok(()); // Not rank 0: its shard is sent.
         };

@@ -217,7 +217,7 @@ impl Nccl {
             nccl.check(code, "ncclGetUniqueId (the id of the ranks' communicator)")?;
         }
         let mut bytes: Vec<u8> = id.internal.iter().map(|&c| c as u8).collect();
-        world.broadcast(&mut bytes, 0)?;
+        world.broadcast(&mut bytes, 0);
         let received = bytes.len();
         let bytes: [u8; 128] = bytes.try_into().map_err(|_| {
             Error::Ranks(format!(
