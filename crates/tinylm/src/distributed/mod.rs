@@ -150,8 +150,8 @@ impl World {
         }
     }
 
-    /// Rank `root`'s `bytes` to every rank.
-    #[cfg_attr(not(feature = "mpi"), allow(unused_variables))]
+    /// Rank `root`'s `bytes` to every rank (resized to its length).
+    #[cfg_attr(not(feature = "mpi"), allow(unused_variables, clippy::ptr_arg))]
     pub fn broadcast(&self, bytes: &mut Vec<u8>, root: usize) {
         #[cfg(feature = "mpi")]
         if let Some(mpi) = self.mpi() {
