@@ -101,6 +101,74 @@ fn bench_rejects_bad_arguments() {
 }
 
 #[test]
+fn bench_allreduce_only_needs_a_launcher() {
+    let mut args = TINY.to_vec();
+    args.push("--allreduce-only");
+    let out = tinylm(&args);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("mpirun -np R"));
+}
+
+/// `tinylm bench` as 2 ranks of `mpirun` (Open MPI or MPICH; skipped where there
+/// is none): rank 0 alone reports the step over both ranks and the gradient
+/// all-reduce, `--allreduce-only` a line per buffer size, and a batch that does not
+/// divide over the ranks is an error that ends both.
+#[cfg(feature = "mpi")]
+#[test]
+fn bench_under_mpirun_reports_the_all_reduce() {
+    let mpirun = |args: &[&str]| -> Option<Output> {
+        Command::new("mpirun")
+            .args(["-np", "2", env!("CARGO_BIN_EXE_tinylm")])
+            .args(args)
+            // Open MPI: allowed as root (CI containers), and on a 1-core machine.
+            .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+            .env("OMPI_MCA_rmaps_base_oversubscribe", "1")
+            .output()
+            .ok()
+    };
+    let mut args = TINY.to_vec();
+    args.extend(["--batch-size", "4", "--steps", "2", "--threads", "1"]);
+    let Some(out) = mpirun(&args) else {
+        eprintln!("no mpirun: skipped");
+        return;
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for (want, times) in [
+        ("over 2 ranks (2 sequences each)", 1),
+        ("gradient all-reduce + AdamW", 1),
+        ("gradient all-reduce alone", 1),
+        ("algorithm bandwidth", 2),
+        ("share of the step", 1),
+    ] {
+        assert_eq!(text.matches(want).count(), times, "{want:?} in\n{text}");
+    }
+    assert!(!text.contains("where a step's time goes"), "{text}");
+
+    let mut args = TINY.to_vec();
+    args.extend(["--threads", "1", "--allreduce-only"]);
+    let out = mpirun(&args).expect("mpirun ran before");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("256 MiB") && text.contains("(the model's gradient)"),
+        "{text}"
+    );
+
+    let mut args = TINY.to_vec();
+    args.extend(["--batch-size", "3", "--steps", "1", "--threads", "1"]);
+    let out = mpirun(&args).expect("mpirun ran before");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("does not divide over 2 ranks"), "{stderr}");
+}
+
+#[test]
 fn bench_on_a_device() {
     let mut args = TINY.to_vec();
     args.extend(["--batch-size", "2", "--steps", "2", "--threads", "1"]);

@@ -1,15 +1,23 @@
 //! `tinylm bench`: training-step throughput of the CPU engine (forward, backward,
 //! AdamW update), its achieved GFLOP/s, where the step's time goes, and the peak of
 //! the matrix-product library on the step's own shapes.
+//!
+//! Started by a launcher (`mpirun -np R`, `srun`), every rank runs its share of the
+//! step's batch as `tinylm train` does, the gradient summed over the ranks between
+//! backward and AdamW, and rank 0 reports the step over all ranks and the gradient
+//! all-reduce alone: its time, its bandwidth and its share of the step.
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use std::time::Instant;
 use tinylm::config::{Ffn, ModelConfig};
 use tinylm::device::{resolve, run_on, BackendTask, Device};
+use tinylm::distributed::{Reduce, World};
 use tinylm::kernels::cpu::linear::{matmul, matmul_isa};
 use tinylm::kernels::cpu::memory::zeroed;
-use tinylm::kernels::{profile::Kind, AdamWParams, Backend, Cpu, MatMul, Profiled};
+use tinylm::kernels::{profile::Kind, AdamWParams, Backend, BatchPart, BufKind, Buffer};
+use tinylm::kernels::{Collective, Cpu, MatMul, Profiled};
+use tinylm::params::ParamLayout;
 use tinylm::{Model, Result as LmResult};
 
 use super::flags::{show_defaults, DeviceArgs, ModelArgs};
@@ -21,13 +29,13 @@ use super::flags::{show_defaults, DeviceArgs, ModelArgs};
 pub struct BenchArgs {
     #[command(flatten)]
     model: ModelArgs,
-    /// Sequences per step.
+    /// Sequences per step, over all ranks.
     #[arg(long, default_value_t = 16)]
     batch_size: usize,
     /// Tokens per sequence (default: the context length).
     #[arg(long)]
     seq_len: Option<usize>,
-    /// Worker threads.
+    /// Worker threads (per rank).
     #[arg(long, default_value_t = 2)]
     threads: usize,
     /// Timed training steps (after two warm-up steps).
@@ -36,6 +44,10 @@ pub struct BenchArgs {
     /// Skip the matrix-product peak measurement.
     #[arg(long)]
     no_peak: bool,
+    /// Under a launcher (`mpirun -np R`): time the all-reduce alone, on buffers of
+    /// 4 KiB to 256 MiB and of the model's gradient, instead of training steps.
+    #[arg(long)]
+    allreduce_only: bool,
     #[command(flatten)]
     device: DeviceArgs,
 }
@@ -55,7 +67,20 @@ fn default_model_config() -> ModelConfig {
     }
 }
 
+/// Benchmarks as one rank of the ranks a launcher (`mpirun`, `srun`) started, or
+/// alone. A rank that fails prints its error and ends every rank (MPI_Abort), so
+/// that none waits for it.
 pub fn run(args: BenchArgs) -> Result<()> {
+    let world = World::from_launcher()?;
+    let result = run_rank(args, &world);
+    if let (Err(err), true) = (&result, world.ranks() > 1) {
+        eprintln!("error: rank {}: {err:#}", world.rank());
+        world.abort(2);
+    }
+    result
+}
+
+fn run_rank(args: BenchArgs, world: &World) -> Result<()> {
     let base = args.model.base()?.unwrap_or_else(default_model_config);
     let config = args.model.apply(base).context("model configuration")?;
     let (b, t) = (
@@ -71,11 +96,32 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if args.threads == 0 || args.steps == 0 {
         bail!("--threads and --steps must be at least 1");
     }
+    let ranks = world.ranks();
+    if !b.is_multiple_of(ranks) {
+        bail!("--batch-size {b} does not divide over {ranks} ranks: choose a multiple of {ranks}");
+    }
+    if args.allreduce_only && ranks == 1 {
+        bail!(
+            "--allreduce-only times the ranks' all-reduce: start tinylm bench under `mpirun -np R`"
+        );
+    }
     rayon::ThreadPoolBuilder::new()
         .num_threads(args.threads)
         .build()
         .context("cannot start the thread pool")?
-        .install(|| bench(&config, b, t, &args))
+        .install(|| match args.allreduce_only {
+            true => bench_all_reduce(&config, &args, world),
+            false => bench(&config, b, t, &args, world),
+        })
+}
+
+/// The device of this rank: with several ranks on GPUs, the GPU of its local rank
+/// (as `tinylm train` takes it).
+fn rank_device(args: &BenchArgs, world: &World) -> Result<Device> {
+    Ok(match (resolve(args.device.device)?, world.ranks()) {
+        (Device::Cuda(_), 2..) => Device::Cuda(world.local_rank()),
+        (device, _) => device,
+    })
 }
 
 /// Model FLOPs of one training step: 6 per parameter of every matrix product
@@ -92,7 +138,8 @@ fn step_flops(c: &ModelConfig, b: usize, t: usize) -> f64 {
     6.0 * matmul_params * tokens + attention
 }
 
-fn bench(c: &ModelConfig, b: usize, t: usize, args: &BenchArgs) -> Result<()> {
+fn bench(c: &ModelConfig, b: usize, t: usize, args: &BenchArgs, world: &World) -> Result<()> {
+    let (ranks, root) = (world.ranks(), world.is_root());
     let n = b * t;
     // Uniform random tokens: the step's cost does not depend on them.
     let mut state = 0x2545_f491_4f6c_dd1du64;
@@ -106,48 +153,73 @@ fn bench(c: &ModelConfig, b: usize, t: usize, args: &BenchArgs) -> Result<()> {
             })
             .collect()
     };
+    // The whole batch on every rank, each taking its share.
     let (ids, targets) = (tokens(n), tokens(n));
+    let share = b / ranks;
+    let mine = world.rank() * share * t..(world.rank() + 1) * share * t;
     let flops = step_flops(c, b, t);
-    println!(
-        "model: vocab {} · ctx {} · d_model {} · {} layers · {} heads · d_ff {} · {:?}/{:?}/{:?}",
-        c.vocab_size,
-        c.context_length,
-        c.d_model,
-        c.num_layers,
-        c.num_heads,
-        c.d_ff,
-        c.norm,
-        c.positional,
-        c.ffn
-    );
-    println!(
-        "step: batch {b} x {t} tokens, {} threads, {:.1} GFLOP per step (6·N·tokens + attention)",
-        rayon::current_num_threads(),
-        flops * 1e-9
-    );
-    let device = resolve(args.device.device)?;
-    if device == Device::Cpu {
+    let device = rank_device(args, world)?;
+    if root {
         println!(
-            "matrix products: gemm's {} kernels (chosen at run time for this CPU)",
-            matmul_isa()
+            "model: vocab {} · ctx {} · d_model {} · {} layers · {} heads · d_ff {} · {:?}/{:?}/{:?}",
+            c.vocab_size,
+            c.context_length,
+            c.d_model,
+            c.num_layers,
+            c.num_heads,
+            c.d_ff,
+            c.norm,
+            c.positional,
+            c.ffn
         );
-    } else {
-        println!("device: {device}, precision {}", args.device.precision);
+        let threads = rayon::current_num_threads();
+        match ranks {
+            1 => println!(
+                "step: batch {b} x {t} tokens, {threads} threads, {:.1} GFLOP per step \
+                 (6·N·tokens + attention)",
+                flops * 1e-9
+            ),
+            _ => println!(
+                "step: batch {b} x {t} tokens over {ranks} ranks ({share} sequences each), \
+                 {threads} threads per rank, {:.1} GFLOP per step (6·N·tokens + attention)",
+                flops * 1e-9
+            ),
+        }
+        if device == Device::Cpu {
+            println!(
+                "matrix products: gemm's {} kernels (chosen at run time for this CPU)",
+                matmul_isa()
+            );
+        } else {
+            println!("device: {device}, precision {}", args.device.precision);
+        }
     }
     // The products' peak is measured between the timed steps, so that both see the
     // same machine: on a shared one, a product timed alone after the steps (or a step
     // alone) may catch a quiet moment the other never had.
-    let mut peak = (device == Device::Cpu && !args.no_peak).then(|| PeakProducts::new(c, n));
+    let mut peak =
+        (device == Device::Cpu && !args.no_peak && ranks == 1).then(|| PeakProducts::new(c, n));
     let timed = TimedSteps {
         c,
-        ids: &ids,
-        targets: &targets,
-        b,
+        ids: &ids[mine.clone()],
+        targets: &targets[mine],
+        b: share,
         t,
+        rows: n,
         steps: args.steps,
+        world,
         peak: peak.as_mut(),
     };
-    let (mut times, loss, cpu_per_step, params) = run_on(device, args.device.precision, timed)?;
+    let Timings {
+        steps: mut times,
+        loss,
+        cpu_per_step,
+        params,
+        all_reduce,
+    } = run_on(device, args.device.precision, timed)?;
+    if !root {
+        return Ok(());
+    }
     // Each step's GFLOP/s over the product peak timed right after it (same machine state).
     let paired: Option<Vec<f64>> = peak.as_ref().map(|p| {
         let mut shares: Vec<f64> = (times.iter().zip(&p.round_peaks))
@@ -158,10 +230,17 @@ fn bench(c: &ModelConfig, b: usize, t: usize, args: &BenchArgs) -> Result<()> {
     });
     times.sort_by(f64::total_cmp);
     let (best, median) = (times[0], times[times.len() / 2]);
-    println!(
-        "\ntraining step (forward + backward + AdamW), {} steps, loss {loss:.3}:",
-        args.steps
-    );
+    match ranks {
+        1 => println!(
+            "\ntraining step (forward + backward + AdamW), {} steps, loss {loss:.3}:",
+            args.steps
+        ),
+        _ => println!(
+            "\ntraining step (forward + backward + gradient all-reduce + AdamW), {} steps, \
+             loss {loss:.3}, the slowest rank's time; tokens/s over all ranks:",
+            args.steps
+        ),
+    }
     println!(
         "  best   {:>8.1} ms  {:>8.0} tokens/s  {:>6.1} GFLOP/s",
         best * 1e3,
@@ -174,6 +253,34 @@ fn bench(c: &ModelConfig, b: usize, t: usize, args: &BenchArgs) -> Result<()> {
         n as f64 / median,
         flops / median * 1e-9
     );
+    if let Some(mut all_reduce) = all_reduce {
+        all_reduce.sort_by(f64::total_cmp);
+        let values = params.len();
+        let bytes = (values * size_of::<f32>()) as f64;
+        println!(
+            "\ngradient all-reduce alone ({values} f32 values, {:.1} MB), {} times, the slowest \
+             rank's time; bus bandwidth = 2(R-1)/R · bytes / time:",
+            bytes * 1e-6,
+            all_reduce.len()
+        );
+        let (ar_best, ar_median) = (all_reduce[0], all_reduce[all_reduce.len() / 2]);
+        for (name, s) in [("best", ar_best), ("median", ar_median)] {
+            let (algbw, busbw) = bandwidths(bytes, s, ranks);
+            println!(
+                "  {name:<6} {:>8.2} ms  algorithm bandwidth {algbw:>6.2} GB/s  bus bandwidth \
+                 {busbw:>6.2} GB/s",
+                s * 1e3
+            );
+        }
+        println!(
+            "  share of the step: {:.1}% (median all-reduce / median step)",
+            100.0 * ar_median / median
+        );
+        println!(
+            "\n(where the time goes and the matrix-product peak: tinylm bench as one process)"
+        );
+        return Ok(());
+    }
     if device != Device::Cpu {
         return Ok(());
     }
@@ -211,24 +318,170 @@ fn bench(c: &ModelConfig, b: usize, t: usize, args: &BenchArgs) -> Result<()> {
     Ok(())
 }
 
+/// An all-reduce's algorithm and bus bandwidths in GB/s (10⁹ bytes/s), as
+/// nccl-tests define them: `bytes / seconds`, and that times `2(R-1)/R`, the share
+/// of the buffer each rank sends and receives in a ring all-reduce (so that it
+/// compares with the links' bandwidth whatever the number of ranks).
+fn bandwidths(bytes: f64, seconds: f64, ranks: usize) -> (f64, f64) {
+    let algbw = bytes / seconds * 1e-9;
+    let r = ranks as f64;
+    (algbw, algbw * 2.0 * (r - 1.0) / r)
+}
+
+/// `--allreduce-only`: the ranks' all-reduce alone on buffers of 4 KiB to 256 MiB
+/// and of the model's gradient, on rank 0 a line for each.
+fn bench_all_reduce(c: &ModelConfig, args: &BenchArgs, world: &World) -> Result<()> {
+    let gradient = ParamLayout::new(c).total;
+    let mut sizes: Vec<usize> = (0..9).map(|k| 1usize << (10 + 2 * k)).collect();
+    sizes.push(gradient);
+    sizes.sort_unstable();
+    sizes.dedup();
+    let device = rank_device(args, world)?;
+    let times = run_on(
+        device,
+        args.device.precision,
+        AllReduceSizes {
+            world,
+            sizes: &sizes,
+        },
+    )?;
+    if !world.is_root() {
+        return Ok(());
+    }
+    let ranks = world.ranks();
+    println!(
+        "all-reduce (f32 sum) over {ranks} ranks on {device}, each size timed alone; the \
+         slowest rank's time, bandwidths from the median, GB/s = 10⁹ bytes/s, bus bandwidth \
+         = 2(R-1)/R · bytes / time"
+    );
+    println!(
+        "  {:>14} {:>10} {:>6} {:>10} {:>10} {:>11} {:>11}",
+        "bytes", "values", "times", "best ms", "median ms", "algbw GB/s", "busbw GB/s"
+    );
+    for (&len, mut seconds) in sizes.iter().zip(times) {
+        seconds.sort_by(f64::total_cmp);
+        let bytes = len * size_of::<f32>();
+        let median = seconds[seconds.len() / 2];
+        let (algbw, busbw) = bandwidths(bytes as f64, median, ranks);
+        println!(
+            "  {:>14} {len:>10} {:>6} {:>10.3} {:>10.3} {algbw:>11.2} {busbw:>11.2}{}",
+            byte_size(bytes),
+            seconds.len(),
+            seconds[0] * 1e3,
+            median * 1e3,
+            if len == gradient {
+                "  (the model's gradient)"
+            } else {
+                ""
+            }
+        );
+    }
+    Ok(())
+}
+
+/// `bytes` in KiB, MiB or GiB.
+fn byte_size(bytes: usize) -> String {
+    let units = [("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)];
+    match units.iter().find(|&&(_, size)| bytes >= size) {
+        Some(&(unit, size)) if bytes.is_multiple_of(size) => format!("{} {unit}", bytes / size),
+        Some(&(unit, size)) => format!("{:.1} {unit}", bytes as f64 / size as f64),
+        None => format!("{bytes} B"),
+    }
+}
+
+/// The all-reduce of each of `sizes` values on any backend, timed
+/// [`time_all_reduce`]'s way, for longer the smaller the buffer.
+struct AllReduceSizes<'a> {
+    world: &'a World,
+    sizes: &'a [usize],
+}
+
+impl BackendTask for AllReduceSizes<'_> {
+    type Output = Vec<Vec<f64>>;
+
+    fn run<B: Backend<f32>>(self, backend: B) -> LmResult<Self::Output> {
+        let ranks = backend.collective(self.world)?;
+        let times = self.sizes.iter().map(|&len| {
+            let reps = ((1usize << 26) / len).clamp(5, 50);
+            time_all_reduce(&backend, ranks.as_ref(), self.world, len, reps)
+        });
+        times.collect()
+    }
+}
+
+/// Times `reps` all-reduces (after two untimed ones) of a buffer of `len` values in
+/// `backend`, each started on every rank together (after a barrier) and timed from
+/// the backend idle to the backend idle; each one's seconds on the slowest rank.
+fn time_all_reduce<B: Backend<f32>>(
+    backend: &B,
+    ranks: &dyn Collective<B::Buf, B::Stats>,
+    world: &World,
+    len: usize,
+    reps: usize,
+) -> LmResult<Vec<f64>> {
+    let mut buf = backend.alloc(len, BufKind::Full)?;
+    // Zeros: every sum stays zero (no overflow to infinities, no subnormals).
+    backend.upload(buf.all_mut(), &vec![0.0; len])?;
+    let mut times = Vec::with_capacity(reps);
+    for i in 0..reps + 2 {
+        world.all_reduce(&mut [0.0], Reduce::Sum);
+        backend.sync()?;
+        let start = Instant::now();
+        ranks.all_reduce_sum(buf.all_mut())?;
+        backend.sync()?;
+        if i >= 2 {
+            times.push(start.elapsed().as_secs_f64());
+        }
+    }
+    world.all_reduce(&mut times, Reduce::Max);
+    Ok(times)
+}
+
 /// Two warm-up steps, then `steps` timed training steps on any backend, each
-/// waiting for its kernels; the step times, the last loss, the CPU seconds per
-/// timed step (all threads) and the final parameters.
+/// waiting for its kernels. With several ranks, each runs its share `b` of the
+/// batch and the gradient is summed over them, then the all-reduce is timed alone.
 struct TimedSteps<'a> {
     c: &'a ModelConfig,
     ids: &'a [u32],
     targets: &'a [u32],
     b: usize,
     t: usize,
+    /// Positions of the whole step's batch, over all ranks.
+    rows: usize,
     steps: usize,
+    world: &'a World,
     /// Products timed once after each timed step.
     peak: Option<&'a mut PeakProducts>,
 }
 
-impl BackendTask for TimedSteps<'_> {
-    type Output = (Vec<f64>, f32, Option<f64>, Vec<f32>);
+/// What [`TimedSteps`] measured.
+struct Timings {
+    /// Each timed step's seconds (the slowest rank's).
+    steps: Vec<f64>,
+    /// The last step's loss, over all ranks.
+    loss: f32,
+    /// CPU seconds per timed step of this process's threads (Linux).
+    cpu_per_step: Option<f64>,
+    /// The final parameters.
+    params: Vec<f32>,
+    /// With several ranks, the seconds of each gradient all-reduce timed alone (the
+    /// slowest rank's).
+    all_reduce: Option<Vec<f64>>,
+}
 
-    fn run<B: Backend<f32>>(mut self, backend: B) -> LmResult<Self::Output> {
+/// Times each all-reduce of the gradient alone.
+const ALL_REDUCE_REPS: usize = 10;
+
+impl BackendTask for TimedSteps<'_> {
+    type Output = Timings;
+
+    fn run<B: Backend<f32>>(mut self, backend: B) -> LmResult<Timings> {
+        let world = self.world;
+        let ranks = match world.ranks() {
+            1 => None,
+            _ => Some(backend.collective(world)?),
+        };
+        let ranks = ranks.as_deref();
         let mut model = Model::init_with_backend(self.c.clone(), 0, backend)?;
         let mut opt = model.new_adamw(AdamWParams {
             beta2: 0.95,
@@ -236,10 +489,13 @@ impl BackendTask for TimedSteps<'_> {
             ..AdamWParams::default()
         })?;
         // The training loop's step (clipping included), timed until its statistics
-        // reach the host.
+        // reach the host: this rank's share of the batch, the gradient summed over
+        // the ranks.
         let mut step = |model: &mut Model<f32, B>| -> LmResult<f32> {
             let (ids, targets) = (self.ids, self.targets);
-            model.train_step(ids, targets, self.b, self.t, &mut opt, 1e-3, Some(1.0))?;
+            let part = BatchPart::whole(self.rows);
+            model.accumulate_gradient(ids, targets, self.b, self.t, part)?;
+            model.optimizer_step(&mut opt, 1e-3, Some(1.0), ranks)?;
             Ok(model.step_stats()?.loss as f32)
         };
         for _ in 0..2 {
@@ -261,7 +517,27 @@ impl BackendTask for TimedSteps<'_> {
             }
         }
         let cpu_per_step = cpu.map(|sum| sum / self.steps as f64);
-        Ok((times, loss, cpu_per_step, model.download_params()?))
+        // Each rank's loss is its share's part of the batch mean.
+        let mut losses = [f64::from(loss)];
+        world.all_reduce(&mut losses, Reduce::Sum);
+        world.all_reduce(&mut times, Reduce::Max);
+        let all_reduce = match ranks {
+            Some(ranks) => Some(time_all_reduce(
+                model.backend(),
+                ranks,
+                world,
+                model.layout().total,
+                ALL_REDUCE_REPS,
+            )?),
+            None => None,
+        };
+        Ok(Timings {
+            steps: times,
+            loss: losses[0] as f32,
+            cpu_per_step,
+            params: model.download_params()?,
+            all_reduce,
+        })
     }
 }
 

@@ -22,9 +22,18 @@ pub(crate) use mpi::Mpi;
 use crate::{Error, Result};
 use std::ops::Range;
 
-/// Values per call of the CPU's MPI collectives: a larger buffer goes through their
-/// scratch in chunks this long.
+/// Values per all-reduce call of the CPU's MPI collectives when the ranks span
+/// several machines: a larger buffer goes through their scratch in pieces this long,
+/// long enough for MPI to pipeline each over the network and to pay a message's
+/// latency rarely. The most the scratch holds.
 pub const MPI_CHUNK: usize = 1 << 22;
+
+/// Values per all-reduce call when every rank is on one machine. There the
+/// all-reduce is memory traffic between the ranks' cores, fastest in pieces that
+/// stay in a core's cache with MPI's own buffers and the scratch: on a 2-core Xeon
+/// with 2 MiB-per-core L2, 2 ranks sum a 20 MiB gradient in 4.4 ms in pieces of 2¹⁷
+/// values (512 KiB) against 7–8 ms in pieces of 2²² (16 MiB).
+pub const MPI_CHUNK_ONE_NODE: usize = 1 << 17;
 
 /// Rank `rank`'s part of `n` values split over `ranks`: contiguous, in rank order,
 /// the first `n % ranks` ranks one value longer.
@@ -39,6 +48,7 @@ pub fn shard(n: usize, ranks: usize, rank: usize) -> Range<usize> {
 pub enum Reduce {
     Sum,
     Min,
+    Max,
 }
 
 /// This process's place among the ranks of a run, and the host-side collectives
@@ -145,6 +155,7 @@ impl World {
             let op = match op {
                 Reduce::Sum => SystemOperation::sum(),
                 Reduce::Min => SystemOperation::min(),
+                Reduce::Max => SystemOperation::max(),
             };
             mpi.all_reduce(values, op);
         }

@@ -16,6 +16,8 @@ use std::os::raw::c_int;
 pub(crate) struct Mpi {
     pub(crate) world: SimpleCommunicator,
     local_rank: usize,
+    /// Every rank runs on this machine (the all-reduce's pieces are cut to suit).
+    pub(crate) one_node: bool,
     _universe: Universe,
 }
 
@@ -31,10 +33,11 @@ impl Mpi {
             )));
         }
         let world = universe.world();
-        let local_rank = world.split_shared(world.rank()).rank() as usize;
+        let node = world.split_shared(world.rank());
         Ok(Mpi {
+            local_rank: node.rank() as usize,
+            one_node: node.size() == world.size(),
             world,
-            local_rank,
             _universe: universe,
         })
     }

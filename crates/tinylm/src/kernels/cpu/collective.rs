@@ -2,7 +2,7 @@
 //! buffers. MPI's default error handler ends every rank on a failure, so no call
 //! returns an error.
 
-use crate::distributed::{shard, Mpi, MPI_CHUNK};
+use crate::distributed::{shard, Mpi, MPI_CHUNK, MPI_CHUNK_ONE_NODE};
 use crate::kernels::{Collective, Float, SpanMut, StepStats};
 use crate::Result;
 use mpi::collective::SystemOperation;
@@ -17,6 +17,8 @@ use std::os::raw::c_int;
 pub(super) struct MpiCollective<'w, F> {
     mpi: &'w Mpi,
     scratch: RefCell<Vec<F>>,
+    /// Values per all-reduce call.
+    chunk: usize,
 }
 
 impl<'w, F: Float> MpiCollective<'w, F> {
@@ -24,6 +26,10 @@ impl<'w, F: Float> MpiCollective<'w, F> {
         MpiCollective {
             mpi,
             scratch: RefCell::new(Vec::new()),
+            chunk: match mpi.one_node {
+                true => MPI_CHUNK_ONE_NODE,
+                false => MPI_CHUNK,
+            },
         }
     }
 
@@ -59,7 +65,7 @@ impl<F: Float> Collective<Vec<F>, StepStats> for MpiCollective<'_, F> {
 
     fn all_reduce_sum(&self, buf: SpanMut<Vec<F>>) -> Result<()> {
         let mut scratch = self.scratch.borrow_mut();
-        for chunk in buf.slice().chunks_mut(MPI_CHUNK) {
+        for chunk in buf.slice().chunks_mut(self.chunk) {
             scratch.resize(chunk.len(), F::ZERO);
             // SAFETY: `chunk` and `scratch` are distinct buffers of `chunk.len()` values
             // of the datatype; every rank calls this with the same lengths.
