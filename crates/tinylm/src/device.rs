@@ -5,6 +5,7 @@
 //! the task on it. The CUDA backend exists in builds with the cargo feature `cuda`;
 //! other builds refuse `cuda` with a line that says how to get it.
 
+use crate::distributed::World;
 use crate::kernels::{Backend, Cpu, Precision};
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
@@ -80,6 +81,16 @@ pub fn run_on<T: BackendTask>(device: Device, precision: Precision, task: T) -> 
         Device::Cpu => task.run(Cpu),
         Device::Cuda(ordinal) => run_on_cuda(ordinal, precision, task),
         Device::Auto => unreachable!("resolved above"),
+    }
+}
+
+/// The device of this process as one rank of `world`: `device` resolved, and with
+/// several ranks on GPUs the GPU of its local rank (`cuda` and `cuda:N` alike: one
+/// GPU per rank).
+pub fn rank_device(device: Device, world: &World) -> Result<Device> {
+    match (resolve(device)?, world.ranks()) {
+        (Device::Cuda(_), 2..) => Ok(Device::Cuda(world.local_rank())),
+        (device, _) => Ok(device),
     }
 }
 

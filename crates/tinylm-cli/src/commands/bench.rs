@@ -11,7 +11,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use std::time::Instant;
 use tinylm::config::{Ffn, ModelConfig};
-use tinylm::device::{resolve, run_on, BackendTask, Device};
+use tinylm::device::{rank_device, run_on, BackendTask, Device};
 use tinylm::distributed::{Reduce, World};
 use tinylm::kernels::cpu::linear::{matmul, matmul_isa};
 use tinylm::kernels::cpu::memory::zeroed;
@@ -21,6 +21,7 @@ use tinylm::params::ParamLayout;
 use tinylm::{Model, Result as LmResult};
 
 use super::flags::{show_defaults, DeviceArgs, ModelArgs};
+use super::ranks::as_rank;
 
 /// The flags of `tinylm bench`; `--config` is the old spelling of `--model-config`.
 #[derive(Args, Debug)]
@@ -68,16 +69,9 @@ fn default_model_config() -> ModelConfig {
 }
 
 /// Benchmarks as one rank of the ranks a launcher (`mpirun`, `srun`) started, or
-/// alone. A rank that fails prints its error and ends every rank (MPI_Abort), so
-/// that none waits for it.
+/// alone ([`as_rank`]).
 pub fn run(args: BenchArgs) -> Result<()> {
-    let world = World::from_launcher()?;
-    let result = run_rank(args, &world);
-    if let (Err(err), true) = (&result, world.ranks() > 1) {
-        eprintln!("error: rank {}: {err:#}", world.rank());
-        world.abort(2);
-    }
-    result
+    as_rank(|world| run_rank(args, world))
 }
 
 fn run_rank(args: BenchArgs, world: &World) -> Result<()> {
@@ -115,15 +109,6 @@ fn run_rank(args: BenchArgs, world: &World) -> Result<()> {
         })
 }
 
-/// The device of this rank: with several ranks on GPUs, the GPU of its local rank
-/// (as `tinylm train` takes it).
-fn rank_device(args: &BenchArgs, world: &World) -> Result<Device> {
-    Ok(match (resolve(args.device.device)?, world.ranks()) {
-        (Device::Cuda(_), 2..) => Device::Cuda(world.local_rank()),
-        (device, _) => device,
-    })
-}
-
 /// Model FLOPs of one training step: 6 per parameter of every matrix product
 /// (forward 2, backward 4) per token, plus attention's `QKᵀ` and `PV` as full `T×T`
 /// products (the usual model-FLOPs count; the kernels skip most of the masked
@@ -158,7 +143,7 @@ fn bench(c: &ModelConfig, b: usize, t: usize, args: &BenchArgs, world: &World) -
     let share = b / ranks;
     let mine = world.rank() * share * t..(world.rank() + 1) * share * t;
     let flops = step_flops(c, b, t);
-    let device = rank_device(args, world)?;
+    let device = rank_device(args.device.device, world)?;
     if root {
         println!(
             "model: vocab {} · ctx {} · d_model {} · {} layers · {} heads · d_ff {} · {:?}/{:?}/{:?}",
@@ -336,7 +321,7 @@ fn bench_all_reduce(c: &ModelConfig, args: &BenchArgs, world: &World) -> Result<
     sizes.push(gradient);
     sizes.sort_unstable();
     sizes.dedup();
-    let device = rank_device(args, world)?;
+    let device = rank_device(args.device.device, world)?;
     let times = run_on(
         device,
         args.device.precision,

@@ -10,6 +10,7 @@ pub mod generate;
 pub mod import;
 pub mod info;
 pub mod quickstart;
+pub mod ranks;
 pub mod train;
 
 /// Sizes rayon's global pool for the command: `Some(n)` threads (n ≥ 1), else one per core.

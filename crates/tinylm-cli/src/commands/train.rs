@@ -9,6 +9,7 @@
 //! [`TrainConfig::default`]'s.
 
 use super::flags::{flag, flag_values, parse_spelling, show_defaults, ModelArgs};
+use super::ranks::as_rank;
 use anyhow::{anyhow, ensure, Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -210,26 +211,10 @@ fn read_config(path: &Path) -> Result<Value> {
     value.with_context(|| format!("{}: not a valid configuration", path.display()))
 }
 
-/// Trains as one rank of the ranks a launcher (`mpirun`, `srun`) started, or alone.
-/// A rank that fails prints its error and ends every rank (MPI_Abort), so that none
-/// waits for it; an error every rank meets alike (ranks started differently) is
-/// said by rank 0, and every rank leaves normally.
+/// Trains as one rank of the ranks a launcher (`mpirun`, `srun`) started, or alone
+/// ([`as_rank`]).
 pub fn run(args: TrainArgs) -> Result<()> {
-    {
-        let world = World::from_launcher()?;
-        let result = run_rank(args, &world);
-        let (Err(err), 2..) = (&result, world.ranks()) else {
-            return result;
-        };
-        let shared = matches!(err.downcast_ref(), Some(tinylm::Error::Ranks(_)));
-        if world.is_root() || !shared {
-            eprintln!("error: rank {}: {err:#}", world.rank());
-        }
-        if !shared {
-            world.abort(2);
-        }
-    } // every rank reaches MPI_Finalize here
-    std::process::exit(2);
+    as_rank(|world| run_rank(args, world))
 }
 
 fn run_rank(args: TrainArgs, world: &World) -> Result<()> {

@@ -34,7 +34,7 @@ pub use plot::write_loss_plot;
 
 use crate::checkpoint::{self, check_same_config};
 use crate::data::{Batch, SplitMix64, TokenDataset};
-use crate::device::{resolve, run_on, BackendTask, Device};
+use crate::device::{rank_device, run_on, BackendTask};
 use crate::distributed::{shard, Reduce, World};
 use crate::kernels::{Backend, BatchPart, StepStats};
 use crate::model::Model;
@@ -169,15 +169,6 @@ pub fn train(
         .build()
         .map_err(|e| Error::Config(format!("cannot start {} threads: {e}", cfg.threads)))?
         .install(|| run_on(device, cfg.precision, task))
-}
-
-/// The device of this rank: with several ranks on GPUs, the GPU of its local rank
-/// (`cuda` and `cuda:N` alike: one GPU per rank).
-fn rank_device(device: Device, world: &World) -> Result<Device> {
-    match (resolve(device)?, world.ranks()) {
-        (Device::Cuda(_), 2..) => Ok(Device::Cuda(world.local_rank())),
-        (device, _) => Ok(device),
-    }
 }
 
 /// A training run, on whichever backend its device names.
