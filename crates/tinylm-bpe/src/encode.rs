@@ -14,7 +14,7 @@
 //!   pool, cut only at boundaries where the ids cannot change, written to `.npy`.
 
 use crate::npy::{Dtype, MappedNpy, NpyWriter};
-use crate::pretokenize::{pretokens, SpecialSplitter};
+use crate::pretokenize::{Pattern, SpecialSplitter};
 use crate::{files, invalid, Error, Merges, Result, Vocab};
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
@@ -50,6 +50,7 @@ pub struct Tokenizer {
     whole: BytesMap<u32>,
     specials: SpecialSplitter,
     special_ids: FxHashMap<Vec<u8>, u32>,
+    pattern: Pattern,
 }
 
 /// Buffers of [`Tokenizer::merge`]: a linked list of the parts of a piece and a
@@ -208,6 +209,7 @@ impl Tokenizer {
             whole: BytesMap::default(),
             specials: SpecialSplitter::new(special_tokens),
             special_ids,
+            pattern: Pattern::Gpt2,
         };
         let mut work = MergeWork::default();
         let mut merged = Vec::new();
@@ -237,6 +239,21 @@ impl Tokenizer {
             ),
             other => other,
         })
+    }
+
+    /// The tokenizer with another split pattern (the default is GPT-2's).
+    pub fn with_pattern(mut self, pattern: Pattern) -> Self {
+        self.pattern = pattern;
+        self
+    }
+
+    pub fn pattern(&self) -> &Pattern {
+        &self.pattern
+    }
+
+    /// The special tokens, in the order given.
+    pub fn special_tokens(&self) -> &[String] {
+        self.specials.specials()
     }
 
     /// Number of tokens, special tokens included (ids are `0..vocab_size()`).
@@ -315,7 +332,7 @@ impl Tokenizer {
                 let done = if last {
                     piece.len()
                 } else {
-                    stable_prefix(piece)
+                    self.stable_prefix(piece)
                 };
                 self.encode_piece(piece, done, scratch, out);
                 return pos + done;
@@ -324,6 +341,22 @@ impl Tokenizer {
             out.push(self.special_ids[&bytes[s..e]]);
             pos = e;
         }
+    }
+
+    /// Start of the second-to-last pre-token of `piece` (0 when it has fewer than two): the
+    /// pre-tokens before it are final, whatever text is appended. A custom regex may look
+    /// anywhere, so none of its piece is final before the next special token.
+    fn stable_prefix(&self, piece: &str) -> usize {
+        if !self.pattern.is_named() {
+            return 0;
+        }
+        let (mut before_last, mut last) = (0, 0);
+        let mut pos = 0;
+        for pretoken in self.pattern.pretokens(piece) {
+            (before_last, last) = (last, pos);
+            pos += pretoken.len();
+        }
+        before_last
     }
 
     /// The first position at or after `from` from which the rest of `text` is a proper
@@ -352,7 +385,7 @@ impl Tokenizer {
     #[inline]
     fn encode_piece(&self, piece: &str, end: usize, scratch: &mut Scratch, out: &mut Vec<u32>) {
         let mut start = 0;
-        for pretoken in pretokens(piece) {
+        for pretoken in self.pattern.pretokens(piece) {
             if start >= end {
                 break;
             }
@@ -565,8 +598,9 @@ impl Tokenizer {
 
     /// Positions `0 = b0 < b1 < ... < bk = text.len()` at which `text` can be cut without
     /// changing its ids, about `chunk_bytes` apart: the start of a special-token match,
-    /// or, inside text between specials, a space followed by an ASCII letter (such a
-    /// space always starts a pre-token ` word`, whatever precedes it).
+    /// or, inside text between specials, a space followed by an ASCII letter (under each
+    /// named pattern such a space always starts a pre-token ` word`, whatever precedes
+    /// it; a custom regex's text is cut only at special tokens).
     pub fn chunk_bounds(&self, text: &str, chunk_bytes: usize) -> Vec<usize> {
         let bytes = text.as_bytes();
         let chunk_bytes = chunk_bytes.max(1);
@@ -578,7 +612,7 @@ impl Tokenizer {
                 .find(&bytes[pos..])
                 .map(|(s, e)| (pos + s, pos + e));
             let piece_end = special.map_or(bytes.len(), |(s, _)| s);
-            loop {
+            while self.pattern.is_named() {
                 let from = (bounds[bounds.len() - 1] + chunk_bytes).max(pos + 1);
                 if from >= piece_end {
                     break;
@@ -651,18 +685,6 @@ impl Tokenizer {
             tokens,
         })
     }
-}
-
-/// Start of the second-to-last pre-token of `piece` (0 when it has fewer than two): the
-/// pre-tokens before it are final, whatever text is appended.
-fn stable_prefix(piece: &str) -> usize {
-    let (mut before_last, mut last) = (0, 0);
-    let mut pos = 0;
-    for pretoken in pretokens(piece) {
-        (before_last, last) = (last, pos);
-        pos += pretoken.len();
-    }
-    before_last
 }
 
 /// Length of `bytes` without a trailing incomplete UTF-8 character (at most 3 bytes),

@@ -22,7 +22,7 @@ use std::sync::Mutex;
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
 
-use crate::pretokenize::{pretokens, Piece, SpecialSplitter};
+use crate::pretokenize::{Pattern, Piece, SpecialSplitter};
 use crate::{invalid, Error, Merges, Result, Vocab};
 
 /// Counts of unique pre-tokens (UTF-8 bytes → occurrences).
@@ -38,12 +38,25 @@ pub enum Progress {
 }
 
 /// Options of [`train_bpe_with`].
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Copy)]
 pub struct TrainOptions<'a> {
+    /// The split pattern (default: GPT-2's, CS336's).
+    pub pattern: &'a Pattern,
     /// Replace invalid UTF-8 by U+FFFD instead of failing.
     pub lossy_utf8: bool,
     /// Called from any thread as work gets done.
     pub progress: Option<&'a (dyn Fn(Progress) + Sync)>,
+}
+
+impl Default for TrainOptions<'_> {
+    fn default() -> Self {
+        static GPT2: Pattern = Pattern::Gpt2;
+        TrainOptions {
+            pattern: &GPT2,
+            lossy_utf8: false,
+            progress: None,
+        }
+    }
 }
 
 /// Target size of a chunk of input counted by one task.
@@ -133,13 +146,10 @@ fn check_vocab_size(vocab_size: usize, specials: &[String]) -> Result<()> {
 ///
 /// - No occurrence of a special straddles `q` (then the leftmost-longest special
 ///   matches before and after `q` are those of the whole text), and
-/// - a special starts at `q`, or the valid UTF-8 chars around `q` are a letter or digit
-///   then a non-space of another class: the pre-token holding the first is a letter or
-///   digit run (or a contraction) that must end at `q`, and the pattern has no
-///   look-behind, so matching from `q` does not depend on what comes before. (UTF-8
-///   resynchronizes at a lead byte, so lossy decoding keeps both chars as they are.)
-fn is_cut(bytes: &[u8], q: usize, specials: &[&[u8]]) -> bool {
-    use crate::pretokenize::{class_of, Class};
+/// - a special starts at `q`, or the valid UTF-8 chars around `q` are a
+///   [`Pattern::boundary`] (never for a custom regex: its text is cut only at specials).
+///   UTF-8 resynchronizes at a lead byte, so lossy decoding keeps both chars as they are.
+fn is_cut(bytes: &[u8], q: usize, specials: &[&[u8]], pattern: &Pattern) -> bool {
     let straddled = specials
         .iter()
         .any(|s| (1..s.len().min(q + 1)).any(|k| bytes[q - k..].starts_with(s)));
@@ -158,10 +168,7 @@ fn is_cut(bytes: &[u8], q: usize, specials: &[&[u8]]) -> bool {
     };
     let before = (1..=q.min(4)).find_map(|n| char_in(q - n, q));
     let after = (1..=4).find_map(|n| char_in(q, q + n));
-    match (before.map(class_of), after.map(class_of)) {
-        (Some(l @ (Class::Letter | Class::Number)), Some(r)) => r != Class::Space && r != l,
-        _ => false,
-    }
+    matches!((before, after), (Some(l), Some(r)) if pattern.boundary(l, r))
 }
 
 /// Chunk ranges of about `chunk_bytes` each, cut where [`is_cut`] holds; each byte
@@ -169,6 +176,7 @@ fn is_cut(bytes: &[u8], q: usize, specials: &[&[u8]]) -> bool {
 fn chunks(
     bytes: &[u8],
     specials: &[&[u8]],
+    pattern: &Pattern,
     chunk_bytes: usize,
     release: &dyn Fn(usize, usize),
 ) -> Vec<(usize, usize)> {
@@ -177,7 +185,7 @@ fn chunks(
     while start < bytes.len() {
         let target = start.saturating_add(chunk_bytes.max(1)).min(bytes.len());
         let mut end = target;
-        while end < bytes.len() && !is_cut(bytes, end, specials) {
+        while end < bytes.len() && !is_cut(bytes, end, specials, pattern) {
             end += 1;
         }
         release(target, end);
@@ -189,17 +197,13 @@ fn chunks(
 
 /// Counts the pre-tokens of `bytes` (UTF-8 text; specials split it and are not counted),
 /// counting chunks of about `chunk_bytes` in parallel. Invalid UTF-8 is an error naming
-/// its byte offset, unless `lossy_utf8`.
+/// its byte offset, unless `options.lossy_utf8`.
 pub fn count_pretokens(
     bytes: &[u8],
     special_tokens: &[String],
     chunk_bytes: usize,
-    lossy_utf8: bool,
+    options: TrainOptions,
 ) -> Result<PretokenCounts> {
-    let options = TrainOptions {
-        lossy_utf8,
-        progress: None,
-    };
     count_pretokens_with(bytes, special_tokens, chunk_bytes, options, &|_, _| {})
 }
 
@@ -222,7 +226,13 @@ fn count_pretokens_with(
         );
         release(from, to - from);
     };
-    let ranges = chunks(bytes, &special_bytes, chunk_bytes, &release_around);
+    let ranges = chunks(
+        bytes,
+        &special_bytes,
+        options.pattern,
+        chunk_bytes,
+        &release_around,
+    );
     let done = AtomicU64::new(0);
     // The smallest byte offset of invalid UTF-8 found so far; later chunks are skipped.
     let first_invalid = AtomicUsize::new(usize::MAX);
@@ -245,7 +255,7 @@ fn count_pretokens_with(
         let mut counter = idle.lock().expect("no panics").pop().unwrap_or_default();
         for piece in splitter.split(&text) {
             if let Piece::Text(t) = piece {
-                for token in pretokens(t) {
+                for token in options.pattern.pretokens(t) {
                     counter.add(token.as_bytes());
                 }
             }
@@ -551,14 +561,15 @@ mod tests {
     #[test]
     fn real_text_has_cuts_everywhere() {
         let text = "Hello, world. Ça va? 中文，很好。 42x\n".repeat(100);
-        let ranges = chunks(text.as_bytes(), &[b"<|endoftext|>"], 16, &|_, _| {});
+        let gpt2 = Pattern::Gpt2;
+        let ranges = chunks(text.as_bytes(), &[b"<|endoftext|>"], &gpt2, 16, &|_, _| {});
         assert!(ranges.len() > text.len() / 40, "{} chunks", ranges.len());
         assert!(ranges.windows(2).all(|r| r[0].1 == r[1].0));
         assert_eq!((ranges[0].0, ranges.last().unwrap().1), (0, text.len()));
         // Inside a special token is never a cut; its start is.
         let text = "abc<|endoftext|>def";
         let cuts: Vec<usize> = (1..text.len())
-            .filter(|&q| is_cut(text.as_bytes(), q, &[b"<|endoftext|>"]))
+            .filter(|&q| is_cut(text.as_bytes(), q, &[b"<|endoftext|>"], &gpt2))
             .collect();
         assert_eq!(cuts, [3]);
     }

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use proptest::prelude::*;
-use tinylm_bpe::pretokenize::GPT2_PATTERN;
+use tinylm_bpe::pretokenize::{Pattern, GPT2_PATTERN};
 use tinylm_bpe::train::{
     count_pretokens, train_bpe, train_bpe_with, train_from_counts, PretokenCounts, TrainOptions,
 };
@@ -191,7 +191,7 @@ fn naive(text: &str, vocab_size: usize, specials: &[String]) -> (Vocab, Merges) 
 /// Text from a small alphabet, so that pairs repeat and counts tie often.
 fn corpus() -> impl Strategy<Value = String> {
     let piece = prop_oneof![
-        6 => prop::sample::select(vec!["a", "b", "ab", "ba", " ", " ", "\n", "e", "é", "'s", "1", ".", "<|eot|>", "<|x|>", "中", "，", "\u{301}", "١", "\u{a0}"]).prop_map(String::from),
+        6 => prop::sample::select(vec!["a", "b", "ab", "ba", " ", " ", "\n", "e", "é", "'s", "1", ".", "<|eot|>", "<|x|>", "中", "，", "\u{301}", "١", "\u{a0}", "A", "AB", "'S", "\r\n", "/", "ʰ", "123"]).prop_map(String::from),
         1 => any::<char>().prop_map(String::from),
     ];
     prop::collection::vec(piece, 0..120).prop_map(|v| v.concat())
@@ -213,11 +213,17 @@ proptest! {
     }
 
     #[test]
-    fn chunked_counting_equals_whole_text_counting(text in corpus(), chunk in 1usize..40, which in 0usize..2) {
+    fn chunked_counting_equals_whole_text_counting(
+        text in corpus(),
+        chunk in 1usize..40,
+        which in 0usize..2,
+        pattern in 0usize..4,
+    ) {
         let specials: Vec<String> = [vec![], vec!["<|eot|>", "<|x|>"]][which]
             .iter().map(|s| s.to_string()).collect();
-        let whole = count_pretokens(text.as_bytes(), &specials, usize::MAX, false).unwrap();
-        let chunked = count_pretokens(text.as_bytes(), &specials, chunk, false).unwrap();
+        let pattern = &patterns()[pattern];
+        let whole = count_pretokens(text.as_bytes(), &specials, usize::MAX, options(pattern, false)).unwrap();
+        let chunked = count_pretokens(text.as_bytes(), &specials, chunk, options(pattern, false)).unwrap();
         prop_assert_eq!(sorted(chunked), sorted(whole));
     }
 
@@ -226,15 +232,32 @@ proptest! {
         text in corpus(),
         bad in prop::collection::vec((any::<prop::sample::Index>(), prop::sample::select(vec![0x80u8, 0xbf, 0xc3, 0xe2, 0xf0, 0xff])), 1..6),
         chunk in 1usize..40,
+        pattern in 0usize..4,
     ) {
+        let pattern = &patterns()[pattern];
         let mut bytes = text.into_bytes();
         for (at, b) in bad {
             bytes.insert(at.index(bytes.len() + 1), b);
         }
         let specials = ["<|eot|>".to_string()];
-        let whole = count_pretokens(&bytes, &specials, usize::MAX, true).unwrap();
-        let chunked = count_pretokens(&bytes, &specials, chunk, true).unwrap();
+        let whole = count_pretokens(&bytes, &specials, usize::MAX, options(pattern, true)).unwrap();
+        let chunked = count_pretokens(&bytes, &specials, chunk, options(pattern, true)).unwrap();
         prop_assert_eq!(sorted(chunked), sorted(whole));
+    }
+}
+
+/// Every named pattern and a custom regex with a look-behind.
+fn patterns() -> Vec<Pattern> {
+    let mut all: Vec<Pattern> = Pattern::NAMES.iter().map(|n| Pattern::parse(n).unwrap()).collect();
+    all.push(Pattern::parse(r"(?<=\p{L})\p{L}+|\p{N}{1,2}|\s+|.").unwrap());
+    all
+}
+
+fn options(pattern: &Pattern, lossy_utf8: bool) -> TrainOptions<'_> {
+    TrainOptions {
+        pattern,
+        lossy_utf8,
+        progress: None,
     }
 }
 
@@ -250,10 +273,14 @@ fn chunked_counting_equals_whole_on_real_text() {
         text.push_str(&extra);
     }
     let specials = ["<|endoftext|>".to_string()];
-    let whole = sorted(count_pretokens(text.as_bytes(), &specials, usize::MAX, false).unwrap());
-    for chunk in [1, 7, 100, 4096] {
-        let chunked = count_pretokens(text.as_bytes(), &specials, chunk, false).unwrap();
-        assert_eq!(sorted(chunked), whole, "chunk {chunk}");
+    for pattern in &patterns() {
+        let count = |chunk| {
+            sorted(count_pretokens(text.as_bytes(), &specials, chunk, options(pattern, false)).unwrap())
+        };
+        let whole = count(usize::MAX);
+        for chunk in [1, 7, 100, 4096] {
+            assert_eq!(count(chunk), whole, "{} in chunks of {chunk}", pattern.name());
+        }
     }
 }
 

@@ -25,7 +25,7 @@ use tinylm::train::{evaluate, train, Schedule, TrainConfig, TrainSummary};
 use tinylm::{checkpoint, Model, ModelConfig};
 use tinylm_bpe::encode::Tokenizer;
 use tinylm_bpe::npy::{Dtype, NpyWriter};
-use tinylm_bpe::train::{count_pretokens, train_from_counts};
+use tinylm_bpe::train::{count_pretokens, train_from_counts, TrainOptions};
 
 /// The corpus used when `--corpus` is not given, relative to the project root.
 const DEFAULT_CORPUS: &str = "../shared/data/tinystories_combined.txt";
@@ -203,7 +203,12 @@ fn quickstart(s: &Settings) -> Result<()> {
     );
     let t0 = Instant::now();
     let specials = [END_OF_TEXT.to_string()];
-    let counts = count_pretokens(train_text.as_bytes(), &specials, 1 << 20, false)?;
+    let counts = count_pretokens(
+        train_text.as_bytes(),
+        &specials,
+        1 << 20,
+        TrainOptions::default(),
+    )?;
     let (vocab, merges) = train_from_counts(counts, s.vocab_size, &specials, None);
     let tokenizer_dir = out.join("tokenizer");
     tinylm_bpe::files::save_tokenizer(&tokenizer_dir, &vocab, &merges)?;

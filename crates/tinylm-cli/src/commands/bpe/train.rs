@@ -8,6 +8,7 @@ use anyhow::{bail, Context};
 use clap::Args;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use tinylm_bpe::files::save_tokenizer;
+use tinylm_bpe::pretokenize::Pattern;
 use tinylm_bpe::train::{train_bpe_with, Progress, TrainOptions};
 
 #[derive(Args)]
@@ -30,6 +31,14 @@ pub struct TrainArgs {
     /// Worker threads for pre-tokenization (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
+    /// Split pattern: `gpt2` (CS336's), `gpt4` (cl100k), `o200k`, or a regex.
+    #[arg(long, default_value = "gpt2", value_parser = parse_pattern)]
+    pattern: Pattern,
+}
+
+/// `--pattern`'s parser: a named pattern or a regex (a bad regex names its position).
+pub fn parse_pattern(spec: &str) -> Result<Pattern, String> {
+    Pattern::parse(spec).map_err(|e| e.to_string())
 }
 
 pub fn run(args: TrainArgs) -> anyhow::Result<()> {
@@ -55,7 +64,13 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
             })
             .set_position(done as u64),
     };
+    if !args.pattern.is_named() {
+        eprintln!(
+            "note: a custom split pattern may look anywhere in its text, so the input is cut for parallel pre-tokenization only at special tokens"
+        );
+    }
     let options = TrainOptions {
+        pattern: &args.pattern,
         lossy_utf8: args.lossy,
         progress: Some(&report),
     };
