@@ -31,7 +31,8 @@ pub type PretokenCounts = FxHashMap<Vec<u8>, u64>;
 /// Progress reports, for a progress bar.
 #[derive(Clone, Copy, Debug)]
 pub enum Progress {
-    /// `done` of `total` input bytes are pre-tokenized and counted.
+    /// `done` of `total` input bytes are pre-tokenized and counted (`total` is 0 when
+    /// unknown: texts from an iterator).
     Pretokenized { done: u64, total: u64 },
     /// `done` of at most `total` merges are made.
     Merged { done: usize, total: usize },
@@ -253,13 +254,7 @@ fn count_pretokens_with(
             }
         };
         let mut counter = idle.lock().expect("no panics").pop().unwrap_or_default();
-        for piece in splitter.split(&text) {
-            if let Piece::Text(t) = piece {
-                for token in options.pattern.pretokens(t) {
-                    counter.add(token.as_bytes());
-                }
-            }
-        }
+        counter.add_text(&text, &splitter, options.pattern);
         idle.lock().expect("no panics").push(counter);
         release_around(start, end);
         let done = done.fetch_add((end - start) as u64, Ordering::Relaxed) + (end - start) as u64;
@@ -281,6 +276,108 @@ fn count_pretokens_with(
     }
 }
 
+/// Counts the pre-tokens of texts that arrive in batches (Python's `train_from_iterator`):
+/// each text is a document of its own (no pre-token spans two), and memory holds the
+/// counts, not the texts. Long texts are cut where [`is_cut`] holds and counted in
+/// parallel like a file.
+pub struct PretokenCounter<'p> {
+    pattern: &'p Pattern,
+    specials: Vec<String>,
+    splitter: SpecialSplitter,
+    /// One counter per busy thread, kept between batches.
+    idle: Mutex<Vec<Counter>>,
+}
+
+impl<'p> PretokenCounter<'p> {
+    pub fn new(special_tokens: &[String], pattern: &'p Pattern) -> Result<Self> {
+        let specials = dedup_specials(special_tokens)?;
+        Ok(PretokenCounter {
+            pattern,
+            splitter: SpecialSplitter::new(&specials),
+            specials,
+            idle: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Counts the pre-tokens of each of `texts`, on the current rayon pool.
+    pub fn add<S: AsRef<str> + Sync>(&self, texts: &[S]) {
+        let special_bytes: Vec<&[u8]> = self.specials.iter().map(|s| s.as_bytes()).collect();
+        let pieces: Vec<&str> = texts
+            .iter()
+            .flat_map(|t| {
+                let t = t.as_ref();
+                chunks(
+                    t.as_bytes(),
+                    &special_bytes,
+                    self.pattern,
+                    CHUNK_BYTES,
+                    &|_, _| {},
+                )
+                .into_iter()
+                .map(move |(a, b)| &t[a..b])
+            })
+            .collect();
+        pieces.par_iter().for_each(|piece| {
+            let mut counter = self
+                .idle
+                .lock()
+                .expect("no panics")
+                .pop()
+                .unwrap_or_default();
+            counter.add_text(piece, &self.splitter, self.pattern);
+            self.idle.lock().expect("no panics").push(counter);
+        });
+    }
+
+    /// The counts so far, and the special tokens (without repeats) to train with.
+    pub fn finish(self) -> (PretokenCounts, Vec<String>) {
+        let counters = self.idle.into_inner().expect("no panics");
+        let counts = counters
+            .into_iter()
+            .reduce(Counter::merge)
+            .unwrap_or_default();
+        (counts.into_counts(), self.specials)
+    }
+}
+
+/// Trains on the texts of `texts` (each a document of its own), reading batches of
+/// about `batch_bytes` at a time: memory follows the unique pre-tokens, not the text.
+pub fn train_from_texts<I, S>(
+    texts: I,
+    vocab_size: usize,
+    special_tokens: &[String],
+    options: TrainOptions,
+    batch_bytes: usize,
+) -> Result<(Vocab, Merges)>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<str> + Sync,
+{
+    let counter = PretokenCounter::new(special_tokens, options.pattern)?;
+    check_vocab_size(vocab_size, &counter.specials)?;
+    let (mut batch, mut bytes, mut done) = (Vec::new(), 0, 0u64);
+    for text in texts {
+        bytes += text.as_ref().len();
+        batch.push(text);
+        if bytes >= batch_bytes {
+            counter.add(&batch);
+            done += bytes as u64;
+            if let Some(report) = options.progress {
+                report(Progress::Pretokenized { done, total: 0 });
+            }
+            (bytes, batch) = (0, Vec::new());
+        }
+    }
+    counter.add(&batch);
+    let (counts, specials) = counter.finish();
+    Ok(train_from_counts(
+        counts,
+        vocab_size,
+        &specials,
+        options.progress,
+    ))
+}
+
 /// Pre-token counts while counting: tokens of up to 15 bytes are packed into a `u128`
 /// (bytes, then the length in the top byte), which hashes and compares in a few
 /// instructions; longer ones are keyed by their bytes.
@@ -291,6 +388,17 @@ struct Counter {
 }
 
 impl Counter {
+    /// Counts the pre-tokens of `text`, split at special tokens (not counted).
+    fn add_text(&mut self, text: &str, splitter: &SpecialSplitter, pattern: &Pattern) {
+        for piece in splitter.split(text) {
+            if let Piece::Text(t) = piece {
+                for token in pattern.pretokens(t) {
+                    self.add(token.as_bytes());
+                }
+            }
+        }
+    }
+
     #[inline]
     fn add(&mut self, token: &[u8]) {
         if token.len() < 16 {

@@ -8,12 +8,32 @@ use std::io::Read;
 use std::sync::OnceLock;
 use tinylm_bpe::encode::Tokenizer;
 use tinylm_bpe::npy::{Dtype, MappedNpy};
+use tinylm_bpe::pretokenize::Pattern;
 
 /// GPT-2 with specials that overlap each other and whitespace: `\n\n` cuts whitespace
 /// runs, `<|endoftext|><|endoftext|>` extends `<|endoftext|>`.
 fn with_specials() -> &'static Tokenizer {
     static CELL: OnceLock<Tokenizer> = OnceLock::new();
     CELL.get_or_init(|| tokenizer(&[EOT, "<|endoftext|><|endoftext|>", "\n\n", "<|pad|>"]))
+}
+
+/// The same tokenizer under each named split pattern and a custom regex (which may
+/// look behind, so its text is final only at special tokens).
+fn every_pattern() -> &'static [Tokenizer] {
+    static CELL: OnceLock<Vec<Tokenizer>> = OnceLock::new();
+    CELL.get_or_init(|| {
+        let custom = r"(?<=[a-z])[a-z]+|\p{N}{1,2}|\s+|.";
+        Pattern::NAMES
+            .iter()
+            .copied()
+            .chain([custom])
+            .map(|p| {
+                with_specials()
+                    .clone()
+                    .with_pattern(Pattern::parse(p).unwrap())
+            })
+            .collect()
+    })
 }
 
 /// `text` cut at the given byte positions, each moved back to a char boundary.
@@ -59,6 +79,10 @@ fn tricky_text() -> impl Strategy<Value = String> {
         1 => Just("<|pad|>".to_string()),
         1 => Just("<|".to_string()),
         1 => "[\u{a0}\u{3000}\u{85}é中👋]{1,2}",
+        1 => "[A-Z]{1,3}[a-z]{0,2}",
+        1 => "'(S|T|LL|ſ)",
+        1 => "[0-9]{1,7}",
+        1 => "[\r\n/ʰǅ\u{301}]{1,3}",
     ];
     prop::collection::vec(piece, 0..40).prop_map(|v| v.concat())
 }
@@ -71,10 +95,11 @@ proptest! {
         text in tricky_text(),
         cuts in prop::collection::vec(any::<usize>(), 0..12),
     ) {
-        let tok = with_specials();
-        let whole = tok.encode(&text);
-        let streamed: Vec<u32> = tok.encode_iter(chunks(&text, &cuts)).collect();
-        prop_assert_eq!(&streamed, &whole);
+        for tok in every_pattern() {
+            let whole = tok.encode(&text);
+            let streamed: Vec<u32> = tok.encode_iter(chunks(&text, &cuts)).collect();
+            prop_assert_eq!(&streamed, &whole, "{}", tok.pattern().name());
+        }
         let plain = gpt2();
         let streamed: Vec<u32> = plain.encode_iter(chunks(&text, &cuts)).collect();
         prop_assert_eq!(streamed, plain.encode(&text));
@@ -85,46 +110,55 @@ proptest! {
         text in tricky_text(),
         sizes in prop::collection::vec(1usize..9, 1..6),
     ) {
-        let tok = with_specials();
-        let reader = Trickle { bytes: text.as_bytes(), sizes, step: 0 };
-        let ids: Vec<u32> = tok.encode_reader(reader).collect::<Result<_, _>>().unwrap();
-        prop_assert_eq!(ids, tok.encode(&text));
+        for tok in every_pattern() {
+            let reader = Trickle { bytes: text.as_bytes(), sizes: sizes.clone(), step: 0 };
+            let ids: Vec<u32> = tok.encode_reader(reader).collect::<Result<_, _>>().unwrap();
+            prop_assert_eq!(ids, tok.encode(&text), "{}", tok.pattern().name());
+        }
     }
 
     #[test]
     fn parallel_equals_encode(text in tricky_text(), chunk_bytes in 1usize..40) {
-        let tok = with_specials();
-        let mut ids = Vec::new();
-        let mut covered = 0;
-        tok.encode_parallel(&text, chunk_bytes, |chunk, n| {
-            ids.extend_from_slice(chunk);
-            covered += n;
-            Ok(())
-        }).unwrap();
-        prop_assert_eq!(covered, text.len());
-        prop_assert_eq!(ids, tok.encode(&text));
+        for tok in every_pattern() {
+            let mut ids = Vec::new();
+            let mut covered = 0;
+            tok.encode_parallel(&text, chunk_bytes, |chunk, n| {
+                ids.extend_from_slice(chunk);
+                covered += n;
+                Ok(())
+            }).unwrap();
+            prop_assert_eq!(covered, text.len());
+            prop_assert_eq!(ids, tok.encode(&text), "{}", tok.pattern().name());
+        }
     }
 }
 
 #[test]
 fn every_cut_of_tricky_strings() {
-    let tok = with_specials();
-    for text in [
-        "a   b\n\n\n  c",
-        "it'll we've they're 'l 'v",
-        "<|endoftext|><|endoftext|><|endoftext|>x<|endoftext|",
-        "x<|endoftext|>\n\n \n\n\n<|pad|><|pa",
-        "  \u{a0} \u{3000}\t\r\n 中文 👋🏽!!",
-    ] {
-        let whole = tok.encode(text);
-        for i in 0..=text.len() {
-            for j in i..=text.len() {
-                let got: Vec<u32> = tok.encode_iter(chunks(text, &[i, j])).collect();
-                assert_eq!(got, whole, "text {text:?} cut at {i} and {j}");
+    for tok in every_pattern() {
+        for text in [
+            "a   b\n\n\n  c",
+            "it'll we've they're 'l 'v",
+            "<|endoftext|><|endoftext|><|endoftext|>x<|endoftext|",
+            "x<|endoftext|>\n\n \n\n\n<|pad|><|pa",
+            "  \u{a0} \u{3000}\t\r\n 中文 👋🏽!!",
+            "HTTPServer can'T 1234567 a\r\n \n/x ʰAB x\u{301}",
+        ] {
+            let whole = tok.encode(text);
+            for i in 0..=text.len() {
+                for j in i..=text.len() {
+                    let got: Vec<u32> = tok.encode_iter(chunks(text, &[i, j])).collect();
+                    assert_eq!(
+                        got,
+                        whole,
+                        "{}: text {text:?} cut at {i} and {j}",
+                        tok.pattern().name()
+                    );
+                }
             }
+            let one_char_each: Vec<String> = text.chars().map(String::from).collect();
+            assert_eq!(tok.encode_iter(one_char_each).collect::<Vec<_>>(), whole);
         }
-        let one_char_each: Vec<String> = text.chars().map(String::from).collect();
-        assert_eq!(tok.encode_iter(one_char_each).collect::<Vec<_>>(), whole);
     }
 }
 

@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use proptest::prelude::*;
 use tinylm_bpe::pretokenize::{Pattern, GPT2_PATTERN};
 use tinylm_bpe::train::{
-    count_pretokens, train_bpe, train_bpe_with, train_from_counts, PretokenCounts, TrainOptions,
+    count_pretokens, train_bpe, train_bpe_with, train_from_counts, train_from_texts,
+    PretokenCounts, TrainOptions,
 };
 use tinylm_bpe::{Merges, Vocab};
 
@@ -248,7 +249,10 @@ proptest! {
 
 /// Every named pattern and a custom regex with a look-behind.
 fn patterns() -> Vec<Pattern> {
-    let mut all: Vec<Pattern> = Pattern::NAMES.iter().map(|n| Pattern::parse(n).unwrap()).collect();
+    let mut all: Vec<Pattern> = Pattern::NAMES
+        .iter()
+        .map(|n| Pattern::parse(n).unwrap())
+        .collect();
     all.push(Pattern::parse(r"(?<=\p{L})\p{L}+|\p{N}{1,2}|\s+|.").unwrap());
     all
 }
@@ -275,11 +279,19 @@ fn chunked_counting_equals_whole_on_real_text() {
     let specials = ["<|endoftext|>".to_string()];
     for pattern in &patterns() {
         let count = |chunk| {
-            sorted(count_pretokens(text.as_bytes(), &specials, chunk, options(pattern, false)).unwrap())
+            sorted(
+                count_pretokens(text.as_bytes(), &specials, chunk, options(pattern, false))
+                    .unwrap(),
+            )
         };
         let whole = count(usize::MAX);
         for chunk in [1, 7, 100, 4096] {
-            assert_eq!(count(chunk), whole, "{} in chunks of {chunk}", pattern.name());
+            assert_eq!(
+                count(chunk),
+                whole,
+                "{} in chunks of {chunk}",
+                pattern.name()
+            );
         }
     }
 }
@@ -375,4 +387,40 @@ fn cs336_corpus_agrees_with_naive_when_present() {
     assert_eq!(merges.len(), 500 - 257);
     assert_eq!(merges[0], (b" ".to_vec(), b"t".to_vec()));
     assert_eq!((vocab, merges), naive(&text, 500, &specials));
+}
+
+/// Texts from an iterator, each a document, train as the file of the same documents
+/// separated by a special token (specials are hard boundaries), under every pattern.
+#[test]
+fn training_from_texts_equals_training_on_the_joined_file() {
+    let docs: Vec<String> = (0..300)
+        .map(|i| {
+            format!(
+                "Doc {i}: It's HTTPServer's {} day, we'RE at 12345 / 6.\r\n",
+                i * 7919
+            )
+        })
+        .chain([include_str!("fixtures/mixed.txt").to_string()])
+        .collect();
+    let specials = ["<|endoftext|>".to_string()];
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_tmp(
+        dir.path(),
+        "docs.txt",
+        docs.join("<|endoftext|>").as_bytes(),
+    );
+    for pattern in &patterns() {
+        let from_file = train_bpe_with(&path, 600, &specials, options(pattern, false)).unwrap();
+        for batch_bytes in [1, 1000, usize::MAX] {
+            let from_texts =
+                train_from_texts(&docs, 600, &specials, options(pattern, false), batch_bytes)
+                    .unwrap();
+            assert_eq!(
+                from_texts,
+                from_file,
+                "{} in batches of {batch_bytes}",
+                pattern.name()
+            );
+        }
+    }
 }
