@@ -272,6 +272,23 @@ impl Tokenizer {
         out
     }
 
+    /// The ids of each of `texts`, on the current rayon pool; each worker's cache stays
+    /// warm across the texts it encodes.
+    pub fn encode_batch<S: AsRef<str> + Sync>(&self, texts: &[S]) -> Vec<Vec<u32>> {
+        texts
+            .par_iter()
+            .map_init(
+                || Scratch::new(CACHE_ENTRIES),
+                |scratch, text| {
+                    let text = text.as_ref();
+                    let mut out = Vec::with_capacity(text.len() / 4);
+                    self.encode_into(text, true, scratch, &mut out);
+                    out
+                },
+            )
+            .collect()
+    }
+
     /// The bytes of `ids`, concatenated; an id out of range is an error naming it.
     pub fn decode_bytes(&self, ids: &[u32]) -> Result<Vec<u8>> {
         let mut out = Vec::with_capacity(ids.len() * 4);

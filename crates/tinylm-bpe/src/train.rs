@@ -82,8 +82,41 @@ pub fn train_bpe_with(
     special_tokens: &[String],
     options: TrainOptions,
 ) -> Result<(Vocab, Merges)> {
+    train_bpe_files(&[path], vocab_size, special_tokens, options)
+}
+
+/// [`train_bpe_with`] on several text files, each a document of its own (no pre-token
+/// spans two files); they are counted one after the other.
+pub fn train_bpe_files<P: AsRef<Path>>(
+    paths: &[P],
+    vocab_size: usize,
+    special_tokens: &[String],
+    options: TrainOptions,
+) -> Result<(Vocab, Merges)> {
     let specials = dedup_specials(special_tokens)?;
     check_vocab_size(vocab_size, &specials)?;
+    let mut counts = PretokenCounts::default();
+    for path in paths {
+        let file_counts = count_file(path.as_ref(), &specials, options)?;
+        if counts.is_empty() {
+            counts = file_counts;
+        } else {
+            for (token, n) in file_counts {
+                *counts.entry(token).or_default() += n;
+            }
+        }
+    }
+    Ok(train_from_counts(
+        counts,
+        vocab_size,
+        &specials,
+        options.progress,
+    ))
+}
+
+/// The pre-token counts of the text file at `path`, memory-mapped and counted in
+/// parallel; its pages are released as they are counted.
+fn count_file(path: &Path, specials: &[String], options: TrainOptions) -> Result<PretokenCounts> {
     let file = File::open(path).map_err(|e| Error::io(path, e))?;
     let meta = file.metadata().map_err(|e| Error::io(path, e))?;
     if meta.is_dir() {
@@ -92,29 +125,21 @@ pub fn train_bpe_with(
             path.display()
         ));
     }
-    let counts = if meta.len() == 0 {
-        PretokenCounts::default()
-    } else {
-        // SAFETY: the map is read-only; the file must not be truncated while we train,
-        // as with any memory-mapped input.
-        let mmap = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
-        let _ = mmap.advise(memmap2::Advice::Sequential);
-        let release = |start: usize, len: usize| {
-            // SAFETY: the map is a read-only file mapping; dropped pages are read again
-            // from the file if touched, and no key borrows from the map.
-            let _ = unsafe {
-                mmap.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, len)
-            };
-        };
-        count_pretokens_with(&mmap, &specials, CHUNK_BYTES, options, &release)
-            .map_err(|e| invalid!("{}: {e}", path.display()))?
+    if meta.len() == 0 {
+        return Ok(PretokenCounts::default());
+    }
+    // SAFETY: the map is read-only; the file must not be truncated while we train,
+    // as with any memory-mapped input.
+    let mmap = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+    let _ = mmap.advise(memmap2::Advice::Sequential);
+    let release = |start: usize, len: usize| {
+        // SAFETY: the map is a read-only file mapping; dropped pages are read again
+        // from the file if touched, and no key borrows from the map.
+        let _ =
+            unsafe { mmap.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, len) };
     };
-    Ok(train_from_counts(
-        counts,
-        vocab_size,
-        &specials,
-        options.progress,
-    ))
+    count_pretokens_with(&mmap, specials, CHUNK_BYTES, options, &release)
+        .map_err(|e| invalid!("{}: {e}", path.display()))
 }
 
 /// `special_tokens` without repeats (first occurrence kept); an empty one is an error.

@@ -238,3 +238,14 @@ fn file_encoding_equals_encode_on_two_threads() {
         0
     );
 }
+
+#[test]
+fn batch_equals_encode_of_each_text() {
+    let texts: Vec<String> = (0..200u64)
+        .map(|i| generated_text(i, 30 + i as usize * 7))
+        .collect();
+    for tok in every_pattern() {
+        let want: Vec<Vec<u32>> = texts.iter().map(|t| tok.encode(t)).collect();
+        assert_eq!(tok.encode_batch(&texts), want, "{}", tok.pattern().name());
+    }
+}

@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use proptest::prelude::*;
 use tinylm_bpe::pretokenize::{Pattern, GPT2_PATTERN};
 use tinylm_bpe::train::{
-    count_pretokens, train_bpe, train_bpe_with, train_from_counts, train_from_texts,
-    PretokenCounts, TrainOptions,
+    count_pretokens, train_bpe, train_bpe_files, train_bpe_with, train_from_counts,
+    train_from_texts, PretokenCounts, TrainOptions,
 };
 use tinylm_bpe::{Merges, Vocab};
 
