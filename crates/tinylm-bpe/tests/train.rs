@@ -248,7 +248,10 @@ proptest! {
 
 /// Every named pattern and a custom regex with a look-behind.
 fn patterns() -> Vec<Pattern> {
-    let mut all: Vec<Pattern> = Pattern::NAMES.iter().map(|n| Pattern::parse(n).unwrap()).collect();
+    let mut all: Vec<Pattern> = Pattern::NAMES
+        .iter()
+        .map(|n| Pattern::parse(n).unwrap())
+        .collect();
     all.push(Pattern::parse(r"(?<=\p{L})\p{L}+|\p{N}{1,2}|\s+|.").unwrap());
     all
 }
@@ -275,11 +278,19 @@ fn chunked_counting_equals_whole_on_real_text() {
     let specials = ["<|endoftext|>".to_string()];
     for pattern in &patterns() {
         let count = |chunk| {
-            sorted(count_pretokens(text.as_bytes(), &specials, chunk, options(pattern, false)).unwrap())
+            sorted(
+                count_pretokens(text.as_bytes(), &specials, chunk, options(pattern, false))
+                    .unwrap(),
+            )
         };
         let whole = count(usize::MAX);
         for chunk in [1, 7, 100, 4096] {
-            assert_eq!(count(chunk), whole, "{} in chunks of {chunk}", pattern.name());
+            assert_eq!(
+                count(chunk),
+                whole,
+                "{} in chunks of {chunk}",
+                pattern.name()
+            );
         }
     }
 }

@@ -47,4 +47,3 @@ pub(super) fn match_end(s: &str, i: usize) -> usize {
         j
     }
 }
-

@@ -371,7 +371,10 @@ mod tests {
         assert_eq!(Pattern::parse(GPT4_PATTERN).unwrap(), Pattern::Gpt4);
         assert_eq!(Pattern::parse(GPT2_PATTERN).unwrap(), Pattern::Gpt2);
         let err = Pattern::parse(r"(\p{L}+").unwrap_err().to_string();
-        assert!(err.contains(r#""(\\p{L}+""#) && err.contains("at byte"), "{err}");
+        assert!(
+            err.contains(r#""(\\p{L}+""#) && err.contains("at byte"),
+            "{err}"
+        );
     }
 
     #[test]

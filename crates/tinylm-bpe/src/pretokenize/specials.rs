@@ -86,4 +86,3 @@ impl<'a> Iterator for Pieces<'a> {
         None
     }
 }
-

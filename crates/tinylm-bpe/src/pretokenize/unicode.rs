@@ -88,7 +88,6 @@ pub(super) fn run_end(s: &str, mut i: usize, class: Class) -> usize {
     i
 }
 
-
 /// The kind of a character for o200k's pattern.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Kind {
