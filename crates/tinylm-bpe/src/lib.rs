@@ -6,7 +6,7 @@
 //! - [`train`]: BPE training (`train_bpe`).
 //! - [`encode`]: the [`encode::Tokenizer`]: encode, streaming encode, decode.
 //! - [`files`]: a tokenizer's definition ([`files::Bpe`]) and its files: GPT-2
-//!   `vocab.json` / `merges.txt`, Hugging Face `tokenizer.json`.
+//!   `vocab.json` / `merges.txt`, Hugging Face `tokenizer.json`, tiktoken rank files.
 //! - [`npy`]: NumPy `.npy` token files.
 
 pub mod encode;

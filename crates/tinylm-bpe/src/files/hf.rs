@@ -24,7 +24,7 @@
 //!
 //! Ids: the model's vocabulary and the added tokens together must hold every id from 0
 //! to the largest id of the model's vocabulary; ids above it that only added tokens
-//! leave unused become empty placeholder tokens.
+//! leave unused become empty placeholder tokens (as [`super::tiktoken::load`] makes).
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -2,6 +2,7 @@
 //!
 //! - [`gpt2`]: GPT-2's `vocab.json` and `merges.txt` (`tinylm bpe train` writes these).
 //! - [`hf`]: Hugging Face `tokenizer.json`, which also records the split pattern.
+//! - [`tiktoken`]: tiktoken's rank files (`<base64 token> <rank>` lines).
 //!
 //! [`Bpe`] is a tokenizer's whole definition (vocabulary, merges, special tokens and
 //! split pattern); [`Bpe::load`] and [`Bpe::save`] read and write a directory.
@@ -10,6 +11,7 @@
 
 pub mod gpt2;
 pub mod hf;
+pub mod tiktoken;
 
 pub use gpt2::{load_merges, load_vocab, save_merges, save_vocab};
 
@@ -145,8 +147,9 @@ pub fn load_tokenizer(dir: &Path) -> Result<(Vocab, Merges)> {
 ///
 /// `vocab[id]` is token `id`'s bytes; `merges` are in rank order; `specials` are the
 /// ids of the special tokens (UTF-8 text matched before pre-tokenization), ascending;
-/// `pattern` is the split pattern. A vocabulary may hold empty placeholder tokens at
-/// ids no token uses: they never encode, and decode to nothing.
+/// `pattern` is the split pattern. A vocabulary read from a rank file may hold empty
+/// placeholder tokens at ids no token uses (see [`tiktoken::load`]): they never
+/// encode, and decode to nothing.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Bpe {
     pub vocab: Vocab,
