@@ -222,7 +222,7 @@ impl Bpe {
     }
 
     /// The first two ids with the same (non-empty) bytes, if any.
-    pub(crate) fn repeated_token(&self) -> Option<(u32, u32)> {
+    pub fn repeated_token(&self) -> Option<(u32, u32)> {
         let mut seen = rustc_hash::FxHashMap::default();
         for (id, token) in self.vocab.iter().enumerate() {
             if token.is_empty() {
