@@ -4,14 +4,21 @@ its training loop and generation — with the interfaces of Stanford CS336 assig
 Everything runs in Rust (the ``tinylm._tinylm`` extension); this package only
 re-exports it:
 
-- ``tinylm.train_bpe``, ``tinylm.Tokenizer``: the tokenizer;
+- ``tinylm.train_bpe``, ``tinylm.Tokenizer``, ``tinylm.pretokenize``: the tokenizer;
 - ``tinylm.nn``: the layer functions (NumPy in, float32 NumPy out);
 - ``tinylm.optim``, ``tinylm.data``, ``tinylm.checkpoint``: training pieces;
 - ``tinylm.TransformerLM``, ``tinylm.train``: the model and the training loop.
 """
 
 from tinylm import checkpoint, data, nn, optim
-from tinylm._tinylm import Tokenizer, TransformerLM, __version__, train, train_bpe
+from tinylm._tinylm import (
+    Tokenizer,
+    TransformerLM,
+    __version__,
+    pretokenize,
+    train,
+    train_bpe,
+)
 
 __all__ = [
     "Tokenizer",
@@ -21,6 +28,7 @@ __all__ = [
     "data",
     "nn",
     "optim",
+    "pretokenize",
     "train",
     "train_bpe",
 ]

@@ -12,6 +12,7 @@ __version__: str
 __all__ = [
     "__version__",
     "train_bpe",
+    "pretokenize",
     "Tokenizer",
     "EncodeIterable",
     "TransformerLM",
@@ -26,23 +27,32 @@ def train_bpe(
     input_path: str | os.PathLike[str],
     vocab_size: int,
     special_tokens: list[str] | None = None,
+    pattern: str = "gpt2",
 ) -> tuple[dict[int, bytes], list[tuple[bytes, bytes]]]:
     """Trains a byte-level BPE tokenizer on a UTF-8 text file (CS336 semantics).
 
     The vocabulary is the 256 bytes, then the special tokens, then one token per
     merge, ``vocab_size`` tokens in all. Ties between equally frequent pairs go to
-    the lexicographically greater pair. Runs on all cores without the GIL.
-    Raises ``FileNotFoundError``/``OSError`` for the file, ``ValueError`` for
-    invalid UTF-8 or a ``vocab_size`` below ``256 + len(special_tokens)``.
+    the lexicographically greater pair. ``pattern`` is the split pattern: ``"gpt2"``
+    (CS336's), ``"gpt4"`` (cl100k), ``"o200k"`` or a regex. Runs on all cores
+    without the GIL. Raises ``FileNotFoundError``/``OSError`` for the file,
+    ``ValueError`` for invalid UTF-8, a bad regex or a ``vocab_size`` below
+    ``256 + len(special_tokens)``.
     """
+
+def pretokenize(text: str, pattern: str = "gpt2") -> list[str]:
+    """The pre-tokens of ``text`` under ``pattern`` (``"gpt2"``, ``"gpt4"``,
+    ``"o200k"`` or a regex), as tiktoken's regex splits it; no special tokens."""
 
 @final
 class Tokenizer:
-    """A byte-level BPE tokenizer with GPT-2 semantics.
+    """A byte-level BPE tokenizer: vocabulary, merges, special tokens and split
+    pattern.
 
     ``vocab`` maps ids ``0..len(vocab)`` to bytes; ``merges`` lists the merges in
     order of creation. Special tokens absent from ``vocab`` are appended to it;
-    in text they always become their single id (longest match first).
+    in text they always become their single id (longest match first). ``pattern``
+    is ``"gpt2"`` (the default, CS336's), ``"gpt4"`` (cl100k), ``"o200k"`` or a regex.
     """
 
     def __new__(
@@ -50,6 +60,7 @@ class Tokenizer:
         vocab: dict[int, bytes],
         merges: list[tuple[bytes, bytes]],
         special_tokens: list[str] | None = None,
+        pattern: str = "gpt2",
     ) -> "Tokenizer": ...
     @classmethod
     def from_files(
@@ -57,8 +68,64 @@ class Tokenizer:
         vocab_filepath: str | os.PathLike[str],
         merges_filepath: str | os.PathLike[str],
         special_tokens: list[str] | None = None,
+        pattern: str = "gpt2",
     ) -> "Tokenizer":
         """Reads a GPT-2 style ``vocab.json`` and ``merges.txt``."""
+    @classmethod
+    def load(cls, dir: str | os.PathLike[str]) -> "Tokenizer":
+        """Reads a tokenizer directory: ``tokenizer.json`` when it has one (with its
+        split pattern), else ``vocab.json`` and ``merges.txt`` (GPT-2's pattern)."""
+    @classmethod
+    def from_tokenizer_json(cls, path: str | os.PathLike[str]) -> "Tokenizer":
+        """Reads a Hugging Face ``tokenizer.json`` (byte-level BPE)."""
+    @classmethod
+    def from_tiktoken(
+        cls,
+        path: str | os.PathLike[str],
+        pattern: str,
+        special_tokens: dict[str, int] | list[str] | None = None,
+    ) -> "Tokenizer":
+        """Reads a tiktoken rank file made for ``pattern``; ``special_tokens`` maps
+        each special token to its id (a list gives them the ids after the last rank)."""
+    @classmethod
+    def train(
+        cls,
+        files: Sequence[str | os.PathLike[str]],
+        vocab_size: int,
+        special_tokens: list[str] | None = None,
+        pattern: str = "gpt2",
+    ) -> "Tokenizer":
+        """Trains on text files, each a document of its own (CS336 semantics)."""
+    @classmethod
+    def train_from_iterator(
+        cls,
+        iterator: Iterable[str],
+        vocab_size: int,
+        special_tokens: list[str] | None = None,
+        pattern: str = "gpt2",
+    ) -> "Tokenizer":
+        """Trains on the strings of ``iterator``, each a document of its own, pulled
+        in batches of about 8 MB and counted on all cores: memory follows the unique
+        pre-tokens, not the text. Errors raised by the iterator propagate."""
+    def save(self, dir: str | os.PathLike[str]) -> None:
+        """Writes ``vocab.json``, ``merges.txt`` and ``tokenizer.json`` into ``dir``."""
+    def to_tokenizer_json(self, path: str | os.PathLike[str]) -> None:
+        """Writes the Hugging Face ``tokenizer.json``."""
+    def to_tiktoken(self, path: str | os.PathLike[str], name: str = "tinylm") -> Any:
+        """Writes the tiktoken rank file and returns the ``tiktoken.Encoding`` with
+        the same ids, split pattern and special tokens (needs ``tiktoken``)."""
+    @property
+    def pattern(self) -> str:
+        """The split pattern's name: ``gpt2``, ``gpt4``, ``o200k`` or ``custom``."""
+    @property
+    def pattern_regex(self) -> str:
+        """The split pattern's regex (tiktoken's ``pat_str``)."""
+    @property
+    def special_tokens(self) -> list[str]:
+        """The special tokens."""
+    @property
+    def merges(self) -> list[tuple[bytes, bytes]]:
+        """The merges in rank order."""
     @property
     def vocab_size(self) -> int:
         """Number of tokens, special tokens included."""
@@ -67,10 +134,13 @@ class Tokenizer:
         """The vocabulary ``{id: bytes}``, special tokens included."""
     def encode(self, text: str) -> list[int]:
         """The token ids of ``text`` (runs without the GIL)."""
+    def encode_batch(self, texts: list[str], num_threads: int | None = None) -> list[list[int]]:
+        """The ids of each text, encoded in parallel (default: all cores)."""
     def encode_iterable(self, iterable: Iterable[str]) -> Iterator[int]:
         """The ids of the concatenation of the strings of ``iterable`` (e.g. a text
         file's lines), lazily: memory stays bounded whatever the input's size, and
-        the ids equal ``encode("".join(iterable))``."""
+        the ids equal ``encode("".join(iterable))``. (With a custom regex, text is
+        held back up to the next special token.)"""
     def decode(self, ids: Sequence[int] | npt.ArrayLike) -> str:
         """The text of ``ids``; malformed UTF-8 becomes U+FFFD. An id out of range
         raises ``ValueError``."""

@@ -1,10 +1,12 @@
 //! Byte-level BPE tokenizer with the exact semantics of Stanford CS336 assignment 1.
 //!
-//! - [`pretokenize`]: the GPT-2 pre-tokenizer (a hand-written scanner equal to the regex)
-//!   and the splitting of text at special tokens.
+//! - [`pretokenize`]: the split patterns (GPT-2's, GPT-4's, o200k's as hand-written
+//!   scanners equal to their regexes, any other regex) and the splitting of text at
+//!   special tokens.
 //! - [`train`]: BPE training (`train_bpe`).
 //! - [`encode`]: the [`encode::Tokenizer`]: encode, streaming encode, decode.
-//! - [`files`]: GPT-2 `vocab.json` / `merges.txt` and the byte-to-unicode table.
+//! - [`files`]: a tokenizer's definition ([`files::Bpe`]) and its files: GPT-2
+//!   `vocab.json` / `merges.txt`, Hugging Face `tokenizer.json`, tiktoken rank files.
 //! - [`npy`]: NumPy `.npy` token files.
 
 pub mod encode;

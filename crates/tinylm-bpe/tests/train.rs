@@ -422,5 +422,12 @@ fn training_from_texts_equals_training_on_the_joined_file() {
                 pattern.name()
             );
         }
+        let halves = [&docs[..150], &docs[150..]].map(|d| d.join("<|endoftext|>"));
+        let paths = [
+            write_tmp(dir.path(), "a.txt", halves[0].as_bytes()),
+            write_tmp(dir.path(), "b.txt", halves[1].as_bytes()),
+        ];
+        let from_files = train_bpe_files(&paths, 600, &specials, options(pattern, false)).unwrap();
+        assert_eq!(from_files, from_file, "{} from two files", pattern.name());
     }
 }

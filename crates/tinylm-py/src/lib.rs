@@ -24,6 +24,7 @@ use pyo3::wrap_pymodule;
 fn _tinylm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(tokenizer::train_bpe, m)?)?;
+    m.add_function(wrap_pyfunction!(tokenizer::pretokenize, m)?)?;
     m.add_class::<tokenizer::Tokenizer>()?;
     m.add_class::<tokenizer::EncodeIterable>()?;
     m.add_class::<model::TransformerLM>()?;

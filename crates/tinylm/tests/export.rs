@@ -8,9 +8,11 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use tinylm::config::{Ffn, Norm, Positional};
 use tinylm::export::gguf::{self, GgufDtype};
-use tinylm::export::{hf, permute_rope_rows, BpeTokenizer};
+use tinylm::export::{hf, permute_rope_rows};
 use tinylm::params::{load_safetensors, save_safetensors, ParamLayout, Tensors};
 use tinylm::{checkpoint, weights, Model, ModelConfig};
+use tinylm_bpe::files::Bpe;
+use tinylm_bpe::pretokenize::Pattern;
 
 fn config(tie_embeddings: bool) -> ModelConfig {
     ModelConfig {
@@ -27,14 +29,14 @@ fn config(tie_embeddings: bool) -> ModelConfig {
 }
 
 /// A BPE tokenizer trained on a small text: 256 bytes, `<|endoftext|>`, merges.
-fn tokenizer(dir: &Path, vocab_size: usize) -> BpeTokenizer {
+fn tokenizer(dir: &Path, vocab_size: usize) -> Bpe {
     let text = dir.join("corpus.txt");
     let story = "Once upon a time there was a little dog. The dog liked to run in the park.";
     std::fs::write(&text, [story; 20].join("<|endoftext|>")).unwrap();
     let (vocab, merges) =
         tinylm_bpe::train::train_bpe(&text, vocab_size, &["<|endoftext|>".to_string()]).unwrap();
     tinylm_bpe::files::save_tokenizer(&dir.join("tok"), &vocab, &merges).unwrap();
-    BpeTokenizer::load(&dir.join("tok")).unwrap()
+    Bpe::load(&dir.join("tok")).unwrap()
 }
 
 /// Deterministic values in [-1, 1).
@@ -363,7 +365,7 @@ fn hf_directory_has_llamas_fields_names_and_tokenizer() {
     );
     // The directory's tokenizer reads back as the original.
     assert_eq!(
-        hf::read_tokenizer_json(&out.join("tokenizer.json")).unwrap(),
+        tinylm_bpe::files::hf::load(&out.join("tokenizer.json")).unwrap(),
         tok
     );
 }
@@ -383,6 +385,33 @@ fn hf_round_trip_gives_back_identical_tensors_and_tokenizer() {
             params.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
         );
         assert_eq!(back.tokenizer, Some(tok));
+    }
+}
+
+#[test]
+fn split_patterns_travel_with_hf_and_are_refused_by_gguf() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(false);
+    let params = ParamLayout::new(&config).init(3);
+    for pattern in [Pattern::Gpt4, Pattern::O200k] {
+        let tok = Bpe {
+            pattern: pattern.clone(),
+            ..tokenizer(dir.path(), 290)
+        };
+        let out = dir.path().join(format!("hf-{}", pattern.name()));
+        hf::export(&config, &params, &tok, &out).unwrap();
+        assert_eq!(hf::import(&out).unwrap().tokenizer, Some(tok.clone()));
+        assert_eq!(Bpe::load(&out).unwrap(), tok);
+        let gguf_path = dir.path().join("m.gguf");
+        let err = gguf::export(&config, &params, &tok, &gguf_path, GgufDtype::F32)
+            .unwrap_err()
+            .to_string();
+        let expected = format!(
+            "llama.cpp export supports the gpt2 split pattern; this tokenizer uses {}",
+            pattern.name()
+        );
+        assert!(err.contains(&expected), "{err}");
+        assert!(!gguf_path.exists());
     }
 }
 
@@ -479,7 +508,7 @@ fn import_refuses_what_tinylm_cannot_run_naming_the_field() {
     let mut t = read_json(&out.join("tokenizer.json"));
     t["pre_tokenizer"] = serde_json::json!({"type": "Metaspace"});
     std::fs::write(out.join("tokenizer.json"), t.to_string()).unwrap();
-    let err = hf::read_tokenizer_json(&out.join("tokenizer.json")).unwrap_err();
+    let err = tinylm_bpe::files::hf::load(&out.join("tokenizer.json")).unwrap_err();
     assert!(err.to_string().contains("pre_tokenizer"), "{err}");
 }
 
@@ -809,7 +838,7 @@ fn weights_load_reads_checkpoints_weight_files_and_hf_directories() {
             (&config, &params, Some(d.join("hf").as_path()))
         );
     }
-    assert_eq!(BpeTokenizer::load(&d.join("hf")).unwrap(), tok);
+    assert_eq!(Bpe::load(&d.join("hf")).unwrap(), tok);
     // Neither: a GGUF file, a text file, an empty directory.
     gguf::export(&config, &params, &tok, &d.join("m.gguf"), GgufDtype::F32).unwrap();
     std::fs::write(d.join("notes.txt"), "hello").unwrap();

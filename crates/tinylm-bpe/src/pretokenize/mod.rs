@@ -49,18 +49,13 @@ pub const O200K_PATTERN: &str = concat!(
 );
 
 /// How text is cut into pre-tokens before the merges.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub enum Pattern {
+    #[default]
     Gpt2,
     Gpt4,
     O200k,
     Custom(Box<Custom>),
-}
-
-impl Default for Pattern {
-    fn default() -> Self {
-        Pattern::Gpt2
-    }
 }
 
 impl PartialEq for Pattern {

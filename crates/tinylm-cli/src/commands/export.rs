@@ -5,8 +5,9 @@ use anyhow::{Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
 use std::path::{Path, PathBuf};
 use tinylm::export::gguf::{self, GgufDtype};
-use tinylm::export::{check_llama, hf, BpeTokenizer};
+use tinylm::export::{check_llama, hf};
 use tinylm::weights::{self, Weights};
+use tinylm_bpe::files::Bpe;
 
 #[derive(Args)]
 pub struct ExportArgs {
@@ -29,8 +30,8 @@ struct Source {
     /// exported Hugging Face directory.
     #[arg(long)]
     checkpoint: PathBuf,
-    /// Tokenizer directory (`vocab.json`, `merges.txt`) [default: the one the
-    /// checkpoint records].
+    /// Tokenizer directory (`tokenizer.json`, or `vocab.json` and `merges.txt`)
+    /// [default: the one the checkpoint records].
     #[arg(long)]
     tokenizer: Option<PathBuf>,
 }
@@ -82,12 +83,12 @@ pub fn run(args: ExportArgs) -> Result<()> {
     Ok(())
 }
 
-fn load(source: &Source) -> Result<(Weights, BpeTokenizer)> {
+fn load(source: &Source) -> Result<(Weights, Bpe)> {
     let w = weights::load(&source.checkpoint, None)?;
     check_llama(&w.config)?;
     let dir = tokenizer_dir(source.tokenizer.as_deref(), &w, &source.checkpoint)?;
-    let tokenizer = BpeTokenizer::load(&dir)
-        .with_context(|| format!("loading the tokenizer in {}", dir.display()))?;
+    let tokenizer =
+        Bpe::load(&dir).with_context(|| format!("loading the tokenizer in {}", dir.display()))?;
     Ok((w, tokenizer))
 }
 

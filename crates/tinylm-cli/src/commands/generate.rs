@@ -7,11 +7,11 @@ use std::io::Write;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use tinylm::device::{run_on, BackendTask};
-use tinylm::export::BpeTokenizer;
 use tinylm::generate::{generate, Sampler, TextStream};
 use tinylm::kernels::Backend;
 use tinylm::{weights, Model, ModelConfig};
 use tinylm_bpe::encode::Tokenizer;
+use tinylm_bpe::files::Bpe;
 
 /// The special token that ends a document; generation stops there.
 pub const END_OF_TEXT: &str = "<|endoftext|>";
@@ -22,8 +22,8 @@ pub struct GenerateArgs {
     /// or an exported Hugging Face directory.
     #[arg(long)]
     checkpoint: PathBuf,
-    /// Tokenizer directory (`vocab.json`, `merges.txt`) [default: the one the
-    /// checkpoint records].
+    /// Tokenizer directory (`tokenizer.json`, or `vocab.json` and `merges.txt`)
+    /// [default: the one the checkpoint records].
     #[arg(long)]
     tokenizer: Option<PathBuf>,
     /// Text to continue; empty: start a new document.
@@ -88,11 +88,16 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     }
 }
 
-/// The tokenizer in `dir` with `<|endoftext|>` as its special token, and that token's id.
+/// The tokenizer in `dir` (its special tokens and split pattern) with `<|endoftext|>`
+/// among its special tokens, and that token's id.
 pub fn load_with_end_of_text(dir: &Path) -> Result<(Tokenizer, u32)> {
-    let BpeTokenizer { vocab, merges, .. } = BpeTokenizer::load(dir)
-        .with_context(|| format!("loading the tokenizer in {}", dir.display()))?;
-    let tokenizer = Tokenizer::new(vocab, &merges, &[END_OF_TEXT.to_string()])?;
+    let bpe =
+        Bpe::load(dir).with_context(|| format!("loading the tokenizer in {}", dir.display()))?;
+    let mut specials = bpe.special_tokens();
+    if !specials.iter().any(|s| s == END_OF_TEXT) {
+        specials.push(END_OF_TEXT.to_string());
+    }
+    let tokenizer = Tokenizer::new(bpe.vocab, &bpe.merges, &specials)?.with_pattern(bpe.pattern);
     let eos = tokenizer.encode(END_OF_TEXT);
     debug_assert_eq!(eos.len(), 1, "a special token is one id");
     Ok((tokenizer, eos[0]))

@@ -7,7 +7,6 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use tinylm::checkpoint;
 use tinylm::export::{hf, write_dir};
-use tinylm_bpe::files::save_tokenizer;
 
 #[derive(Args)]
 pub struct ImportArgs {
@@ -29,8 +28,8 @@ struct HfArgs {
     /// The checkpoint to write (`.safetensors`).
     #[arg(long)]
     out: PathBuf,
-    /// Where to write the tokenizer as `vocab.json` / `merges.txt` (must not exist,
-    /// or be empty) [default: `tokenizer` next to --out].
+    /// Where to write the tokenizer as `vocab.json`, `merges.txt` and `tokenizer.json`
+    /// (must not exist, or be empty) [default: `tokenizer` next to --out].
     #[arg(long)]
     tokenizer_out: Option<PathBuf>,
 }
@@ -48,7 +47,7 @@ pub fn run(args: ImportArgs) -> Result<()> {
                 let parent = a.out.parent().filter(|p| !p.as_os_str().is_empty());
                 parent.map_or_else(|| PathBuf::from("tokenizer"), |p| p.join("tokenizer"))
             });
-            write_dir(&dir, |tmp| Ok(save_tokenizer(tmp, &t.vocab, &t.merges)?))?;
+            write_dir(&dir, |tmp| Ok(t.save(tmp)?))?;
             metadata.insert(
                 "tokenizer".into(),
                 serde_json::to_string(&dir).expect("serializes"),

@@ -9,12 +9,14 @@
 //! undoes `transformers`' halves permutation. That is tinylm's own order, so the
 //! rows are stored as they are.
 
-use super::{check_llama, rename, write_file, BpeTokenizer, Naming};
+use super::{check_fits, check_llama, rename, write_file, Naming};
 use crate::config::RMS_NORM_EPS;
 use crate::params::ParamLayout;
-use crate::{ModelConfig, Result};
+use crate::{Error, ModelConfig, Result};
 use std::io::Write;
 use std::path::Path;
+use tinylm_bpe::files::Bpe;
+use tinylm_bpe::pretokenize::Pattern;
 
 /// `general.alignment`'s default, which llama.cpp assumes when the key is absent.
 pub const ALIGNMENT: usize = 32;
@@ -105,11 +107,7 @@ fn write_str(w: &mut impl Write, s: &str) -> std::io::Result<()> {
 /// tokenizer lacks (a model vocabulary larger than its tokenizer) become unused
 /// `[PAD<id>]` tokens, as in llama.cpp's converter, so the token list matches the
 /// embedding's rows.
-pub fn metadata(
-    config: &ModelConfig,
-    tokenizer: &BpeTokenizer,
-    dtype: GgufDtype,
-) -> Vec<(String, Value)> {
+pub fn metadata(config: &ModelConfig, tokenizer: &Bpe, dtype: GgufDtype) -> Vec<(String, Value)> {
     let n = tokenizer.vocab.len() as u32;
     let (tokens, types): (Vec<String>, Vec<i32>) = (0..config.vocab_size as u32)
         .map(|id| match (id < n, id < n && tokenizer.is_special(id)) {
@@ -155,6 +153,21 @@ pub fn metadata(
     kv.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
 }
 
+/// Refuses a tokenizer whose split pattern is not GPT-2's: the file names its
+/// pre-tokenizer `gpt-2` (`tokenizer.ggml.pre`), and llama.cpp would split differently.
+pub fn check_pattern(tokenizer: &Bpe) -> Result<()> {
+    match tokenizer.pattern {
+        Pattern::Gpt2 => Ok(()),
+        ref other => Err(Error::Invalid(format!(
+            "llama.cpp export supports the gpt2 split pattern; this tokenizer uses {}",
+            match other {
+                Pattern::Custom(_) => format!("the custom pattern {:?}", other.regex()),
+                named => named.name().to_string(),
+            }
+        ))),
+    }
+}
+
 /// Writes the GGUF file `out` (through a temporary file renamed into place) for the
 /// model `(config, params)` and its tokenizer. Tensors take llama.cpp's names
 /// (`token_embd`, `blk.N.attn_q`, …, `output_norm`, `output`; no `output` when the
@@ -162,12 +175,13 @@ pub fn metadata(
 pub fn export(
     config: &ModelConfig,
     params: &[f32],
-    tokenizer: &BpeTokenizer,
+    tokenizer: &Bpe,
     out: &Path,
     dtype: GgufDtype,
 ) -> Result<()> {
     check_llama(config)?;
-    tokenizer.check_fits(config.vocab_size)?;
+    check_fits(tokenizer, config.vocab_size)?;
+    check_pattern(tokenizer)?;
     let layout = ParamLayout::new(config);
     let kv = metadata(config, tokenizer, dtype);
     // (name, dims fastest-first, dtype, values)

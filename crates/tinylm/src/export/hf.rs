@@ -11,26 +11,21 @@
 //! pre-tokenizer) and `generation_config.json` (tinylm's sampling defaults).
 
 use super::{
-    check_llama, is_rope_projection, permute_rope_rows, rename, write_dir, BpeTokenizer, Naming,
+    check_fits, check_llama, is_rope_projection, permute_rope_rows, rename, write_dir, Naming,
 };
 use crate::config::RMS_NORM_EPS;
 use crate::params::{load_safetensors, save_safetensors, ParamLayout};
 use crate::{Error, ModelConfig, Result};
 use serde_json::{json, Map, Value};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::Path;
-use tinylm_bpe::files::bytes_to_unicode;
+use tinylm_bpe::files::{self, Bpe};
 
 /// Writes the `transformers` directory `out` for the model `(config, params)` and its
 /// tokenizer. `out` must not exist or be empty; it appears only once complete.
-pub fn export(
-    config: &ModelConfig,
-    params: &[f32],
-    tokenizer: &BpeTokenizer,
-    out: &Path,
-) -> Result<()> {
+pub fn export(config: &ModelConfig, params: &[f32], tokenizer: &Bpe, out: &Path) -> Result<()> {
     check_llama(config)?;
-    tokenizer.check_fits(config.vocab_size)?;
+    check_fits(tokenizer, config.vocab_size)?;
     let layout = ParamLayout::new(config);
     let permuted: Vec<Vec<f32>> = layout
         .specs
@@ -53,9 +48,10 @@ pub fn export(
         })
         .collect();
     let eot = tokenizer.end_of_text();
+    let tokenizer_json = files::hf::to_json(tokenizer)?;
     let files = [
         ("config.json", config_json(config, eot)),
-        ("tokenizer.json", tokenizer_json(tokenizer)),
+        ("tokenizer.json", tokenizer_json),
         (
             "tokenizer_config.json",
             tokenizer_config_json(config, tokenizer),
@@ -108,46 +104,7 @@ fn config_json(c: &ModelConfig, eot: Option<u32>) -> Value {
     })
 }
 
-/// The `ByteLevel` component of `tokenizers` with GPT-2's settings (its regex, no
-/// prefix space).
-fn byte_level() -> Value {
-    json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true})
-}
-
-/// `tokenizer.json`: a BPE model over GPT-2's byte alphabet that merges by rank
-/// (`ignore_merges` false), the special tokens as added tokens with their ids.
-fn tokenizer_json(t: &BpeTokenizer) -> Value {
-    let added: Vec<Value> = t
-        .specials
-        .iter()
-        .map(|&id| {
-            json!({"id": id, "content": t.spelled(id), "single_word": false, "lstrip": false,
-                   "rstrip": false, "normalized": false, "special": true})
-        })
-        .collect();
-    let mut vocab = Map::new();
-    for id in 0..t.vocab.len() as u32 {
-        // Where two merges built the same bytes, the lowest id keeps them (as in tinylm).
-        vocab.entry(t.spelled(id)).or_insert(json!(id));
-    }
-    json!({
-        "version": "1.0",
-        "truncation": null,
-        "padding": null,
-        "added_tokens": added,
-        "normalizer": null,
-        "pre_tokenizer": byte_level(),
-        "post_processor": byte_level(),
-        "decoder": byte_level(),
-        "model": {
-            "type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
-            "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
-            "ignore_merges": false, "vocab": vocab, "merges": t.spelled_merges(),
-        },
-    })
-}
-
-fn tokenizer_config_json(c: &ModelConfig, t: &BpeTokenizer) -> Value {
+fn tokenizer_config_json(c: &ModelConfig, t: &Bpe) -> Value {
     let eot = t.end_of_text().map(|id| t.spelled(id));
     json!({
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -179,7 +136,7 @@ pub struct Imported {
     /// The flat parameter buffer in [`ParamLayout`] order.
     pub params: Vec<f32>,
     /// The directory's `tokenizer.json`, when it has one.
-    pub tokenizer: Option<BpeTokenizer>,
+    pub tokenizer: Option<Bpe>,
 }
 
 /// Reads a `LlamaForCausalLM` directory of a shape tinylm runs: multi-head attention
@@ -254,8 +211,8 @@ pub fn import(dir: &Path) -> Result<Imported> {
     let tokenizer_path = dir.join("tokenizer.json");
     let tokenizer = match tokenizer_path.is_file() {
         true => {
-            let t = read_tokenizer_json(&tokenizer_path)?;
-            t.check_fits(config.vocab_size)
+            let t = files::hf::load(&tokenizer_path)?;
+            check_fits(&t, config.vocab_size)
                 .map_err(|e| Error::Invalid(format!("{}: {e}", tokenizer_path.display())))?;
             Some(t)
         }
@@ -389,111 +346,4 @@ fn read_config(path: &Path) -> Result<ModelConfig> {
         .validate()
         .map_err(|e| Error::Invalid(format!("{}: {e}", path.display())))?;
     Ok(config)
-}
-
-/// Reads a byte-level BPE `tokenizer.json` (`model.type` BPE over GPT-2's byte
-/// alphabet, `ByteLevel` pre-tokenizer, no normalizer): ids must be dense.
-pub fn read_tokenizer_json(path: &Path) -> Result<BpeTokenizer> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-    let root: Value = serde_json::from_str(&text)
-        .map_err(|e| Error::Invalid(format!("{}: invalid JSON: {e}", path.display())))?;
-    let refuse =
-        |key: &str, why: String| Error::Invalid(format!("{}: {key}: {why}", path.display()));
-    let model = &root["model"];
-    if model["type"] != "BPE" {
-        return Err(refuse(
-            "model.type",
-            format!("{} is not \"BPE\"", model["type"]),
-        ));
-    }
-    if root["pre_tokenizer"]["type"] != "ByteLevel" {
-        return Err(refuse(
-            "pre_tokenizer",
-            format!(
-                "{} is not the byte-level (GPT-2) pre-tokenizer",
-                root["pre_tokenizer"]["type"]
-            ),
-        ));
-    }
-    if !root["normalizer"].is_null() {
-        return Err(refuse("normalizer", "tinylm's tokenizer has none".into()));
-    }
-    for key in ["continuing_subword_prefix", "end_of_word_suffix"] {
-        if !(model[key].is_null() || model[key] == "") {
-            return Err(refuse(
-                &format!("model.{key}"),
-                format!("{} is not supported", model[key]),
-            ));
-        }
-    }
-    let inverse: HashMap<char, u8> = bytes_to_unicode()
-        .iter()
-        .enumerate()
-        .map(|(b, &c)| (c, b as u8))
-        .collect();
-    let unspell = |token: &str| -> Result<Vec<u8>> {
-        token
-            .chars()
-            .map(|c| {
-                inverse.get(&c).copied().ok_or_else(|| {
-                    refuse(
-                        "model.vocab",
-                        format!("token {token:?} has {c:?}, which is not in GPT-2's byte alphabet"),
-                    )
-                })
-            })
-            .collect()
-    };
-    let mut tokens: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
-    let vocab = model["vocab"]
-        .as_object()
-        .ok_or_else(|| refuse("model.vocab", "expected an object of token → id".into()))?;
-    let added = root["added_tokens"].as_array().cloned().unwrap_or_default();
-    let added_ids: Vec<u64> = added.iter().filter_map(|t| t["id"].as_u64()).collect();
-    for (token, id) in vocab {
-        let id = id
-            .as_u64()
-            .ok_or_else(|| refuse("model.vocab", format!("{token:?} has the id {id}")))?;
-        if !added_ids.contains(&id) {
-            tokens.insert(id, unspell(token)?);
-        }
-    }
-    for t in &added {
-        match (t["id"].as_u64(), t["content"].as_str()) {
-            (Some(id), Some(content)) => tokens.insert(id, content.as_bytes().to_vec()),
-            _ => return Err(refuse("added_tokens", format!("malformed entry {t}"))),
-        };
-    }
-    let n = tokens.len() as u64;
-    if let Some((&id, _)) = tokens.iter().find(|(&id, _)| id >= n) {
-        return Err(refuse(
-            "model.vocab",
-            format!("ids must be dense in 0..{n}, found {id}"),
-        ));
-    }
-    let merges = model["merges"]
-        .as_array()
-        .ok_or_else(|| refuse("model.merges", "expected a list".into()))?
-        .iter()
-        .enumerate()
-        .map(|(rank, m)| {
-            let (left, right) = match m {
-                Value::String(s) => s.split_once(' ').unwrap_or((s, "")),
-                Value::Array(pair) if pair.len() == 2 => (
-                    pair[0].as_str().unwrap_or(""),
-                    pair[1].as_str().unwrap_or(""),
-                ),
-                _ => ("", ""),
-            };
-            if left.is_empty() || right.is_empty() {
-                return Err(refuse(
-                    "model.merges",
-                    format!("merge {rank} is malformed: {m}"),
-                ));
-            }
-            Ok((unspell(left)?, unspell(right)?))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    BpeTokenizer::new(tokens.into_values().collect(), merges)
-        .map_err(|e| Error::Invalid(format!("{}: {e}", path.display())))
 }

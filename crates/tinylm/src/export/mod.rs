@@ -11,13 +11,8 @@ pub mod hf;
 
 use crate::config::{Ffn, Norm, Positional};
 use crate::{Error, ModelConfig, Result};
-use std::collections::HashSet;
 use std::path::Path;
-use tinylm_bpe::files::{bytes_to_unicode, load_tokenizer};
-use tinylm_bpe::{Merges, Vocab};
-
-/// The special token that ends a document: Llama's `bos` and `eos` when present.
-pub const END_OF_TEXT: &str = "<|endoftext|>";
+use tinylm_bpe::files::Bpe;
 
 /// Refuses the ablations that have no Llama equivalent, naming the setting.
 pub fn check_llama(config: &ModelConfig) -> Result<()> {
@@ -141,100 +136,15 @@ pub fn is_rope_projection(name: &str) -> bool {
     name.ends_with("attn.q_proj.weight") || name.ends_with("attn.k_proj.weight")
 }
 
-/// A byte-level BPE tokenizer as the exports need it: the vocabulary, the merges in
-/// rank order, and which ids are special tokens.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct BpeTokenizer {
-    pub vocab: Vocab,
-    pub merges: Merges,
-    /// Ids of the special tokens: the tokens that are neither one byte nor made by a
-    /// merge (`<|endoftext|>` and any other `--special-token` of `tinylm bpe train`).
-    pub specials: Vec<u32>,
-}
-
-impl BpeTokenizer {
-    /// A tokenizer from its vocabulary and merges; finds the special tokens, which must
-    /// be UTF-8 text.
-    pub fn new(vocab: Vocab, merges: Merges) -> Result<Self> {
-        let made: HashSet<Vec<u8>> = merges
-            .iter()
-            .map(|(l, r)| [&l[..], &r[..]].concat())
-            .collect();
-        let mut specials = Vec::new();
-        for (id, token) in vocab.iter().enumerate() {
-            if token.len() > 1 && !made.contains(token) {
-                if std::str::from_utf8(token).is_err() {
-                    return Err(Error::Invalid(format!(
-                        "token {id} is no merge's result, so it is a special token, but it is not UTF-8 text: {token:?}"
-                    )));
-                }
-                specials.push(id as u32);
-            }
-        }
-        Ok(BpeTokenizer {
-            vocab,
-            merges,
-            specials,
-        })
+/// Checks the tokenizer `bpe` fits a model of `vocab_size` tokens.
+pub fn check_fits(bpe: &Bpe, vocab_size: usize) -> Result<()> {
+    if bpe.vocab.len() > vocab_size {
+        return Err(Error::Invalid(format!(
+            "the tokenizer has {} tokens but the model only {vocab_size}",
+            bpe.vocab.len()
+        )));
     }
-
-    /// Reads a tokenizer directory: `vocab.json` and `merges.txt` (`tinylm bpe
-    /// train`'s), or else a Hugging Face `tokenizer.json` (an exported model).
-    pub fn load(dir: &Path) -> Result<Self> {
-        if !dir.join("vocab.json").exists() && dir.join("tokenizer.json").exists() {
-            return hf::read_tokenizer_json(&dir.join("tokenizer.json"));
-        }
-        let (vocab, merges) = load_tokenizer(dir)?;
-        Self::new(vocab, merges).map_err(|e| Error::Invalid(format!("{}: {e}", dir.display())))
-    }
-
-    /// The id of `<|endoftext|>`, or else of the first special token: Llama's `bos`
-    /// and `eos`.
-    pub fn end_of_text(&self) -> Option<u32> {
-        let id = self
-            .specials
-            .iter()
-            .find(|&&id| self.vocab[id as usize] == END_OF_TEXT.as_bytes());
-        id.or(self.specials.first()).copied()
-    }
-
-    pub fn is_special(&self, id: u32) -> bool {
-        self.specials.contains(&id)
-    }
-
-    /// Token `id` as the exports write it: a special token as its text, any other
-    /// through GPT-2's byte-to-unicode table (space → `Ġ`).
-    pub fn spelled(&self, id: u32) -> String {
-        let token = &self.vocab[id as usize];
-        match self.is_special(id) {
-            true => String::from_utf8(token.clone()).expect("checked in new"),
-            false => {
-                let table = bytes_to_unicode();
-                token.iter().map(|&b| table[b as usize]).collect()
-            }
-        }
-    }
-
-    /// The merges as `"left right"`, both spelled through GPT-2's table.
-    pub fn spelled_merges(&self) -> Vec<String> {
-        let table = bytes_to_unicode();
-        let spell = |t: &[u8]| t.iter().map(|&b| table[b as usize]).collect::<String>();
-        self.merges
-            .iter()
-            .map(|(l, r)| format!("{} {}", spell(l), spell(r)))
-            .collect()
-    }
-
-    /// Checks the tokenizer fits a model of `vocab_size` tokens.
-    pub fn check_fits(&self, vocab_size: usize) -> Result<()> {
-        if self.vocab.len() > vocab_size {
-            return Err(Error::Invalid(format!(
-                "the tokenizer has {} tokens but the model only {vocab_size}",
-                self.vocab.len()
-            )));
-        }
-        Ok(())
-    }
+    Ok(())
 }
 
 /// Creates the directory `out` with the files `fill` writes: they go into a

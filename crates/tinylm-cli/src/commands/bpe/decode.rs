@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use super::encode::TokenizerArgs;
+use super::source::TokenizerArgs;
 
 #[derive(Args)]
 pub struct DecodeArgs {

@@ -5,49 +5,13 @@ use std::io::Read;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use tinylm_bpe::encode::{Tokenizer, Utf8Chunks};
-use tinylm_bpe::files;
 use tinylm_bpe::npy::{Dtype, NpyWriter};
 
-/// Where the tokenizer comes from: a directory, or the two GPT-2 style files.
-#[derive(Args)]
-pub struct TokenizerArgs {
-    /// Directory with `vocab.json` and `merges.txt` (as `tinylm bpe train` writes them).
-    #[arg(long, conflicts_with_all = ["vocab", "merges"])]
-    tokenizer: Option<PathBuf>,
-    /// GPT-2 style `vocab.json` (with --merges).
-    #[arg(long, requires = "merges")]
-    vocab: Option<PathBuf>,
-    /// GPT-2 style `merges.txt` (with --vocab).
-    #[arg(long, requires = "vocab")]
-    merges: Option<PathBuf>,
-    /// A special token (repeatable); default: `<|endoftext|>` when the vocabulary has it.
-    #[arg(long = "special-token")]
-    special_tokens: Vec<String>,
-}
-
-const ENDOFTEXT: &str = "<|endoftext|>";
-
-impl TokenizerArgs {
-    pub fn load(&self) -> anyhow::Result<Tokenizer> {
-        let (vocab, merges) = match (&self.tokenizer, &self.vocab, &self.merges) {
-            (Some(dir), _, _) => (dir.join("vocab.json"), dir.join("merges.txt")),
-            (None, Some(v), Some(m)) => (v.clone(), m.clone()),
-            _ => bail!("give the tokenizer as --tokenizer DIR or as --vocab FILE --merges FILE"),
-        };
-        let vocab_table = files::load_vocab(&vocab)?;
-        let merges_table = files::load_merges(&merges)?;
-        let mut specials = self.special_tokens.clone();
-        if specials.is_empty() && vocab_table.iter().any(|t| t == ENDOFTEXT.as_bytes()) {
-            specials.push(ENDOFTEXT.to_string());
-        }
-        Tokenizer::new(vocab_table, &merges_table, &specials)
-            .with_context(|| format!("{} and {}", vocab.display(), merges.display()))
-    }
-}
+use super::source::TokenizerArgs;
 
 #[derive(Args)]
 pub struct EncodeArgs {

@@ -1,7 +1,10 @@
-//! `tinylm bpe ...`: train a tokenizer, encode text to `.npy`, decode ids.
+//! `tinylm bpe ...`: train a tokenizer, encode text to `.npy`, decode ids, convert
+//! between tokenizer formats.
 
 mod decode;
 mod encode;
+mod export;
+mod source;
 mod train;
 
 use clap::{Args, Subcommand};
@@ -20,6 +23,8 @@ enum BpeCommand {
     Encode(encode::EncodeArgs),
     /// Decode a `.npy` of token ids to text on stdout.
     Decode(decode::DecodeArgs),
+    /// Write a tokenizer as a tiktoken rank file or a Hugging Face `tokenizer.json`.
+    Export(export::ExportArgs),
 }
 
 pub fn run(args: BpeArgs) -> anyhow::Result<()> {
@@ -27,5 +32,6 @@ pub fn run(args: BpeArgs) -> anyhow::Result<()> {
         BpeCommand::Train(a) => train::run(a),
         BpeCommand::Encode(a) => encode::run(a),
         BpeCommand::Decode(a) => decode::run(a),
+        BpeCommand::Export(a) => export::run(a),
     }
 }

@@ -1,4 +1,5 @@
-//! `tinylm bpe train`: train a byte-level BPE tokenizer, write `vocab.json` and `merges.txt`.
+//! `tinylm bpe train`: train a byte-level BPE tokenizer, write `vocab.json`, `merges.txt`
+//! and `tokenizer.json` (which records the split pattern).
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -7,7 +8,7 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use clap::Args;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
-use tinylm_bpe::files::save_tokenizer;
+use tinylm_bpe::files::{save_tokenizer, Bpe};
 use tinylm_bpe::pretokenize::Pattern;
 use tinylm_bpe::train::{train_bpe_with, Progress, TrainOptions};
 
@@ -22,7 +23,8 @@ pub struct TrainArgs {
     /// A special token (repeatable), e.g. `<|endoftext|>`: split on, never merged.
     #[arg(long = "special-token")]
     special_tokens: Vec<String>,
-    /// Output directory for `vocab.json` and `merges.txt` (created if missing).
+    /// Output directory for `vocab.json`, `merges.txt` and `tokenizer.json` (created if
+    /// missing).
     #[arg(long)]
     out: PathBuf,
     /// Replace invalid UTF-8 in the input by U+FFFD instead of failing.
@@ -96,17 +98,31 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     if let Some(bar) = merges_bar.get() {
         bar.finish();
     }
-    save_tokenizer(&args.out, &vocab, &merges)?;
+    let bpe = Bpe::new(vocab, merges, args.pattern.clone())?;
+    match bpe.repeated_token() {
+        None => bpe.save(&args.out)?,
+        Some((first, second)) => {
+            // Two merges built the same bytes: vocab.json and merges.txt hold that, a
+            // tokenizer.json (token → id) cannot.
+            save_tokenizer(&args.out, &bpe.vocab, &bpe.merges)?;
+            eprintln!(
+                "warning: tokens {first} and {second} are both {}, which a tokenizer.json cannot hold, so only vocab.json and merges.txt were written; give --pattern {} to every command that reads {}",
+                escaped(&bpe.vocab[first as usize]),
+                match bpe.pattern.is_named() {
+                    true => bpe.pattern.name().to_string(),
+                    false => format!("{:?}", bpe.pattern.regex()),
+                },
+                args.out.display()
+            );
+        }
+    }
+    let Bpe { vocab, merges, .. } = bpe;
 
     let longest = vocab
         .iter()
         .max_by_key(|t| t.len())
         .expect("256 byte tokens at least");
-    eprintln!(
-        "wrote {} and {}",
-        args.out.join("vocab.json").display(),
-        args.out.join("merges.txt").display()
-    );
+    eprintln!("wrote the tokenizer to {}", args.out.display());
     eprintln!(
         "{} merges, vocab {} | wall {:.2} s | peak memory {} | longest token ({} bytes): {}",
         merges.len(),

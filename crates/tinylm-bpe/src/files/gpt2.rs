@@ -1,101 +1,16 @@
-//! GPT-2 tokenizer files: `vocab.json`, `merges.txt` and the byte-to-unicode table.
+//! GPT-2's `vocab.json` and `merges.txt`.
 //!
 //! Both files spell byte strings through GPT-2's [`bytes_to_unicode`] table, which maps
 //! every byte to a printable character (space becomes `Ġ`, newline `Ċ`), so a token
 //! never contains a space or a line break and `merges.txt` can be space-separated.
 
-use std::collections::HashSet;
 use std::fmt;
-use std::fs;
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::de::{Deserializer, MapAccess, Visitor};
 
-use crate::{invalid, Error, Merges, Result, Vocab};
-
-/// GPT-2's table: byte `b` is spelled as the char `table[b]`.
-///
-/// Printable Latin-1 bytes (`!`..=`~`, `¡`..=`¬`, `®`..=`ÿ`) map to themselves; the
-/// remaining 68 bytes map, in byte order, to U+0100, U+0101, ...
-pub fn bytes_to_unicode() -> [char; 256] {
-    let printable = |b: u32| (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || b >= 0xae;
-    let mut table = ['\0'; 256];
-    let mut next = 256;
-    for (b, slot) in table.iter_mut().enumerate() {
-        let b = b as u32;
-        let code = if printable(b) {
-            b
-        } else {
-            next += 1;
-            next - 1
-        };
-        *slot = char::from_u32(code).expect("codes below 0x200 are chars");
-    }
-    table
-}
-
-/// The inverse table: a char of the GPT-2 alphabet → its byte.
-fn unicode_to_bytes() -> rustc_hash::FxHashMap<char, u8> {
-    bytes_to_unicode()
-        .iter()
-        .enumerate()
-        .map(|(b, &c)| (c, b as u8))
-        .collect()
-}
-
-/// `bytes` spelled through `table`.
-fn spell(table: &[char; 256], bytes: &[u8]) -> String {
-    bytes.iter().map(|&b| table[b as usize]).collect()
-}
-
-/// The bytes that `token` spells; `what` names the token's place for the error.
-fn unspell(
-    inverse: &rustc_hash::FxHashMap<char, u8>,
-    token: &str,
-    what: impl Fn() -> String,
-) -> Result<Vec<u8>> {
-    token
-        .chars()
-        .map(|c| {
-            inverse.get(&c).copied().ok_or_else(|| {
-                invalid!(
-                    "{}: token {token:?} has the char {c:?} (U+{:04X}), which is not in GPT-2's byte-to-unicode table",
-                    what(),
-                    c as u32
-                )
-            })
-        })
-        .collect()
-}
-
-/// Writes `contents` to `path` through a temporary file in the same directory and a rename.
-fn write_atomic(path: &Path, contents: &[u8]) -> Result<()> {
-    let name = path
-        .file_name()
-        .map_or_else(|| "out".into(), |n| n.to_string_lossy().into_owned());
-    let tmp = path.with_file_name(format!(".{name}.tmp{}", std::process::id()));
-    let written = fs::File::create(&tmp).and_then(|mut f| {
-        f.write_all(contents)?;
-        f.sync_all()
-    });
-    if let Err(e) = written.and_then(|()| fs::rename(&tmp, path)) {
-        let _ = fs::remove_file(&tmp);
-        return Err(Error::io(path, e));
-    }
-    Ok(())
-}
-
-fn read(path: &Path) -> Result<String> {
-    let bytes = fs::read(path).map_err(|e| Error::io(path, e))?;
-    String::from_utf8(bytes).map_err(|e| {
-        invalid!(
-            "{}: invalid UTF-8 at byte offset {}",
-            path.display(),
-            e.utf8_error().valid_up_to()
-        )
-    })
-}
+use super::{bytes_to_unicode, read, spell, unicode_to_bytes, unspell, write_atomic};
+use crate::{invalid, Merges, Result, Vocab};
 
 /// Writes `vocab` as GPT-2 `vocab.json`: `{"<spelled token>": id, ...}` in id order.
 ///
@@ -207,36 +122,4 @@ pub fn load_merges(path: &Path) -> Result<Merges> {
         merges.push((unspell(&inverse, left, at)?, unspell(&inverse, right, at)?));
     }
     Ok(merges)
-}
-
-/// Writes `dir/vocab.json` and `dir/merges.txt`, creating `dir` if needed.
-pub fn save_tokenizer(dir: &Path, vocab: &Vocab, merges: &Merges) -> Result<()> {
-    fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-    save_vocab(&dir.join("vocab.json"), vocab)?;
-    save_merges(&dir.join("merges.txt"), merges)
-}
-
-/// Reads `dir/vocab.json` and `dir/merges.txt`, and checks that every merge's parts and
-/// result are in the vocabulary.
-pub fn load_tokenizer(dir: &Path) -> Result<(Vocab, Merges)> {
-    let (vocab_path, merges_path): (PathBuf, PathBuf) =
-        (dir.join("vocab.json"), dir.join("merges.txt"));
-    let vocab = load_vocab(&vocab_path)?;
-    let merges = load_merges(&merges_path)?;
-    let known: HashSet<&[u8]> = vocab.iter().map(Vec::as_slice).collect();
-    for (rank, (left, right)) in merges.iter().enumerate() {
-        let merged = [left.as_slice(), right.as_slice()].concat();
-        for part in [left.as_slice(), right.as_slice(), merged.as_slice()] {
-            if !known.contains(part) {
-                return Err(invalid!(
-                    "{}: merge {} (rank {rank}) uses the token {:?}, which is not in {}",
-                    merges_path.display(),
-                    rank + 1,
-                    spell(&bytes_to_unicode(), part),
-                    vocab_path.display()
-                ));
-            }
-        }
-    }
-    Ok((vocab, merges))
 }
