@@ -14,7 +14,7 @@
 //!   pool, cut only at boundaries where the ids cannot change, written to `.npy`.
 
 use crate::npy::{Dtype, MappedNpy, NpyWriter};
-use crate::pretokenize::{Pattern, SpecialSplitter};
+use crate::pretokenize::{Pattern, SpecialSplitter, Visitor};
 use crate::{files, invalid, Error, Merges, Result, Vocab};
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
@@ -401,18 +401,18 @@ impl Tokenizer {
     /// start before byte `end`.
     #[inline]
     fn encode_piece(&self, piece: &str, end: usize, scratch: &mut Scratch, out: &mut Vec<u32>) {
-        let mut start = 0;
-        for pretoken in self.pattern.pretokens(piece) {
-            if start >= end {
-                break;
-            }
-            self.encode_pretoken(pretoken.as_bytes(), scratch, out);
-            start += pretoken.len();
-        }
+        let mut encoder = PieceEncoder {
+            tokenizer: self,
+            scratch,
+            out,
+            start: 0,
+            end,
+        };
+        self.pattern.visit(piece, &mut encoder);
     }
 
     /// Appends the ids of one pre-token: a whole token, a cached result, or merged now.
-    #[inline]
+    #[inline(always)]
     fn encode_pretoken(&self, pretoken: &[u8], scratch: &mut Scratch, out: &mut Vec<u32>) {
         if let Some(&id) = self.whole.get(pretoken) {
             out.push(id);
@@ -701,6 +701,29 @@ impl Tokenizer {
             bytes: text.len(),
             tokens,
         })
+    }
+}
+
+/// [`Tokenizer::encode_piece`]'s loop body: encodes the pre-tokens that start before `end`.
+struct PieceEncoder<'t, 's> {
+    tokenizer: &'t Tokenizer,
+    scratch: &'s mut Scratch,
+    out: &'s mut Vec<u32>,
+    /// Start of the next pre-token in the piece.
+    start: usize,
+    end: usize,
+}
+
+impl<'a> Visitor<'a> for PieceEncoder<'_, '_> {
+    #[inline(always)]
+    fn visit(&mut self, pretoken: &'a str) -> bool {
+        if self.start >= self.end {
+            return false;
+        }
+        self.tokenizer
+            .encode_pretoken(pretoken.as_bytes(), self.scratch, self.out);
+        self.start += pretoken.len();
+        true
     }
 }
 

@@ -22,7 +22,7 @@ use std::sync::Mutex;
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
 
-use crate::pretokenize::{Pattern, Piece, SpecialSplitter};
+use crate::pretokenize::{Pattern, Piece, SpecialSplitter, Visitor};
 use crate::{invalid, Error, Merges, Result, Vocab};
 
 /// Counts of unique pre-tokens (UTF-8 bytes → occurrences).
@@ -417,9 +417,7 @@ impl Counter {
     fn add_text(&mut self, text: &str, splitter: &SpecialSplitter, pattern: &Pattern) {
         for piece in splitter.split(text) {
             if let Piece::Text(t) = piece {
-                for token in pattern.pretokens(t) {
-                    self.add(token.as_bytes());
-                }
+                pattern.visit(t, self);
             }
         }
     }
@@ -462,6 +460,14 @@ impl Counter {
             counts.insert(bytes[..bytes[15] as usize].to_vec(), n);
         }
         counts
+    }
+}
+
+impl<'a> Visitor<'a> for Counter {
+    #[inline(always)]
+    fn visit(&mut self, pretoken: &'a str) -> bool {
+        self.add(pretoken.as_bytes());
+        true
     }
 }
 

@@ -32,21 +32,30 @@ pub const END_OF_TEXT: &str = "<|endoftext|>";
 /// Printable Latin-1 bytes (`!`..=`~`, `¡`..=`¬`, `®`..=`ÿ`) map to themselves; the
 /// remaining 68 bytes map, in byte order, to U+0100, U+0101, ...
 pub fn bytes_to_unicode() -> [char; 256] {
-    let printable = |b: u32| (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || b >= 0xae;
+    BYTES_TO_UNICODE
+}
+
+/// [`bytes_to_unicode`]'s table, built at compile time.
+const BYTES_TO_UNICODE: [char; 256] = {
     let mut table = ['\0'; 256];
     let mut next = 256;
-    for (b, slot) in table.iter_mut().enumerate() {
-        let b = b as u32;
-        let code = if printable(b) {
+    let mut b = 0;
+    while b < 256 {
+        let printable = (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || b >= 0xae;
+        let code = if printable {
             b
         } else {
             next += 1;
             next - 1
         };
-        *slot = char::from_u32(code).expect("codes below 0x200 are chars");
+        table[b as usize] = match char::from_u32(code) {
+            Some(c) => c,
+            None => panic!("codes below 0x200 are chars"),
+        };
+        b += 1;
     }
     table
-}
+};
 
 /// The inverse table: a char of the GPT-2 alphabet → its byte.
 pub(crate) fn unicode_to_bytes() -> rustc_hash::FxHashMap<char, u8> {

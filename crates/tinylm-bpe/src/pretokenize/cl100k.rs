@@ -19,7 +19,7 @@
 use super::unicode::{char_at, contraction_end, run_end, Class};
 
 /// End (exclusive) of the pattern's match that starts at byte `i < s.len()`.
-#[inline]
+#[inline(always)]
 pub(super) fn match_end(s: &str, i: usize) -> usize {
     let bytes = s.as_bytes();
     if let Some(end) = contraction_end(s, i, b"sdmt") {

@@ -7,7 +7,7 @@
 use super::unicode::{char_at, run_end, Class};
 
 /// End (exclusive) of the pattern's match that starts at byte `i < s.len()`.
-#[inline]
+#[inline(always)]
 pub(super) fn match_end(s: &str, i: usize) -> usize {
     let bytes = s.as_bytes();
     let first = bytes[i];

@@ -129,9 +129,29 @@ impl Pattern {
             Pattern::Gpt2 => Scan::Gpt2,
             Pattern::Gpt4 => Scan::Gpt4,
             Pattern::O200k => Scan::O200k,
-            Pattern::Custom(c) => Scan::Custom(c.matches(text)),
+            Pattern::Custom(c) => Scan::Custom(Box::new(c.matches(text))),
         };
         PreTokens { text, pos: 0, scan }
+    }
+
+    /// Hands each pre-token of `text` in order to `visitor`, until it returns `false`.
+    /// The hot loops of training and encoding use this rather than
+    /// [`Pattern::pretokens`]: the pattern is chosen once per text, and a named
+    /// pattern's scanner and the visitor's body are compiled into one loop.
+    #[inline]
+    pub fn visit<'a>(&'a self, text: &'a str, visitor: &mut impl Visitor<'a>) {
+        match self {
+            Pattern::Gpt2 => scan(text, gpt2::match_end, visitor),
+            Pattern::Gpt4 => scan(text, cl100k::match_end, visitor),
+            Pattern::O200k => scan(text, o200k::match_end, visitor),
+            Pattern::Custom(c) => {
+                for pretoken in c.matches(text) {
+                    if !visitor.visit(pretoken) {
+                        break;
+                    }
+                }
+            }
+        }
     }
 
     /// Whether the whole text's pre-tokens have a boundary between the chars `before`
@@ -158,6 +178,30 @@ impl Pattern {
     }
 }
 
+/// The body of a loop over pre-tokens ([`Pattern::visit`]). Mark `visit`
+/// `#[inline(always)]`, so that each scanner's loop holds it.
+pub trait Visitor<'a> {
+    /// Takes the next pre-token; returns whether to go on.
+    fn visit(&mut self, pretoken: &'a str) -> bool;
+}
+
+/// The loop of [`Pattern::visit`] over one scanner.
+#[inline(always)]
+fn scan<'a>(
+    text: &'a str,
+    match_end: impl Fn(&str, usize) -> usize,
+    visitor: &mut impl Visitor<'a>,
+) {
+    let mut pos = 0;
+    while pos < text.len() {
+        let end = match_end(text, pos);
+        if !visitor.visit(&text[pos..end]) {
+            return;
+        }
+        pos = end;
+    }
+}
+
 impl std::str::FromStr for Pattern {
     type Err = crate::Error;
 
@@ -170,7 +214,8 @@ enum Scan<'a> {
     Gpt2,
     Gpt4,
     O200k,
-    Custom(custom::Matches<'a>),
+    /// Boxed: keeps the iterator of the named scanners small.
+    Custom(Box<custom::Matches<'a>>),
 }
 
 /// Iterator over the pre-tokens of a text, as sub-slices of it.

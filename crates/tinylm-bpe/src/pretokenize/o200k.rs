@@ -62,7 +62,7 @@ fn upper_run_then_lower(s: &str, j: usize) -> Option<usize> {
 }
 
 /// End (exclusive) of the pattern's match that starts at byte `i < s.len()`.
-#[inline]
+#[inline(always)]
 pub(super) fn match_end(s: &str, i: usize) -> usize {
     let bytes = s.as_bytes();
     let (c, kind, n) = kind_at(s, i).expect("i is inside s");

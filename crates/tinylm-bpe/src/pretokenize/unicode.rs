@@ -57,7 +57,7 @@ pub fn class_of(c: char) -> Class {
 }
 
 /// The character starting at byte `i` of `s` (which must be a char boundary) and its class.
-#[inline]
+#[inline(always)]
 pub(super) fn char_at(s: &str, i: usize) -> Option<(Class, usize)> {
     let b = *s.as_bytes().get(i)?;
     if b < 0x80 {
@@ -68,7 +68,7 @@ pub(super) fn char_at(s: &str, i: usize) -> Option<(Class, usize)> {
 }
 
 /// End (exclusive) of the run of characters of class `class` starting at byte `i`.
-#[inline]
+#[inline(always)]
 pub(super) fn run_end(s: &str, mut i: usize, class: Class) -> usize {
     let bytes = s.as_bytes();
     while i < bytes.len() {
@@ -162,7 +162,7 @@ pub fn kind_of(c: char) -> Kind {
 }
 
 /// The character starting at byte `i` of `s` (a char boundary), its kind and length.
-#[inline]
+#[inline(always)]
 pub(super) fn kind_at(s: &str, i: usize) -> Option<(char, Kind, usize)> {
     let b = *s.as_bytes().get(i)?;
     if b < 0x80 {
