@@ -3,8 +3,9 @@
 
 #[allow(dead_code)]
 mod encode_gpt2;
+mod published;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use encode_gpt2::generated_text;
 use serde_json::{json, Value};
@@ -453,24 +454,9 @@ fn python_snippet_spells_the_pattern_exactly() {
     }
 }
 
-/// `tiktoken-rs`'s `assets` folder in the cargo registry, if it is there.
-fn assets() -> Option<PathBuf> {
-    let home = std::env::var_os("CARGO_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))?;
-    std::fs::read_dir(home.join("registry/src"))
-        .ok()?
-        .flatten()
-        .map(|index| index.path().join("tiktoken-rs-0.12.1/assets"))
-        .find(|p| p.join("cl100k_base.tiktoken").is_file())
-}
-
 #[test]
 fn cl100k_base_round_trips_byte_for_byte() {
-    let Some(assets) = assets() else {
-        eprintln!("tiktoken-rs-0.12.1/assets not found: skipped");
-        return;
-    };
+    let assets = published::assets();
     let dir = tempfile::tempdir().unwrap();
     let original = assets.join("cl100k_base.tiktoken");
     let specials = [("<|endoftext|>".to_string(), Some(100257))];
