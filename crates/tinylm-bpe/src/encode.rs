@@ -15,7 +15,7 @@
 
 use crate::npy::{Dtype, MappedNpy, NpyWriter};
 use crate::pretokenize::{Pattern, SpecialSplitter, Visitor};
-use crate::{files, invalid, Error, Merges, Result, Vocab};
+use crate::{invalid, Error, Merges, Result, Vocab};
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
 use std::io::{Read, Write};
@@ -221,24 +221,6 @@ impl Tokenizer {
             }
         }
         Ok(tokenizer)
-    }
-
-    /// Reads a GPT-2 `vocab.json` and `merges.txt` (see [`files`]) and builds the tokenizer.
-    pub fn from_files(
-        vocab_json: &Path,
-        merges_txt: &Path,
-        special_tokens: &[String],
-    ) -> Result<Self> {
-        let vocab = files::load_vocab(vocab_json)?;
-        let merges = files::load_merges(merges_txt)?;
-        Tokenizer::new(vocab, &merges, special_tokens).map_err(|e| match e {
-            Error::Invalid(msg) => invalid!(
-                "{} and {}: {msg}",
-                vocab_json.display(),
-                merges_txt.display()
-            ),
-            other => other,
-        })
     }
 
     /// The tokenizer with another split pattern (the default is GPT-2's).

@@ -303,8 +303,8 @@ fn count_pretokens_with(
 
 /// Counts the pre-tokens of texts that arrive in batches (Python's `train_from_iterator`):
 /// each text is a document of its own (no pre-token spans two), and memory holds the
-/// counts, not the texts. Long texts are cut where [`is_cut`] holds and counted in
-/// parallel like a file.
+/// counts, not the texts. Long texts are cut where [`Pattern::boundary`] holds (or at
+/// special tokens) and counted in parallel like a file.
 pub struct PretokenCounter<'p> {
     pattern: &'p Pattern,
     specials: Vec<String>,

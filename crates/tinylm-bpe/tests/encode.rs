@@ -229,23 +229,29 @@ fn from_files_reads_gpt2_files_and_reports_bad_lines() {
     let (vocab, merges) = encode_gpt2::vocab_and_merges();
     tinylm_bpe::files::save_tokenizer(dir.path(), vocab, merges).unwrap();
     let (v, m) = (dir.path().join("vocab.json"), dir.path().join("merges.txt"));
-    let tok = Tokenizer::from_files(&v, &m, &[EOT.to_string()]).unwrap();
+    let tok = tinylm_bpe::files::gpt2::tokenizer(&v, &m, &[EOT.to_string()]).unwrap();
     let text = generated_text(3, 2_000);
     assert_eq!(tok.encode(&text), expected(&text));
 
     std::fs::write(&m, "#version: 0.2\nĠ t\nbad\n").unwrap();
-    let err = Tokenizer::from_files(&v, &m, &[]).unwrap_err().to_string();
+    let err = tinylm_bpe::files::gpt2::tokenizer(&v, &m, &[])
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("merges.txt:3"), "{err}");
     std::fs::write(&m, "#version: 0.2\nĠ t\nq zzzzzzz\n").unwrap();
-    let err = Tokenizer::from_files(&v, &m, &[]).unwrap_err().to_string();
+    let err = tinylm_bpe::files::gpt2::tokenizer(&v, &m, &[])
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("merge 2") && err.contains("zzzzzzz"), "{err}");
     std::fs::write(&v, "{\"a\": 0,\n \"b\": }").unwrap();
-    let err = Tokenizer::from_files(&v, &m, &[]).unwrap_err().to_string();
+    let err = tinylm_bpe::files::gpt2::tokenizer(&v, &m, &[])
+        .unwrap_err()
+        .to_string();
     assert!(
         err.contains("vocab.json") && err.contains("line 2"),
         "{err}"
     );
-    let err = Tokenizer::from_files(&dir.path().join("none.json"), &m, &[])
+    let err = tinylm_bpe::files::gpt2::tokenizer(&dir.path().join("none.json"), &m, &[])
         .unwrap_err()
         .to_string();
     assert!(err.contains("none.json"), "{err}");

@@ -2,7 +2,6 @@
 
 use std::path::Path;
 use std::process::{Command, Output};
-use tinylm_bpe::encode::Tokenizer;
 use tinylm_bpe::npy::{self, Dtype, MappedNpy};
 
 fn tinylm(args: &[&str]) -> Output {
@@ -78,7 +77,7 @@ fn encode_then_decode_round_trips() {
     );
 
     // `<|endoftext|>` is a special token by default when the vocabulary has it.
-    let tok = Tokenizer::from_files(
+    let tok = tinylm_bpe::files::gpt2::tokenizer(
         &tok_dir.join("vocab.json"),
         &tok_dir.join("merges.txt"),
         &["<|endoftext|>".into()],

@@ -9,8 +9,29 @@ use std::path::Path;
 
 use serde::de::{Deserializer, MapAccess, Visitor};
 
-use super::{bytes_to_unicode, read, spell, unicode_to_bytes, unspell, write_atomic};
-use crate::{invalid, Merges, Result, Vocab};
+use super::byte_table::{bytes_to_unicode, spell, unicode_to_bytes, unspell};
+use super::io::{read, write_atomic};
+use crate::encode::Tokenizer;
+use crate::{invalid, Error, Merges, Result, Vocab};
+
+/// Reads a GPT-2 `vocab.json` and `merges.txt` and builds the tokenizer (GPT-2's split
+/// pattern); an inconsistency between the two names both files.
+pub fn tokenizer(
+    vocab_json: &Path,
+    merges_txt: &Path,
+    special_tokens: &[String],
+) -> Result<Tokenizer> {
+    let vocab = load_vocab(vocab_json)?;
+    let merges = load_merges(merges_txt)?;
+    Tokenizer::new(vocab, &merges, special_tokens).map_err(|e| match e {
+        Error::Invalid(msg) => invalid!(
+            "{} and {}: {msg}",
+            vocab_json.display(),
+            merges_txt.display()
+        ),
+        other => other,
+    })
+}
 
 /// Writes `vocab` as GPT-2 `vocab.json`: `{"<spelled token>": id, ...}` in id order.
 ///

@@ -31,7 +31,9 @@ use std::path::Path;
 
 use serde_json::{json, Map, Value};
 
-use super::{read, unicode_to_bytes, write_atomic, Bpe};
+use super::byte_table::unicode_to_bytes;
+use super::io::{read, write_atomic};
+use super::Bpe;
 use crate::pretokenize::{Pattern, GPT4_PATTERN};
 use crate::{invalid, Error, Result};
 

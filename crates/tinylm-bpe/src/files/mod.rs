@@ -9,116 +9,27 @@
 //! Every file is written through a temporary file and a rename ([`write_atomic`]), and
 //! every error names the file and the entry at fault.
 
+mod byte_table;
 pub mod gpt2;
 pub mod hf;
+mod io;
 pub mod tiktoken;
 
+pub use byte_table::bytes_to_unicode;
 pub use gpt2::{load_merges, load_vocab, save_merges, save_vocab};
+pub use io::write_atomic;
 
 use std::collections::HashSet;
 use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::encode::Tokenizer;
 use crate::pretokenize::Pattern;
 use crate::{invalid, Error, Merges, Result, Vocab};
+use byte_table::spell;
 
 /// The special token that ends a document.
 pub const END_OF_TEXT: &str = "<|endoftext|>";
-
-/// GPT-2's table: byte `b` is spelled as the char `table[b]`.
-///
-/// Printable Latin-1 bytes (`!`..=`~`, `¡`..=`¬`, `®`..=`ÿ`) map to themselves; the
-/// remaining 68 bytes map, in byte order, to U+0100, U+0101, ...
-pub fn bytes_to_unicode() -> [char; 256] {
-    BYTES_TO_UNICODE
-}
-
-/// [`bytes_to_unicode`]'s table, built at compile time.
-const BYTES_TO_UNICODE: [char; 256] = {
-    let mut table = ['\0'; 256];
-    let mut next = 256;
-    let mut b = 0;
-    while b < 256 {
-        let printable = (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || b >= 0xae;
-        let code = if printable {
-            b
-        } else {
-            next += 1;
-            next - 1
-        };
-        table[b as usize] = match char::from_u32(code) {
-            Some(c) => c,
-            None => panic!("codes below 0x200 are chars"),
-        };
-        b += 1;
-    }
-    table
-};
-
-/// The inverse table: a char of the GPT-2 alphabet → its byte.
-pub(crate) fn unicode_to_bytes() -> rustc_hash::FxHashMap<char, u8> {
-    bytes_to_unicode()
-        .iter()
-        .enumerate()
-        .map(|(b, &c)| (c, b as u8))
-        .collect()
-}
-
-/// `bytes` spelled through `table`.
-pub(crate) fn spell(table: &[char; 256], bytes: &[u8]) -> String {
-    bytes.iter().map(|&b| table[b as usize]).collect()
-}
-
-/// The bytes that `token` spells; `what` names the token's place for the error.
-pub(crate) fn unspell(
-    inverse: &rustc_hash::FxHashMap<char, u8>,
-    token: &str,
-    what: impl Fn() -> String,
-) -> Result<Vec<u8>> {
-    token
-        .chars()
-        .map(|c| {
-            inverse.get(&c).copied().ok_or_else(|| {
-                invalid!(
-                    "{}: token {token:?} has the char {c:?} (U+{:04X}), which is not in GPT-2's byte-to-unicode table",
-                    what(),
-                    c as u32
-                )
-            })
-        })
-        .collect()
-}
-
-/// Writes `contents` to `path` through a temporary file in the same directory and a rename.
-pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<()> {
-    let name = path
-        .file_name()
-        .map_or_else(|| "out".into(), |n| n.to_string_lossy().into_owned());
-    let tmp = path.with_file_name(format!(".{name}.tmp{}", std::process::id()));
-    let written = fs::File::create(&tmp).and_then(|mut f| {
-        f.write_all(contents)?;
-        f.sync_all()
-    });
-    if let Err(e) = written.and_then(|()| fs::rename(&tmp, path)) {
-        let _ = fs::remove_file(&tmp);
-        return Err(Error::io(path, e));
-    }
-    Ok(())
-}
-
-/// The UTF-8 text of the file `path`.
-pub(crate) fn read(path: &Path) -> Result<String> {
-    let bytes = fs::read(path).map_err(|e| Error::io(path, e))?;
-    String::from_utf8(bytes).map_err(|e| {
-        invalid!(
-            "{}: invalid UTF-8 at byte offset {}",
-            path.display(),
-            e.utf8_error().valid_up_to()
-        )
-    })
-}
 
 /// Writes `dir/vocab.json` and `dir/merges.txt`, creating `dir` if needed.
 pub fn save_tokenizer(dir: &Path, vocab: &Vocab, merges: &Merges) -> Result<()> {

@@ -13,7 +13,8 @@ use base64::Engine;
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
 
-use super::{read, write_atomic, Bpe};
+use super::io::{read, write_atomic};
+use super::Bpe;
 use crate::pretokenize::Pattern;
 use crate::{invalid, Merges, Result, Vocab};
 
