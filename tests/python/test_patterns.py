@@ -98,7 +98,8 @@ def test_bad_pattern_names_the_regex_and_position():
 @pytest.mark.parametrize("name", ["gpt2", "gpt4", "o200k"])
 def test_exports_encode_to_tinylms_ids(name, tmp_path):
     """Trained with `name`, exported to tiktoken and tokenizer.json: the same ids in
-    tiktoken and in Hugging Face tokenizers as in tinylm, on the whole corpus."""
+    tiktoken and in Hugging Face tokenizers as in tinylm, on the whole corpus (and in
+    `transformers.PreTrainedTokenizerFast` on its first text)."""
     import tokenizers
 
     texts = corpus_texts()
@@ -115,6 +116,10 @@ def test_exports_encode_to_tinylms_ids(name, tmp_path):
     for i, (a, b, c) in enumerate(zip(ours, theirs_tiktoken, theirs_hf)):
         assert a == b, f"{name}: text {i}: tinylm and tiktoken differ first at id {first_difference(a, b)}"
         assert a == c, f"{name}: text {i}: tinylm and HF tokenizers differ first at id {first_difference(a, c)}"
+    import transformers
+
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "tokenizer.json"))
+    assert fast(joined[0], add_special_tokens=False)["input_ids"] == ours[0]
     assert tinylm.Tokenizer.from_tiktoken(tmp_path / "tok.tiktoken", name, {SPECIAL: 256}).encode_batch(joined) == ours
     assert tinylm.Tokenizer.from_tokenizer_json(tmp_path / "tokenizer.json").encode_batch(joined) == ours
 
