@@ -14,21 +14,11 @@ merged in another order (each trainer breaks ties its own way).
 
 import sys
 
-
-def unicode_to_byte():
-    """The inverse of GPT-2's bytes_to_unicode (merges.txt's alphabet)."""
-    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    cs, n = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
+from encode_ref import gpt2_byte_table
 
 
 def main(tinylm_path, rustbpe_path, n=1000):
-    u = unicode_to_byte()
+    u = gpt2_byte_table()
     with open(tinylm_path, encoding="utf-8") as f:
         ours = [
             tuple(bytes(u[c] for c in part) for part in line.rstrip("\n").split(" "))
