@@ -107,10 +107,8 @@ impl Tokenizer {
         merges: Merges,
         special_tokens: &[String],
         pattern: Pattern,
-    ) -> PyResult<Self> {
-        let inner = RustTokenizer::new(vocab, &merges, special_tokens)
-            .map_err(bpe_error)?
-            .with_pattern(pattern);
+    ) -> tinylm_bpe::Result<Self> {
+        let inner = RustTokenizer::new(vocab, &merges, special_tokens)?.with_pattern(pattern);
         Ok(Tokenizer {
             inner: Arc::new(inner),
             merges: Arc::new(merges),
@@ -119,7 +117,7 @@ impl Tokenizer {
 
     fn from_bpe(bpe: Bpe) -> PyResult<Self> {
         let specials = bpe.special_tokens();
-        Tokenizer::build(bpe.vocab, bpe.merges, &specials, bpe.pattern)
+        Tokenizer::build(bpe.vocab, bpe.merges, &specials, bpe.pattern).map_err(bpe_error)
     }
 
     /// The tokenizer's definition, as its files hold it.
@@ -153,7 +151,7 @@ impl Tokenizer {
     ) -> PyResult<Self> {
         let vocab = vocab_from_dict(vocab)?;
         let specials = special_tokens.unwrap_or_default();
-        Tokenizer::build(vocab, merges, &specials, self::pattern(pattern)?)
+        Tokenizer::build(vocab, merges, &specials, self::pattern(pattern)?).map_err(bpe_error)
     }
 
     /// Reads a GPT-2 style `vocab.json` and `merges.txt`.
@@ -169,7 +167,21 @@ impl Tokenizer {
         let vocab = tinylm_bpe::files::load_vocab(&vocab_filepath).map_err(bpe_error)?;
         let merges = tinylm_bpe::files::load_merges(&merges_filepath).map_err(bpe_error)?;
         let specials = special_tokens.unwrap_or_default();
-        Tokenizer::build(vocab, merges, &specials, self::pattern(pattern)?)
+        // An inconsistency between the two files names both, as the CLI's error does.
+        let pattern = self::pattern(pattern)?;
+        Tokenizer::build(vocab, merges, &specials, pattern).map_err(|e| {
+            let files = format!(
+                "{} and {}",
+                vocab_filepath.display(),
+                merges_filepath.display()
+            );
+            bpe_error(match e {
+                tinylm_bpe::Error::Invalid(msg) => {
+                    tinylm_bpe::Error::Invalid(format!("{files}: {msg}"))
+                }
+                other => other,
+            })
+        })
     }
 
     /// Reads a tokenizer directory (`tinylm bpe train`'s): `tokenizer.json` when it has
@@ -243,7 +255,7 @@ impl Tokenizer {
         let (vocab, merges) = detached(py, || {
             train_bpe_files(&files, vocab_size, &specials, options).map_err(bpe_error)
         })?;
-        Tokenizer::build(vocab, merges, &specials, pattern)
+        Tokenizer::build(vocab, merges, &specials, pattern).map_err(bpe_error)
     }
 
     /// Trains on the strings of `iterator` (each a document of its own, e.g. a
@@ -295,7 +307,7 @@ impl Tokenizer {
             return Err(e);
         }
         let (vocab, merges) = trained?;
-        Tokenizer::build(vocab, merges, &specials, pattern)
+        Tokenizer::build(vocab, merges, &specials, pattern).map_err(bpe_error)
     }
 
     /// Writes `vocab.json`, `merges.txt` and `tokenizer.json` into `dir`.
