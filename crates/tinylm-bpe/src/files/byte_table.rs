@@ -7,12 +7,12 @@ use crate::{invalid, Result};
 ///
 /// Printable Latin-1 bytes (`!`..=`~`, `¡`..=`¬`, `®`..=`ÿ`) map to themselves; the
 /// remaining 68 bytes map, in byte order, to U+0100, U+0101, ...
-pub fn bytes_to_unicode() -> [char; 256] {
-    BYTES_TO_UNICODE
+pub fn bytes_to_unicode() -> &'static [char; 256] {
+    &BYTES_TO_UNICODE
 }
 
 /// [`bytes_to_unicode`]'s table, built at compile time.
-const BYTES_TO_UNICODE: [char; 256] = {
+static BYTES_TO_UNICODE: [char; 256] = {
     let mut table = ['\0'; 256];
     let mut next = 256;
     let mut b = 0;

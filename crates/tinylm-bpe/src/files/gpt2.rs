@@ -44,7 +44,7 @@ pub fn save_vocab(path: &Path, vocab: &Vocab) -> Result<()> {
         if id > 0 {
             out.push_str(", ");
         }
-        let key = serde_json::to_string(&spell(&table, token)).expect("a string serializes");
+        let key = serde_json::to_string(&spell(table, token)).expect("a string serializes");
         out.push_str(&format!("{key}: {id}"));
     }
     out.push_str("}\n");
@@ -109,9 +109,9 @@ pub fn save_merges(path: &Path, merges: &Merges) -> Result<()> {
     let table = bytes_to_unicode();
     let mut out = String::from("#version: 0.2\n");
     for (left, right) in merges {
-        out.push_str(&spell(&table, left));
+        out.push_str(&spell(table, left));
         out.push(' ');
-        out.push_str(&spell(&table, right));
+        out.push_str(&spell(table, right));
         out.push('\n');
     }
     write_atomic(path, out.as_bytes())

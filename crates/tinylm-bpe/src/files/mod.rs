@@ -54,7 +54,7 @@ pub fn load_tokenizer(dir: &Path) -> Result<(Vocab, Merges)> {
                     "{}: merge {} (rank {rank}) uses the token {:?}, which is not in {}",
                     merges_path.display(),
                     rank + 1,
-                    spell(&bytes_to_unicode(), part),
+                    spell(bytes_to_unicode(), part),
                     vocab_path.display()
                 ));
             }
@@ -192,7 +192,7 @@ impl Bpe {
         let token = &self.vocab[id as usize];
         match self.is_special(id) {
             true => String::from_utf8_lossy(token).into_owned(),
-            false => spell(&bytes_to_unicode(), token),
+            false => spell(bytes_to_unicode(), token),
         }
     }
 
@@ -201,7 +201,7 @@ impl Bpe {
         let table = bytes_to_unicode();
         self.merges
             .iter()
-            .map(|(l, r)| format!("{} {}", spell(&table, l), spell(&table, r)))
+            .map(|(l, r)| format!("{} {}", spell(table, l), spell(table, r)))
             .collect()
     }
 }
