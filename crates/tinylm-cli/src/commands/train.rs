@@ -124,6 +124,9 @@ struct TrainFlags {
     /// Log to log.jsonl every N steps.
     #[arg(long)]
     log_interval: Option<u64>,
+    /// Also write TensorBoard event files to OUT_DIR/tensorboard (default: true).
+    #[arg(long)]
+    tensorboard: Option<bool>,
     /// Seconds the run may take, across resumes: it stops (evaluates, checkpoints)
     /// when the next step and that evaluation would end past them.
     #[arg(long)]

@@ -80,6 +80,9 @@ pub struct TrainConfig {
     pub checkpoint_interval: u64,
     /// Log every this many steps.
     pub log_interval: u64,
+    /// Also write the logged scalars and the configuration as TensorBoard event files,
+    /// in `out_dir/tensorboard`.
+    pub tensorboard: bool,
     /// Seconds the run may take, counted across resumes: it stops (evaluation and
     /// checkpoint) when the next step and that evaluation, as long as the last ones,
     /// would end past them.
@@ -122,6 +125,7 @@ impl Default for TrainConfig {
             eval_batches: 0,
             checkpoint_interval: 1000,
             log_interval: 10,
+            tensorboard: true,
             time_budget_s: None,
             schedule: Schedule::Steps,
             resume: None,

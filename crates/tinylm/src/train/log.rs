@@ -2,6 +2,7 @@
 //! the records a resumed run keeps, and the throughput since the last logged step.
 
 use super::config::TrainConfig;
+use super::tensorboard::EventWriter;
 use crate::kernels::StepStats;
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
@@ -56,6 +57,9 @@ pub(super) struct Journal {
     step_tokens: u64,
     window_tokens: u64,
     window_s: f64,
+    /// The TensorBoard event file, and the Unix time at which the run (across resumes)
+    /// started: a record's wall time is that plus its `wallclock_s`.
+    events: Option<(EventWriter, f64)>,
 }
 
 impl Journal {
@@ -72,7 +76,27 @@ impl Journal {
             step_tokens,
             window_tokens: 0,
             window_s: 0.0,
+            events: None,
         })
+    }
+
+    /// Also writes each logged record's scalars to a new event file in `dir`, after
+    /// the configuration `config` (JSON) as text; `wallclock_s` is the run's time so far.
+    pub fn with_tensorboard(
+        mut self,
+        dir: &Path,
+        config: &str,
+        step: u64,
+        wallclock_s: f64,
+    ) -> Result<Journal> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        let mut events = EventWriter::create(dir, now)?;
+        let indented: String = config.lines().map(|l| format!("    {l}\n")).collect();
+        events.text("config", step, now, &indented)?;
+        self.events = Some((events, now - wallclock_s));
+        Ok(self)
     }
 
     /// The records written so far (a resumed run's included).
@@ -120,6 +144,16 @@ impl Journal {
             )
             .and_then(|_| self.log.flush())
             .map_err(|e| Error::io(&self.path, e))?;
+            if let Some((events, started)) = &mut self.events {
+                let mut scalars = vec![
+                    ("train/loss", record.train_loss),
+                    ("lr", record.lr),
+                    ("grad_norm", record.grad_norm),
+                    ("tokens_per_s", record.tokens_per_s),
+                ];
+                scalars.extend(record.val_loss.map(|v| ("val/loss", v)));
+                events.scalars(record.step, *started + record.wallclock_s, &scalars)?;
+            }
             self.history.push(record.clone());
             (self.window_tokens, self.window_s) = (0, 0.0);
         }

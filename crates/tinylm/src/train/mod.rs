@@ -27,6 +27,7 @@
 mod config;
 mod log;
 mod plot;
+pub mod tensorboard;
 
 pub use config::{resolve_config, BatchSplit, ConfigChange, ResolvedConfig, Schedule, TrainConfig};
 pub use log::{LogRecord, Progress};
@@ -245,7 +246,18 @@ fn run<B: Backend<f32>>(
     };
     opt.hp = cfg.adamw();
     let mut journal = match world.is_root() {
-        true => Some(Journal::open(log_path, state.step, (b * t) as u64)?),
+        true => {
+            let journal = Journal::open(log_path, state.step, (b * t) as u64)?;
+            Some(match cfg.tensorboard {
+                true => journal.with_tensorboard(
+                    &cfg.out_dir.join("tensorboard"),
+                    &serde_json::to_string_pretty(cfg).expect("serializes"),
+                    state.step,
+                    state.wallclock_s,
+                )?,
+                false => journal,
+            })
+        }
         false => None,
     };
     if !(state.step < step_limit(cfg) && cfg.step_fits(state.wallclock_s, state.expected_s())) {
