@@ -43,6 +43,57 @@ pub struct InfoArgs {
     /// Tokens per sequence (default: the context length).
     #[arg(long)]
     seq_len: Option<usize>,
+    /// Also say the largest batch whose step fits in this much memory per rank
+    /// (`24GiB`, `512MiB`, or bytes), for a batch-size sweep.
+    #[arg(long, value_parser = parse_bytes)]
+    fit_memory: Option<u64>,
+}
+
+/// `24GiB`, `24G`, `512MiB`, `512M`, `64KiB` or plain bytes.
+fn parse_bytes(text: &str) -> std::result::Result<u64, String> {
+    let units = [
+        ("GiB", 1u64 << 30),
+        ("G", 1 << 30),
+        ("MiB", 1 << 20),
+        ("M", 1 << 20),
+        ("KiB", 1 << 10),
+        ("K", 1 << 10),
+        ("B", 1),
+        ("", 1),
+    ];
+    let (number, unit) = units
+        .iter()
+        .find_map(|&(suffix, unit)| Some((text.trim().strip_suffix(suffix)?, unit)))
+        .expect("the empty suffix matches");
+    let value: f64 = number
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size such as 24GiB, 512MiB or 1000000"))?;
+    if !(value > 0.0 && value.is_finite()) {
+        return Err(format!("{text:?} is not a positive size"));
+    }
+    Ok((value * unit as f64) as u64)
+}
+
+/// The largest number of sequences per rank whose step (one forward/backward over all
+/// of them, no micro-batches) fits in `limit` bytes, with `memory(b)` one rank's bytes
+/// for `b` sequences; 0 when not even one fits.
+fn largest_fitting(limit: u64, memory: impl Fn(usize) -> u64) -> usize {
+    if memory(1) > limit {
+        return 0;
+    }
+    let (mut fits, mut too_big) = (1usize, 2usize);
+    while memory(too_big) <= limit {
+        (fits, too_big) = (too_big, too_big * 2);
+    }
+    while too_big - fits > 1 {
+        let mid = fits + (too_big - fits) / 2;
+        match memory(mid) <= limit {
+            true => fits = mid,
+            false => too_big = mid,
+        }
+    }
+    fits
 }
 
 /// The model of `--model-config` or `--preset`, else of the shape flags alone
@@ -98,6 +149,30 @@ pub fn run(args: InfoArgs) -> Result<()> {
         zero: args.zero,
     };
     print!("{}", report(&c, b, t, &memory, &launch));
+    if let Some(limit) = args.fit_memory {
+        let per_rank = largest_fitting(limit, |m| {
+            Memory::new(&c, m, t)
+                .on_ranks(args.ranks, args.zero == 1)
+                .total()
+        });
+        match per_rank {
+            0 => println!(
+                "\nnot even one sequence of {t} tokens per rank fits in {}",
+                bytes_h(limit)
+            ),
+            m => println!(
+                "\nlargest batch that fits in {} per rank: {} sequences of {t} tokens ({} per rank, {} each; larger batches fit with --micro-batch-size)",
+                bytes_h(limit),
+                group((m * args.ranks) as u64),
+                group(m as u64),
+                bytes_h(
+                    Memory::new(&c, m, t)
+                        .on_ranks(args.ranks, args.zero == 1)
+                        .total()
+                )
+            ),
+        }
+    }
     Ok(())
 }
 
@@ -371,6 +446,12 @@ mod tests {
         assert_eq!(count(512), "512");
         assert_eq!(flops_h(4_513_336_524_800), "4.51 TFLOP");
         assert_eq!(bytes_h(3 << 30), "3.00 GiB");
+        assert_eq!(parse_bytes("24GiB"), Ok(24 << 30));
+        assert_eq!(parse_bytes("1.5 M"), Ok(3 << 19));
+        assert_eq!(parse_bytes("1000"), Ok(1000));
+        assert!(parse_bytes("lots").unwrap_err().contains("\"lots\""));
+        assert_eq!(largest_fitting(1000, |b| 100 + 10 * b as u64), 90);
+        assert_eq!(largest_fitting(50, |b| 100 + 10 * b as u64), 0);
         assert_eq!(bytes_h(1000), "1000 B");
     }
 
