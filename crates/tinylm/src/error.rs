@@ -13,6 +13,10 @@ pub enum Error {
     /// Bad input: shapes, token ids, file contents.
     #[error("{0}")]
     Invalid(String),
+    /// Training diverged (the message names the step and what was not finite or
+    /// too large).
+    #[error("{0}")]
+    Diverged(String),
     /// A compute device or its libraries failed or are missing (the message says
     /// which, and what to do).
     #[error("{0}")]

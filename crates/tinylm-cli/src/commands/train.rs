@@ -106,6 +106,10 @@ struct TrainFlags {
     /// Global gradient-norm limit, 0 for none.
     #[arg(long)]
     grad_clip: Option<f64>,
+    /// End the run as diverged when a step's loss exceeds this many times the first
+    /// step's, 0 for only a non-finite loss.
+    #[arg(long)]
+    diverge_factor: Option<f64>,
     /// Seed of the initial weights and the batch order.
     #[arg(long)]
     seed: Option<u64>,

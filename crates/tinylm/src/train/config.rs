@@ -68,6 +68,9 @@ pub struct TrainConfig {
     pub weight_decay: f64,
     /// Global gradient-norm limit (0: no clipping).
     pub grad_clip: f64,
+    /// The run ends as diverged when a step's loss exceeds this many times the first
+    /// step's (0: only a non-finite loss or gradient norm ends it).
+    pub diverge_factor: f64,
     /// Seeds the initial weights and the batch order.
     pub seed: u64,
     /// Worker threads (0: one per core).
@@ -119,6 +122,7 @@ impl Default for TrainConfig {
             eps: 1e-8,
             weight_decay: 0.1,
             grad_clip: 1.0,
+            diverge_factor: 2.0,
             seed: 0,
             threads: 0,
             eval_interval: 500,
@@ -262,6 +266,12 @@ impl TrainConfig {
         if self.schedule == Schedule::Time && self.time_budget_s.is_none() {
             return bad("schedule = \"time\" needs a time_budget_s to run over".into());
         }
+        if !(self.diverge_factor == 0.0 || self.diverge_factor > 1.0) {
+            return bad(format!(
+                "diverge_factor must be 0 (off) or above 1, got {}",
+                self.diverge_factor
+            ));
+        }
         if !(self.eps > 0.0 && self.weight_decay >= 0.0 && self.grad_clip >= 0.0) {
             return bad(format!(
                 "eps must be positive and weight_decay, grad_clip non-negative (got {}, {}, {})",
@@ -379,7 +389,7 @@ pub fn resolve_config(mut given: Value, name: &dyn Fn(&str) -> String) -> Result
 
 /// The training configuration a checkpoint recorded; for a checkpoint without one,
 /// the defaults with the checkpoint's model.
-fn recorded_config(path: &Path) -> Result<TrainConfig> {
+pub(super) fn recorded_config(path: &Path) -> Result<TrainConfig> {
     let metadata = crate::params::load_safetensors_metadata(path)?;
     let mut config = match metadata.get("train_config") {
         Some(_) => checkpoint::meta(&metadata, "train_config", path)?,

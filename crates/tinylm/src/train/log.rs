@@ -2,6 +2,7 @@
 //! the records a resumed run keeps, and the throughput since the last logged step.
 
 use super::config::TrainConfig;
+use super::run_dir::{Divergence, RunSummary, Status};
 use super::tensorboard::EventWriter;
 use crate::kernels::StepStats;
 use crate::{Error, Result};
@@ -82,6 +83,8 @@ impl Journal {
 
     /// Also writes each logged record's scalars to a new event file in `dir`, after
     /// the configuration `config` (JSON) as text; `wallclock_s` is the run's time so far.
+    /// A run resumed at `step` marks a restart at `step + 1`, so that readers drop
+    /// what earlier files logged past its checkpoint.
     pub fn with_tensorboard(
         mut self,
         dir: &Path,
@@ -93,6 +96,9 @@ impl Journal {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64());
         let mut events = EventWriter::create(dir, now)?;
+        if step > 0 {
+            events.restart(step + 1, now)?;
+        }
         let indented: String = config.lines().map(|l| format!("    {l}\n")).collect();
         events.text("config", step, now, &indented)?;
         self.events = Some((events, now - wallclock_s));
@@ -137,25 +143,7 @@ impl Journal {
         on_step: &mut (dyn FnMut(&Progress) + Send),
     ) -> Result<()> {
         if evaluated || record.step.is_multiple_of(cfg.log_interval) {
-            writeln!(
-                self.log,
-                "{}",
-                serde_json::to_string(record).expect("serializes")
-            )
-            .and_then(|_| self.log.flush())
-            .map_err(|e| Error::io(&self.path, e))?;
-            if let Some((events, started)) = &mut self.events {
-                let mut scalars = vec![
-                    ("train/loss", record.train_loss),
-                    ("lr", record.lr),
-                    ("grad_norm", record.grad_norm),
-                    ("tokens_per_s", record.tokens_per_s),
-                ];
-                scalars.extend(record.val_loss.map(|v| ("val/loss", v)));
-                events.scalars(record.step, *started + record.wallclock_s, &scalars)?;
-            }
-            self.history.push(record.clone());
-            (self.window_tokens, self.window_s) = (0, 0.0);
+            self.append(record)?;
         }
         on_step(&Progress {
             record,
@@ -163,10 +151,60 @@ impl Journal {
         });
         Ok(())
     }
+
+    /// Writes `record` to the log (and the event file) and the history.
+    pub fn append(&mut self, record: &LogRecord) -> Result<()> {
+        writeln!(
+            self.log,
+            "{}",
+            serde_json::to_string(record).expect("serializes")
+        )
+        .and_then(|_| self.log.flush())
+        .map_err(|e| Error::io(&self.path, e))?;
+        if let Some((events, started)) = &mut self.events {
+            let mut scalars = vec![
+                ("train/loss", record.train_loss),
+                ("lr", record.lr),
+                ("grad_norm", record.grad_norm),
+                ("tokens_per_s", record.tokens_per_s),
+            ];
+            scalars.extend(record.val_loss.map(|v| ("val/loss", v)));
+            events.scalars(record.step, *started + record.wallclock_s, &scalars)?;
+        }
+        self.history.push(record.clone());
+        (self.window_tokens, self.window_s) = (0, 0.0);
+        Ok(())
+    }
+
+    /// The run's summary from its log: the last record's figures, the last
+    /// validation loss, and the training throughput over every logged window.
+    pub fn summary(&self, status: Status, diverged: Option<Divergence>) -> RunSummary {
+        let last = self.history.last();
+        // Each record's window: the tokens since the one before, at its throughput.
+        let mut tokens_before = 0;
+        let mut seconds = 0.0;
+        for r in &self.history {
+            seconds += (r.tokens - tokens_before) as f64 / r.tokens_per_s.max(1e-9);
+            tokens_before = r.tokens;
+        }
+        RunSummary {
+            status,
+            steps: last.map_or(0, |r| r.step),
+            tokens: last.map_or(0, |r| r.tokens),
+            wallclock_s: last.map_or(0.0, |r| r.wallclock_s),
+            train_loss: last.map(|r| r.train_loss),
+            val_loss: self.history.iter().rev().find_map(|r| r.val_loss),
+            tokens_per_s: match seconds > 0.0 {
+                true => tokens_before as f64 / seconds,
+                false => 0.0,
+            },
+            diverged,
+        }
+    }
 }
 
 /// The records of an existing `log.jsonl` up to `step` (none for a fresh run).
-fn read_history(path: &Path, step: u64) -> Result<Vec<LogRecord>> {
+pub(super) fn read_history(path: &Path, step: u64) -> Result<Vec<LogRecord>> {
     if step == 0 || !path.exists() {
         return Ok(Vec::new());
     }

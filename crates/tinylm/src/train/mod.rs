@@ -2,13 +2,16 @@
 //! random batches of a memory-mapped token file, periodic validation, a JSONL log,
 //! loss plots, checkpoints and bit-exact resume.
 //!
-//! Output directory `out_dir`:
+//! Output directory `out_dir` (read back by [`RunDir`]):
+//! - `config.json`: the run's configuration;
 //! - `log.jsonl`: one JSON object per logged step with the keys `step, tokens,
 //!   wallclock_s, train_loss, val_loss, lr, grad_norm, tokens_per_s` (`val_loss` is
 //!   `null` unless the step was evaluated);
 //! - `loss.svg`: train and validation loss against steps and against wall-clock,
 //!   redrawn at each evaluation and at the end;
-//! - `checkpoint.safetensors`: the latest checkpoint (see [`crate::checkpoint`]).
+//! - `checkpoint.safetensors`: the latest checkpoint (see [`crate::checkpoint`]);
+//! - `tensorboard/`: the logged scalars and the configuration as event files;
+//! - `summary.json`: how the run ended ([`RunSummary`]).
 //!
 //! Step `k` (from 0) uses learning rate `lr_cosine_schedule(k, …)` and AdamW step
 //! `k + 1` — or, with `schedule = "time"`, the schedule's iteration is the share of
@@ -23,15 +26,22 @@
 //! or gradient norm is found at most one step late (the error names its step). A
 //! step that evaluates, checkpoints or stops is read at once, before anything is
 //! saved, so the last good checkpoint is never overwritten after a non-finite value.
+//!
+//! A run diverges when a step's loss or gradient norm is not finite, or its loss
+//! exceeds `diverge_factor` times the first step's: it ends at that step with the
+//! divergence error, its log and plot kept up to the last finite loss and
+//! `summary.json` saying `diverged` and where.
 
 mod config;
 mod log;
 mod plot;
+mod run_dir;
 pub mod tensorboard;
 
 pub use config::{resolve_config, BatchSplit, ConfigChange, ResolvedConfig, Schedule, TrainConfig};
 pub use log::{LogRecord, Progress};
 pub use plot::write_loss_plot;
+pub use run_dir::{Divergence, RunDir, RunSummary, Status};
 
 use crate::checkpoint::{self, check_same_config};
 use crate::data::{Batch, SplitMix64, TokenDataset};
@@ -133,6 +143,8 @@ struct RunState {
     /// expected to take against the time budget.
     step_s: f64,
     eval_s: f64,
+    /// The first step's loss, which `diverge_factor` multiplies.
+    start_loss: Option<f64>,
 }
 
 impl RunState {
@@ -208,9 +220,9 @@ fn run<B: Backend<f32>>(
         None => None,
     };
     world.check_same(&describe_run(cfg)?)?;
-    let ckpt_path = cfg.out_dir.join("checkpoint.safetensors");
-    let log_path = cfg.out_dir.join("log.jsonl");
-    let plot_path = cfg.out_dir.join("loss.svg");
+    let ckpt_path = cfg.out_dir.join(run_dir::CHECKPOINT_FILE);
+    let log_path = cfg.out_dir.join(run_dir::LOG_FILE);
+    let plot_path = cfg.out_dir.join(run_dir::PLOT_FILE);
     if world.is_root() {
         std::fs::create_dir_all(&cfg.out_dir).map_err(|e| Error::io(&cfg.out_dir, e))?;
     }
@@ -224,6 +236,14 @@ fn run<B: Backend<f32>>(
                     ckpt_path.display()
                 )));
             }
+        }
+    }
+    if world.is_root() {
+        run_dir::write_config(&cfg.out_dir, cfg)?;
+        let summary = cfg.out_dir.join(run_dir::SUMMARY_FILE);
+        if summary.exists() {
+            // A resumed run has not ended yet.
+            std::fs::remove_file(&summary).map_err(|e| Error::io(&summary, e))?;
         }
     }
 
@@ -250,7 +270,7 @@ fn run<B: Backend<f32>>(
             let journal = Journal::open(log_path, state.step, (b * t) as u64)?;
             Some(match cfg.tensorboard {
                 true => journal.with_tensorboard(
-                    &cfg.out_dir.join("tensorboard"),
+                    &cfg.out_dir.join(run_dir::TENSORBOARD_DIR),
                     &serde_json::to_string_pretty(cfg).expect("serializes"),
                     state.step,
                     state.wallclock_s,
@@ -311,12 +331,15 @@ fn run<B: Backend<f32>>(
             at: queued_at,
         };
         if let Some(previous) = in_flight.replace(queued) {
-            let (stats, step_s) = read_step(world, &mut model, &previous, &mut last_ready, &saved)?;
+            let (stats, step_s) = read_step(world, &mut model, &previous, &mut last_ready)?;
             state.step_s = step_s;
             state.wallclock_s = elapsed_s();
-            if let Some(journal) = &mut journal {
-                let record = journal.record(&previous, &stats, step_s, None, state.wallclock_s);
-                journal.write(cfg, &record, false, on_step)?;
+            let record = journal
+                .as_mut()
+                .map(|j| j.record(&previous, &stats, step_s, None, state.wallclock_s));
+            check_divergence(cfg, &mut state, &stats, &previous, &mut journal, &record, &saved)?;
+            if let (Some(journal), Some(record)) = (&mut journal, &record) {
+                journal.write(cfg, record, false, on_step)?;
             }
         }
 
@@ -339,8 +362,12 @@ fn run<B: Backend<f32>>(
         // This step's parameters are evaluated or saved: its statistics first, so that
         // nothing is saved after a non-finite loss.
         let queued = in_flight.take().expect("queued above");
-        let (stats, step_s) = read_step(world, &mut model, &queued, &mut last_ready, &saved)?;
+        let (stats, step_s) = read_step(world, &mut model, &queued, &mut last_ready)?;
         state.step_s = step_s;
+        let record = journal
+            .as_mut()
+            .map(|j| j.record(&queued, &stats, step_s, None, elapsed_s()));
+        check_divergence(cfg, &mut state, &stats, &queued, &mut journal, &record, &saved)?;
         let eval_start = Instant::now();
         let val_loss = match (&val_data, next.evaluate) {
             (Some(v), true) => Some(evaluate_on(world, &mut model, v, b, cfg.eval_batches)?.loss),
@@ -350,8 +377,12 @@ fn run<B: Backend<f32>>(
             state.eval_s = eval_start.elapsed().as_secs_f64();
         }
         state.wallclock_s = elapsed_s();
-        if let Some(journal) = &mut journal {
-            let record = journal.record(&queued, &stats, step_s, val_loss, state.wallclock_s);
+        if let (Some(journal), Some(record)) = (&mut journal, record) {
+            let record = LogRecord {
+                val_loss,
+                wallclock_s: state.wallclock_s,
+                ..record
+            };
             journal.write(cfg, &record, next.evaluate, on_step)?;
             if next.evaluate {
                 write_loss_plot(&plot_path, journal.history())?;
@@ -366,6 +397,13 @@ fn run<B: Backend<f32>>(
         // evaluation: the step came out faster than estimated, so the run goes on.
         let [room_left] = world.root_flags([cfg.step_fits(state.wallclock_s, state.expected_s())]);
         if next.stop || (next.out_of_time && !room_left) {
+            if let Some(journal) = &journal {
+                let status = match next.stopped_early {
+                    true => Status::Stopped,
+                    false => Status::Finished,
+                };
+                journal.summary(status, None).write(&cfg.out_dir)?;
+            }
             return Ok(TrainSummary {
                 steps: state.step,
                 tokens: state.tokens,
@@ -501,42 +539,58 @@ fn nothing_to_do(cfg: &TrainConfig, state: &RunState) -> Error {
     })
 }
 
-/// Waits for the statistics of `queued`, the oldest step in flight, sums the loss
-/// over the ranks and checks them (a non-finite value is the divergence error naming that step). Returns them
-/// and the step's time: from its start — its launch, or when the previous statistics
-/// arrived if it was queued behind them — to its statistics' arrival. On the CPU,
-/// where a step runs inside its launch, that is the launch's time.
+/// Waits for the statistics of `queued`, the oldest step in flight, and sums the
+/// loss over the ranks. Returns them and the step's time: from its start — its
+/// launch, or when the previous statistics arrived if it was queued behind them —
+/// to its statistics' arrival. On the CPU, where a step runs inside its launch,
+/// that is the launch's time.
 fn read_step<B: Backend<f32>>(
     world: &World,
     model: &mut Model<f32, B>,
     queued: &QueuedStep,
     last_ready: &mut Option<Instant>,
-    saved: &Option<(PathBuf, u64)>,
 ) -> Result<(StepStats, f64)> {
     let mut stats = model.step_stats()?;
     // Each rank's loss is its share of the batch's mean.
     let mut loss = [stats.loss];
     world.all_reduce(&mut loss, Reduce::Sum);
     stats.loss = loss[0];
-    if !stats.loss.is_finite() {
-        return Err(diverged(queued.step, "loss", stats.loss, saved));
-    }
-    if !stats.grad_norm().is_finite() {
-        return Err(diverged(
-            queued.step,
-            "gradient norm",
-            stats.grad_norm(),
-            saved,
-        ));
-    }
     let start = last_ready.map_or(queued.at, |r| r.max(queued.at));
     *last_ready = Some(stats.ready);
     let step_s = stats.ready.saturating_duration_since(start).as_secs_f64();
     Ok((stats, step_s))
 }
 
-/// The error for a non-finite loss or gradient at step `step` (from 1).
-fn diverged(step: u64, what: &str, value: f64, saved: &Option<(PathBuf, u64)>) -> Error {
+/// Ends the run as diverged when the statistics of step `queued` say so
+/// ([`divergence`]); the first step's loss becomes the run's start loss. Rank 0
+/// first logs the step (when its loss is finite), redraws the plot and writes
+/// `summary.json`. Every rank sees the same summed loss, so all of them end here.
+fn check_divergence(
+    cfg: &TrainConfig,
+    state: &mut RunState,
+    stats: &StepStats,
+    queued: &QueuedStep,
+    journal: &mut Option<Journal>,
+    record: &Option<LogRecord>,
+    saved: &Option<(PathBuf, u64)>,
+) -> Result<()> {
+    let start_loss = *state.start_loss.get_or_insert(stats.loss);
+    let Some(reason) = divergence(cfg.diverge_factor, stats, start_loss) else {
+        return Ok(());
+    };
+    if let Some(journal) = journal {
+        if let Some(record) = record.as_ref().filter(|_| stats.loss.is_finite()) {
+            journal.append(record)?;
+        }
+        write_loss_plot(&cfg.out_dir.join(run_dir::PLOT_FILE), journal.history())?;
+        let at = Divergence {
+            step: queued.step,
+            reason: reason.clone(),
+        };
+        journal
+            .summary(Status::Diverged, Some(at))
+            .write(&cfg.out_dir)?;
+    }
     let kept = match saved {
         Some((path, step)) => format!(
             "the last good checkpoint, {} (step {step}), is kept",
@@ -544,9 +598,28 @@ fn diverged(step: u64, what: &str, value: f64, saved: &Option<(PathBuf, u64)>) -
         ),
         None => "no checkpoint was written yet".to_string(),
     };
-    Error::Invalid(format!(
-        "training diverged: {what} is {value} at step {step} ({kept}); try a lower lr_max or a grad_clip"
-    ))
+    Err(Error::Diverged(format!(
+        "training diverged: {reason} at step {} ({kept}); try a lower lr_max or a grad_clip",
+        queued.step
+    )))
+}
+
+/// Why a step with `stats` ends the run, if it does: a non-finite loss or gradient
+/// norm, or a loss above `factor` (0: off) times `start_loss`.
+fn divergence(factor: f64, stats: &StepStats, start_loss: f64) -> Option<String> {
+    let norm = stats.grad_norm();
+    if !stats.loss.is_finite() {
+        Some(format!("loss is {}", stats.loss))
+    } else if !norm.is_finite() {
+        Some(format!("gradient norm is {norm}"))
+    } else if factor > 0.0 && stats.loss > factor * start_loss {
+        Some(format!(
+            "loss {:.4} is above diverge_factor {factor} times the first step's {start_loss:.4}",
+            stats.loss
+        ))
+    } else {
+        None
+    }
 }
 
 /// A model, its optimizer state and where the run stands.
@@ -579,6 +652,10 @@ fn resume<B: Backend<f32>>(
         rng: ckpt.meta("rng_state", path)?,
         step_s: seconds("last_step_s")?,
         eval_s: seconds("last_eval_s")?,
+        start_loss: match ckpt.metadata.contains_key("start_loss") {
+            true => ckpt.meta("start_loss", path)?,
+            false => None,
+        },
     };
     let model = Model::with_backend(ckpt.config, &ckpt.params, backend)?;
     let opt = model.upload_adamw(opt, optimizer_shard(cfg, world, &model))?;
@@ -602,6 +679,7 @@ fn save<B: Backend<f32>>(
         ("rng_state", json(s.rng)),
         ("last_step_s", json(s.step_s)),
         ("last_eval_s", json(s.eval_s)),
+        ("start_loss", json(s.start_loss)),
         ("train_config", json(cfg)),
         ("train_data", json(&cfg.train_data)),
         ("val_data", json(&cfg.val_data)),

@@ -31,7 +31,20 @@ pub struct Event {
     pub file_version: Option<String>,
     #[prost(message, optional, tag = "5")]
     pub summary: Option<Summary>,
+    #[prost(message, optional, tag = "6")]
+    pub session_log: Option<SessionLog>,
 }
+
+/// `tensorflow.SessionLog`: a `START` at step `s` tells readers that the events of
+/// earlier files at steps `>= s` were orphaned by a restart (TensorBoard drops them).
+#[derive(Clone, PartialEq, Message)]
+pub struct SessionLog {
+    /// `SessionStatus`: 1 is `START`.
+    #[prost(int32, tag = "1")]
+    pub status: i32,
+}
+
+const SESSION_START: i32 = 1;
 
 /// `tensorflow.Summary`.
 #[derive(Clone, PartialEq, Message)]
@@ -175,6 +188,19 @@ impl EventWriter {
         self.file
             .write_all(&record(&event.encode_to_vec()))
             .map_err(|e| Error::io(&self.path, e))
+    }
+
+    /// Marks a restart at `step`: readers drop the events of earlier files at steps
+    /// `>= step` (those a resumed run logs again).
+    pub fn restart(&mut self, step: u64, wall_time: f64) -> Result<()> {
+        self.write(&Event {
+            wall_time,
+            step: step as i64,
+            session_log: Some(SessionLog {
+                status: SESSION_START,
+            }),
+            ..Event::default()
+        })
     }
 
     /// Scalars `(tag, value)` at `step`.
