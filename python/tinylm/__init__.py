@@ -7,7 +7,8 @@ re-exports it:
 - ``tinylm.train_bpe``, ``tinylm.Tokenizer``, ``tinylm.pretokenize``: the tokenizer;
 - ``tinylm.nn``: the layer functions (NumPy in, float32 NumPy out);
 - ``tinylm.optim``, ``tinylm.data``, ``tinylm.checkpoint``: training pieces;
-- ``tinylm.TransformerLM``, ``tinylm.train``: the model and the training loop.
+- ``tinylm.TransformerLM``, ``tinylm.train``: the model and the training loop;
+- ``tinylm.sweep``, ``tinylm.plot``: many runs, and their losses on one plot.
 """
 
 from tinylm import checkpoint, data, nn, optim
@@ -15,7 +16,9 @@ from tinylm._tinylm import (
     Tokenizer,
     TransformerLM,
     __version__,
+    plot,
     pretokenize,
+    sweep,
     train,
     train_bpe,
 )
@@ -28,7 +31,9 @@ __all__ = [
     "data",
     "nn",
     "optim",
+    "plot",
     "pretokenize",
+    "sweep",
     "train",
     "train_bpe",
 ]

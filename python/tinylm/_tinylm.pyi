@@ -17,6 +17,8 @@ __all__ = [
     "EncodeIterable",
     "TransformerLM",
     "train",
+    "sweep",
+    "plot",
     "nn",
     "optim",
     "data",
@@ -215,6 +217,44 @@ def train(config: dict[str, Any] | str | os.PathLike[str]) -> pathlib.Path:
     (``cpu``, ``cuda``, ``cuda:N``, ``auto``) and ``precision`` (``bf16``, ``fp32``)
     choose where it trains."""
 
+
+def sweep(
+    out: str | os.PathLike[str],
+    config: dict[str, Any] | str | os.PathLike[str],
+    grid: dict[str, Sequence[Any]] | None = None,
+    variants: Sequence[str] | dict[str, dict[str, Any]] | None = None,
+    parallel: int = 1,
+) -> list[dict[str, Any]]:
+    """Trains one run per point of ``grid`` (configuration key → values; model keys
+    bare, e.g. ``{"lr_max": [1e-3, 3e-3], "d_model": [128, 256]}``) times
+    ``variants`` (preset names ``baseline``, ``no-norm``, ``post-norm``, ``nope``,
+    ``silu``, or ``"NAME:KEY=V,KEY=V"``, or a dict name → keys) over the base
+    ``config`` (as ``train`` takes it), each in a directory of ``out`` named by its
+    values, ``parallel`` at a time; then writes ``summary.csv`` and the plots
+    ``loss.{svg,png}`` and ``loss_wall.{svg,png}`` in ``out``, prints the summary
+    table to stderr and returns a dict per run (``name``, ``dir``, ``values``,
+    ``status`` — ``finished``, ``stopped``, ``diverged``, ``failed`` or ``not run`` —,
+    ``steps``, ``train_loss``, ``val_loss``, ``tokens_per_s``, ``wallclock_s``,
+    ``diverged_step``, ``error``). Called again with the same arguments it skips
+    the runs that ended and resumes the others. A run that diverges (a non-finite
+    loss, or above ``diverge_factor`` times its first) ends ``diverged`` and the
+    sweep goes on. Raises ``ValueError`` naming an unknown key or a value that does
+    not parse; Ctrl-C stops the runs cleanly and raises ``KeyboardInterrupt``."""
+
+def plot(
+    runs: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    out: str | os.PathLike[str] = "loss.png",
+    x: str = "step",
+    log_x: bool = False,
+    log_y: bool = False,
+    title: str | None = None,
+) -> pathlib.Path:
+    """Draws the training and validation losses of many runs on one figure (a run
+    directory, or a sweep directory of them, or a list of either) against ``x``
+    (``step``, ``tokens`` or ``wall``) to ``out`` (``.svg`` or ``.png``) and returns
+    its path. The legend names the configuration keys that differ between the
+    runs; diverged runs end at their last finite loss, marked. Raises ``ValueError``
+    for a directory with no runs."""
 
 # The submodules hold the functions typed in the package modules of the same names;
 # ``nn``'s ``rope``, ``softmax``, ``scaled_dot_product_attention`` and

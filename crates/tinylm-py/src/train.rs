@@ -24,14 +24,19 @@ fn config_file(path: &PathBuf) -> PyResult<serde_json::Value> {
     parsed.map_err(|e| invalid(format!("{}: {e}", path.display())))
 }
 
+/// The keys of `config`: a dict, or a `.toml`/`.json` file.
+pub fn given_config(config: &Bound<'_, PyAny>) -> PyResult<serde_json::Value> {
+    match config.extract::<PathBuf>() {
+        Ok(path) if !config.is_instance_of::<pyo3::types::PyDict>() => config_file(&path),
+        _ => from_py_json(config, "config"),
+    }
+}
+
 /// Trains a model as `config` says (a dict with the training keys and the model
 /// under `model`, or a `.toml`/`.json` file of them) and returns the run directory.
 #[pyfunction]
 pub fn train(py: Python<'_>, config: &Bound<'_, PyAny>) -> PyResult<PathBuf> {
-    let given = match config.extract::<PathBuf>() {
-        Ok(path) if !config.is_instance_of::<pyo3::types::PyDict>() => config_file(&path)?,
-        _ => from_py_json(config, "config")?,
-    };
+    let given = given_config(config)?;
     let resolved = resolve_config(given, &|key| format!("'{key}'")).map_err(model_error)?;
     if let Some(note) = resolved.resume_note() {
         eprintln!("{note}");

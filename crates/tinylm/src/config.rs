@@ -37,6 +37,54 @@ pub enum Ffn {
     Silu,
 }
 
+/// The assignment's ablations of the model (CS336 §7.3), by name: `no-norm` (no
+/// RMSNorm), `post-norm`, `nope` (no position embedding) and `silu` (the SiLU
+/// feed-forward network with `d_ff = 4·d_model`, so that its parameter count is
+/// about SwiGLU's at `d_ff = 8/3·d_model`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ablation {
+    NoNorm,
+    PostNorm,
+    Nope,
+    Silu,
+}
+
+impl Ablation {
+    pub const ALL: [Ablation; 4] = [
+        Ablation::NoNorm,
+        Ablation::PostNorm,
+        Ablation::Nope,
+        Ablation::Silu,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Ablation::NoNorm => "no-norm",
+            Ablation::PostNorm => "post-norm",
+            Ablation::Nope => "nope",
+            Ablation::Silu => "silu",
+        }
+    }
+
+    /// The ablation called `name`, if any.
+    pub fn parse(name: &str) -> Option<Ablation> {
+        Self::ALL.into_iter().find(|a| a.name() == name)
+    }
+
+    /// `model` with this ablation.
+    pub fn apply(self, model: &mut ModelConfig) {
+        match self {
+            Ablation::NoNorm => model.norm = Norm::None,
+            Ablation::PostNorm => model.norm = Norm::Post,
+            Ablation::Nope => model.positional = Positional::None,
+            Ablation::Silu => {
+                model.ffn = Ffn::Silu;
+                model.d_ff = 4 * model.d_model;
+            }
+        }
+    }
+}
+
 /// A Transformer LM's configuration. JSON keys are exactly these field names.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -11,7 +11,25 @@ pub mod import;
 pub mod info;
 pub mod quickstart;
 pub mod ranks;
+pub mod sweep;
 pub mod train;
+
+/// Set by Ctrl-C (or SIGTERM): the training going on checkpoints after its current
+/// step and ends.
+static STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Installs the Ctrl-C handler and returns the flag it sets; a second Ctrl-C exits at once.
+pub fn stop_on_ctrl_c() -> anyhow::Result<&'static std::sync::atomic::AtomicBool> {
+    use anyhow::Context;
+    use std::sync::atomic::Ordering;
+    ctrlc::set_handler(|| {
+        if STOP.swap(true, Ordering::Relaxed) {
+            std::process::exit(130); // a second signal: leave at once
+        }
+    })
+    .context("installing the Ctrl-C handler")?;
+    Ok(&STOP)
+}
 
 /// Sizes rayon's global pool for the command: `Some(n)` threads (n ≥ 1), else one per core.
 pub fn set_threads(threads: Option<usize>) -> anyhow::Result<()> {

@@ -10,20 +10,17 @@
 
 use super::flags::{flag, flag_values, parse_spelling, show_defaults, ModelArgs};
 use super::ranks::as_rank;
+use super::stop_on_ctrl_c;
 use anyhow::{anyhow, ensure, Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use tinylm::device::Device;
 use tinylm::distributed::World;
 use tinylm::kernels::Precision;
 use tinylm::train::{resolve_config, train, Progress, ResolvedConfig, Schedule, TrainConfig};
-
-/// Set by Ctrl-C: the run checkpoints after the current step and exits.
-static STOP: AtomicBool = AtomicBool::new(false);
 
 #[derive(Args, Debug)]
 #[command(mut_args = show_defaults(&TrainConfig::default()))]
@@ -159,6 +156,14 @@ impl TrainArgs {
     /// The configuration: defaults (or the checkpoint's) ← `--config` ← `--preset` or
     /// `--model-config` ← flags.
     fn resolve(&self) -> Result<ResolvedConfig> {
+        let (given, overrides) = self.given()?;
+        resolve_config(given, &|key| self.source_of(key, &overrides))
+            .with_context(|| self.source())
+    }
+
+    /// The keys given — `--config` ← `--preset` or `--model-config` ← flags — as a
+    /// table (the model's under `model`), and the flags given.
+    pub fn given(&self) -> Result<(Value, Vec<(String, Value)>)> {
         let mut given = match &self.config {
             Some(path) => read_config(path)?,
             None => Value::Object(Map::new()),
@@ -173,11 +178,20 @@ impl TrainArgs {
                 None => given[key.as_str()] = value.clone(),
             }
         }
-        let source = match &self.config {
+        Ok((given, overrides))
+    }
+
+    /// Where the configuration comes from, for errors.
+    fn source(&self) -> String {
+        match &self.config {
             Some(p) => format!("configuration ({} and flags)", p.display()),
             None => "configuration (flags)".to_string(),
-        };
-        resolve_config(given, &|key| self.source_of(key, &overrides)).with_context(|| source)
+        }
+    }
+
+    /// Whether `--print-config` was given.
+    pub fn print_config(&self) -> bool {
+        self.print_config
     }
 
     /// Where the value of `key` came from: its flag (when in `overrides`), or the
@@ -252,12 +266,7 @@ fn run_rank(args: TrainArgs, world: &World) -> Result<()> {
         );
     }
     // Ctrl-C, or the SIGTERM a launcher forwards: rank 0's flag ends every rank.
-    ctrlc::set_handler(|| {
-        if STOP.swap(true, Ordering::Relaxed) {
-            std::process::exit(130); // a second signal: leave at once
-        }
-    })
-    .context("installing the Ctrl-C handler")?;
+    let stop = stop_on_ctrl_c()?;
 
     let total = cfg.total_steps();
     let bar = match root {
@@ -272,7 +281,7 @@ fn run_rank(args: TrainArgs, world: &World) -> Result<()> {
         .progress_chars("=> "),
     );
     let mut first = true;
-    let summary = train(cfg, world, &STOP, &mut |p: &Progress| {
+    let summary = train(cfg, world, stop, &mut |p: &Progress| {
         let r = p.record;
         if first {
             // A resumed run starts part-way: measure the ETA from here.

@@ -415,7 +415,7 @@ fn merge(base: &mut Value, over: Value) {
 }
 
 /// The keys (one level into objects, `outer.inner`) whose values differ, but `resume`.
-fn differences(recorded: &Value, value: &Value) -> Vec<ConfigChange> {
+pub(crate) fn differences(recorded: &Value, value: &Value) -> Vec<ConfigChange> {
     let mut out = Vec::new();
     for (key, was) in recorded.as_object().into_iter().flatten() {
         let now = &value[key];

@@ -41,7 +41,11 @@ pub mod tensorboard;
 pub use config::{resolve_config, BatchSplit, ConfigChange, ResolvedConfig, Schedule, TrainConfig};
 pub use log::{LogRecord, Progress};
 pub use plot::write_loss_plot;
-pub use run_dir::{Divergence, RunDir, RunSummary, Status};
+pub(crate) use config::differences;
+pub use run_dir::{
+    Divergence, RunDir, RunSummary, Status, CHECKPOINT_FILE, CONFIG_FILE, LOG_FILE, PLOT_FILE,
+    SUMMARY_FILE, TENSORBOARD_DIR,
+};
 
 use crate::checkpoint::{self, check_same_config};
 use crate::data::{Batch, SplitMix64, TokenDataset};
