@@ -14,6 +14,7 @@ mod errors;
 mod model;
 mod nn;
 mod optim;
+mod plot;
 mod sweep;
 mod tokenizer;
 mod train;
@@ -31,6 +32,7 @@ fn _tinylm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<model::TransformerLM>()?;
     m.add_function(wrap_pyfunction!(train::train, m)?)?;
     m.add_function(wrap_pyfunction!(sweep::sweep, m)?)?;
+    m.add_function(wrap_pyfunction!(plot::plot, m)?)?;
     m.add_wrapped(wrap_pymodule!(nn::module))?;
     optim::register(m)?;
     data::register(m)?;
