@@ -27,6 +27,8 @@ enum Command {
     Bench(commands::bench::BenchArgs),
     /// Train a model: AdamW, cosine schedule, checkpoints, JSONL log and loss plot.
     Train(Box<commands::train::TrainArgs>),
+    /// Compare the loss curves of many runs in one figure (SVG or PNG).
+    Plot(commands::plot::PlotArgs),
     /// Validation loss and perplexity of a checkpoint on a token file.
     Eval(commands::eval::EvalArgs),
     /// Continue a prompt with a trained model, streaming the text.
@@ -47,6 +49,7 @@ fn main() {
         Command::Forward(args) => commands::forward::run(args),
         Command::Bench(args) => commands::bench::run(args),
         Command::Train(args) => commands::train::run(*args),
+        Command::Plot(args) => commands::plot::run(args),
         Command::Eval(args) => commands::eval::run(args),
         Command::Generate(args) => commands::generate::run(args),
         Command::Quickstart(args) => commands::quickstart::run(args),
