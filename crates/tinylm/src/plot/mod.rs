@@ -6,6 +6,7 @@
 //! output's extension (`.svg` or `.png`); the file is written to a temporary file
 //! and renamed.
 
+mod bitmap;
 mod compare;
 mod run;
 
@@ -13,6 +14,7 @@ pub use compare::{find_runs, write_comparison, CompareOptions, XAxis};
 pub use run::write_loss_plot;
 
 use crate::{Error, Result};
+use bitmap::Bitmap;
 use image::ImageEncoder;
 use plotters::coord::Shift;
 use plotters::prelude::*;
@@ -22,6 +24,11 @@ use std::sync::Once;
 
 /// The font family every plot's text uses (plotters' default family).
 const FONT: &str = "sans-serif";
+
+/// The TrueType file of [`FONT`]: DejaVu Sans, embedded.
+fn font_bytes() -> &'static [u8] {
+    dejavu::sans::regular()
+}
 
 /// Line colors, one per run: matplotlib's tab10, then ten more. Every pair differs
 /// by a CIE76 ΔE of at least 25 (tested), and none is lighter than L* = 75 so that
@@ -88,7 +95,7 @@ impl Format {
 fn register_fonts() {
     static FONTS: Once = Once::new();
     FONTS.call_once(|| {
-        if register_font(FONT, FontStyle::Normal, dejavu::sans::regular()).is_err() {
+        if register_font(FONT, FontStyle::Normal, font_bytes()).is_err() {
             unreachable!("DejaVu Sans is a valid TrueType font");
         }
     });
@@ -100,7 +107,7 @@ fn render_rgb(figure: &impl Figure) -> std::result::Result<Vec<u8>, Box<dyn std:
     let (w, h) = figure.size();
     let mut rgb = vec![0u8; w as usize * h as usize * 3];
     {
-        let root = BitMapBackend::with_buffer(&mut rgb, (w, h)).into_drawing_area();
+        let root = Bitmap(BitMapBackend::with_buffer(&mut rgb, (w, h))).into_drawing_area();
         figure.draw(&root)?;
         root.present()?;
     }
