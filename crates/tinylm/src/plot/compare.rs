@@ -326,7 +326,7 @@ impl Ranged for Scale {
     fn key_points<Hint: KeyPointHint>(&self, hint: Hint) -> Vec<f64> {
         match self {
             Scale::Linear(r) => r.key_points(hint),
-            Scale::Log(r) => r.key_points(hint),
+            Scale::Log(r) => log_key_points(r.range(), hint.max_num_points()),
         }
     }
 
@@ -335,6 +335,33 @@ impl Ranged for Scale {
             Scale::Linear(r) => r.range(),
             Scale::Log(r) => r.range(),
         }
+    }
+}
+
+/// At most `max` ticks on a logarithmic axis over `range` (values > 0): the powers
+/// of ten in it (every k-th when there are too many); with fewer than three, the
+/// multiples 1, 2 and 5 of them; with fewer than three of those (or too many), the
+/// ticks a linear axis would have.
+fn log_key_points(range: Range<f64>, max: usize) -> Vec<f64> {
+    let (lo, hi) = (
+        range.start.log10().floor() as i32,
+        range.end.log10().ceil() as i32,
+    );
+    let ticks = |mantissas: &[f64]| -> Vec<f64> {
+        (lo..=hi)
+            .flat_map(|e| mantissas.iter().map(move |m| m * 10f64.powi(e)))
+            .filter(|v| range.contains(v))
+            .collect()
+    };
+    let decades = ticks(&[1.0]);
+    if decades.len() >= 3 {
+        let every = decades.len().div_ceil(max.max(1));
+        return decades.into_iter().step_by(every).take(max).collect();
+    }
+    let multiples = ticks(&[1.0, 2.0, 5.0]);
+    match (3..=max).contains(&multiples.len()) {
+        true => multiples,
+        false => RangedCoordf64::from(range).key_points(max),
     }
 }
 
@@ -651,6 +678,16 @@ mod tests {
             ..CompareOptions::default()
         };
         assert_eq!(Curve::new(&run, "r".into(), style, &opts).val, [(2.0, 1.0)]);
+    }
+
+    #[test]
+    fn plot_log_axes_have_ticks_at_any_span() {
+        assert_eq!(log_key_points(0.5..2000.0, 10), [1.0, 10.0, 100.0, 1000.0]);
+        assert_eq!(log_key_points(1e-3..1e9, 3), [1e-3, 1e1, 1e5]);
+        assert_eq!(log_key_points(0.9..30.0, 10), [1.0, 2.0, 5.0, 10.0, 20.0]);
+        // Within a decade: a linear axis's ticks.
+        assert_eq!(log_key_points(2.4..7.6, 10), [3.0, 4.0, 5.0, 6.0, 7.0]);
+        assert!(log_key_points(2.4..7.6, 0).is_empty());
     }
 
     #[test]
