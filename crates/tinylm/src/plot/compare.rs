@@ -284,6 +284,14 @@ impl Curve {
                 .is_some_and(|s| s.status == Status::Diverged),
         }
     }
+
+    /// The validation points, or the training points.
+    fn points(&self, validation: bool) -> &[(f64, f64)] {
+        match validation {
+            true => &self.val,
+            false => &self.train,
+        }
+    }
 }
 
 /// An axis, linear or logarithmic: one type for both, so that one chart type serves
@@ -461,12 +469,14 @@ impl Figure for Comparison<'_> {
                 .flat_map(|c| c.train.iter().chain(&c.val))
                 .map(|p| p.0)
         };
-        let panel_kinds: [(&str, fn(&Curve) -> &[(f64, f64)]); 2] = [
-            ("training loss", |c| &c.train),
-            ("validation loss", |c| &c.val),
-        ];
-        for (area, (caption, points_of)) in panels.split_evenly((1, 2)).iter().zip(panel_kinds) {
-            let losses = self.curves.iter().flat_map(|c| points_of(c)).map(|p| p.1);
+        for (area, validation) in panels.split_evenly((1, 2)).iter().zip([false, true]) {
+            let losses = self.curves.iter().flat_map(|c| c.points(validation));
+            let losses = losses.map(|p| p.1);
+            let caption = if validation {
+                "validation loss"
+            } else {
+                "training loss"
+            };
             let mut chart = ChartBuilder::on(area)
                 .caption(caption, (FONT, 18))
                 .margin(12)
@@ -481,9 +491,8 @@ impl Figure for Comparison<'_> {
                 .x_desc(self.opts.x.label())
                 .y_desc("loss")
                 .draw()?;
-            let validation = caption == "validation loss";
             for curve in &self.curves {
-                let points = points_of(curve).iter().copied();
+                let points = curve.points(validation).iter().copied();
                 let style = curve.style.color.stroke_width(2);
                 match curve.style.dash {
                     None => chart.draw_series(LineSeries::new(points, style))?,
@@ -492,12 +501,13 @@ impl Figure for Comparison<'_> {
                     }
                 };
                 if validation {
-                    let marks = points_of(curve)
+                    let marks = curve
+                        .points(validation)
                         .iter()
                         .map(|&p| Circle::new(p, 3, style.filled()));
                     chart.draw_series(marks)?;
                 }
-                if let Some(&last) = points_of(curve).last().filter(|_| curve.diverged) {
+                if let Some(&last) = curve.points(validation).last().filter(|_| curve.diverged) {
                     chart.draw_series([Cross::new(last, 6, curve.style.color.stroke_width(3))])?;
                 }
             }
@@ -578,7 +588,7 @@ mod tests {
         write_run(&sweep.join("a"), Some(&config("a", 1e-3, 64)), Some(11));
         write_run(&sweep.join("c"), Some(&config("c", 1e-3, 128)), None);
         std::fs::create_dir_all(sweep.join("not-a-run")).unwrap();
-        let runs = find_runs(&[sweep.clone()]).unwrap();
+        let runs = find_runs(std::slice::from_ref(&sweep)).unwrap();
         let names: Vec<_> = runs.iter().map(|r| dir_name(&r.path)).collect();
         assert_eq!(names, ["a", "b", "c"]);
         let out = tmp.path().join("cmp.svg");
@@ -719,7 +729,9 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let empty = tmp.path().join("empty");
         std::fs::create_dir_all(empty.join("sub")).unwrap();
-        let err = find_runs(&[empty.clone()]).unwrap_err().to_string();
+        let err = find_runs(std::slice::from_ref(&empty))
+            .unwrap_err()
+            .to_string();
         let expected = format!(
             "{}: no runs (no log.jsonl in it or its subdirectories)",
             empty.display()
