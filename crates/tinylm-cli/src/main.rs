@@ -29,6 +29,8 @@ enum Command {
     Train(Box<commands::train::TrainArgs>),
     /// Train one run per point of a grid and/or list of variants; summary and plots.
     Sweep(Box<commands::sweep::SweepArgs>),
+    /// Compare the loss curves of many runs in one figure (SVG or PNG).
+    Plot(commands::plot::PlotArgs),
     /// Validation loss and perplexity of a checkpoint on a token file.
     Eval(commands::eval::EvalArgs),
     /// Continue a prompt with a trained model, streaming the text.
@@ -50,6 +52,7 @@ fn main() {
         Command::Bench(args) => commands::bench::run(args),
         Command::Train(args) => commands::train::run(*args),
         Command::Sweep(args) => commands::sweep::run(*args),
+        Command::Plot(args) => commands::plot::run(args),
         Command::Eval(args) => commands::eval::run(args),
         Command::Generate(args) => commands::generate::run(args),
         Command::Quickstart(args) => commands::quickstart::run(args),

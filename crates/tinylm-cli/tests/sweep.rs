@@ -118,7 +118,10 @@ fn a_grid_with_a_diverging_point_gives_every_run_a_summary_and_a_plot() {
     let again = tinylm(&args);
     assert!(again.status.success(), "{}", text(&again));
     assert_eq!(std::fs::metadata(&log).unwrap().modified().unwrap(), before);
-    assert_eq!(std::fs::read_to_string(out.join("summary.csv")).unwrap(), csv);
+    assert_eq!(
+        std::fs::read_to_string(out.join("summary.csv")).unwrap(),
+        csv
+    );
 }
 
 #[test]
@@ -147,11 +150,12 @@ fn a_killed_sweep_started_again_resumes_without_redoing_finished_runs() {
         .unwrap();
     // Killed once the first run ended and the second wrote a checkpoint.
     let deadline = Instant::now() + Duration::from_secs(300);
-    while !(first.join("summary.json").exists()
-        && second.join("checkpoint.safetensors").exists())
-    {
+    while !(first.join("summary.json").exists() && second.join("checkpoint.safetensors").exists()) {
         assert!(Instant::now() < deadline, "the sweep made no progress");
-        assert!(child.try_wait().unwrap().is_none(), "the sweep ended before it was killed");
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the sweep ended before it was killed"
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
     child.kill().unwrap();
@@ -163,17 +167,37 @@ fn a_killed_sweep_started_again_resumes_without_redoing_finished_runs() {
     let again = tinylm(&args);
     assert!(again.status.success(), "{}", text(&again));
     let printed = text(&again);
-    assert!(printed.contains("lr_max=1e-2,seed=1: resuming at step"), "{printed}");
-    assert_eq!(modified(&first.join("log.jsonl")), first_log, "the finished run was redone");
-    for run in ["lr_max=1e-2,seed=0", "lr_max=1e-2,seed=1", "lr_max=3e-3,seed=0", "lr_max=3e-3,seed=1"] {
+    assert!(
+        printed.contains("lr_max=1e-2,seed=1: resuming at step"),
+        "{printed}"
+    );
+    assert_eq!(
+        modified(&first.join("log.jsonl")),
+        first_log,
+        "the finished run was redone"
+    );
+    for run in [
+        "lr_max=1e-2,seed=0",
+        "lr_max=1e-2,seed=1",
+        "lr_max=3e-3,seed=0",
+        "lr_max=3e-3,seed=1",
+    ] {
         let s = summary(&out.join(run));
-        assert_eq!((s["status"].as_str(), s["steps"].as_u64()), (Some("finished"), Some(1500)), "{run}");
+        assert_eq!(
+            (s["status"].as_str(), s["steps"].as_u64()),
+            (Some("finished"), Some(1500)),
+            "{run}"
+        );
     }
     // The resumed run's log has every logged step once.
     let log = std::fs::read_to_string(second.join("log.jsonl")).unwrap();
     let steps: Vec<u64> = log
         .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["step"].as_u64().unwrap())
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["step"]
+                .as_u64()
+                .unwrap()
+        })
         .collect();
     assert_eq!(steps, (1..=300).map(|k| 5 * k).collect::<Vec<_>>());
 }
@@ -207,12 +231,30 @@ fn the_ablation_presets_change_the_model_as_the_handout_says() {
         .collect();
     let model = |name: &str| configs.iter().find(|(n, _)| n == name).unwrap().1["model"].clone();
     assert_eq!(configs.len(), 6);
-    assert_eq!((model("baseline")["norm"].as_str(), model("baseline")["ffn"].as_str()), (Some("pre"), Some("swiglu")));
+    assert_eq!(
+        (
+            model("baseline")["norm"].as_str(),
+            model("baseline")["ffn"].as_str()
+        ),
+        (Some("pre"), Some("swiglu"))
+    );
     assert_eq!(model("no-norm")["norm"], "none");
     assert_eq!(model("post-norm")["norm"], "post");
     assert_eq!(model("nope")["positional"], "none");
-    assert_eq!((model("silu")["ffn"].as_str(), model("silu")["d_ff"].as_u64()), (Some("silu"), Some(4 * 32)));
-    assert_eq!((model("wide")["d_model"].as_u64(), model("wide")["num_heads"].as_u64()), (Some(64), Some(4)));
+    assert_eq!(
+        (
+            model("silu")["ffn"].as_str(),
+            model("silu")["d_ff"].as_u64()
+        ),
+        (Some("silu"), Some(4 * 32))
+    );
+    assert_eq!(
+        (
+            model("wide")["d_model"].as_u64(),
+            model("wide")["num_heads"].as_u64()
+        ),
+        (Some(64), Some(4))
+    );
     assert!(!out.exists(), "--print-config trained");
 }
 
@@ -229,7 +271,10 @@ fn bad_axes_and_variants_are_one_line_naming_them() {
         (vec!["--grid", "lr_max="], "`lr_max` has no values"),
         (vec!["--grid", "lr_max"], "expected KEY=V1,V2"),
         (vec!["--grid", "out_dir=a,b"], "`out_dir` cannot be swept"),
-        (vec!["--list", "no-norm,sideways"], "unknown variant `sideways`"),
+        (
+            vec!["--list", "no-norm,sideways"],
+            "unknown variant `sideways`",
+        ),
         (vec!["--grid", "lr_max=1e-3,1e-3"], "lists 1e-3 twice"),
         (vec![], "nothing to sweep"),
     ] {

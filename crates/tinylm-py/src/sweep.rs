@@ -77,7 +77,9 @@ fn variants_of(given: &Bound<'_, PyAny>) -> PyResult<Vec<Variant>> {
             let name: String = name.extract()?;
             let keys: serde_json::Value = from_py_json(&keys, &format!("variants[{name:?}]"))?;
             let Some(keys) = keys.as_object() else {
-                return Err(invalid(format!("variants[{name:?}]: expected a dict of keys")));
+                return Err(invalid(format!(
+                    "variants[{name:?}]: expected a dict of keys"
+                )));
             };
             let keys = keys.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
             out.push(Variant::new(&name, keys).map_err(model_error)?);
@@ -85,7 +87,9 @@ fn variants_of(given: &Bound<'_, PyAny>) -> PyResult<Vec<Variant>> {
         return Ok(out);
     }
     if given.is_instance_of::<PyString>() {
-        return Err(invalid("variants: expected a list of names or a dict, got a string"));
+        return Err(invalid(
+            "variants: expected a list of names or a dict, got a string",
+        ));
     }
     let mut out = Vec::new();
     for spec in given.try_iter()? {
@@ -112,7 +116,10 @@ fn row(py: Python<'_>, point: &Point, result: &RunResult) -> PyResult<Py<PyDict>
     d.set_item("val_loss", s.and_then(|s| s.val_loss))?;
     d.set_item("tokens_per_s", s.map(|s| s.tokens_per_s))?;
     d.set_item("wallclock_s", s.map(|s| s.wallclock_s))?;
-    d.set_item("diverged_step", s.and_then(|s| s.diverged.as_ref()).map(|d| d.step))?;
+    d.set_item(
+        "diverged_step",
+        s.and_then(|s| s.diverged.as_ref()).map(|d| d.step),
+    )?;
     d.set_item("error", &result.error)?;
     Ok(d.unbind())
 }

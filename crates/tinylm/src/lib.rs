@@ -14,6 +14,7 @@ pub mod kernels;
 pub mod model;
 pub mod optim;
 pub mod params;
+pub mod plot;
 pub mod sweep;
 pub mod train;
 pub mod weights;

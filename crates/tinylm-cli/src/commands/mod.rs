@@ -9,6 +9,7 @@ pub mod forward;
 pub mod generate;
 pub mod import;
 pub mod info;
+pub mod plot;
 pub mod quickstart;
 pub mod ranks;
 pub mod sweep;

@@ -41,7 +41,11 @@ pub fn run(args: SweepArgs) -> Result<()> {
     let sweep = plan(&args)?;
     if args.base.print_config() {
         for point in &sweep.points {
-            println!("# {}\n{}", point.name, serde_json::to_string_pretty(&point.config)?);
+            println!(
+                "# {}\n{}",
+                point.name,
+                serde_json::to_string_pretty(&point.config)?
+            );
         }
         return Ok(());
     }
@@ -145,7 +149,10 @@ impl Observer for Bars {
             let r = p.record;
             bar.set_length(p.total_steps);
             bar.set_position(r.step);
-            bar.set_message(format!("loss {:.4} · {:.0} tok/s", r.train_loss, r.tokens_per_s));
+            bar.set_message(format!(
+                "loss {:.4} · {:.0} tok/s",
+                r.train_loss, r.tokens_per_s
+            ));
         }
     }
 
@@ -157,7 +164,9 @@ impl Observer for Bars {
             (_, Some(error)) => format!("failed: {error}"),
             (None, None) => "not run".to_string(),
             (Some(s), None) => {
-                let loss = |name: &str, v: Option<f64>| v.map_or(String::new(), |v| format!(" · {name} {v:.4}"));
+                let loss = |name: &str, v: Option<f64>| {
+                    v.map_or(String::new(), |v| format!(" · {name} {v:.4}"))
+                };
                 let status = match &s.diverged {
                     Some(d) => format!("diverged at step {}: {}", d.step, d.reason),
                     None => format!("{} after {} steps", s.status, s.steps),

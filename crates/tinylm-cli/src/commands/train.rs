@@ -157,8 +157,7 @@ impl TrainArgs {
     /// `--model-config` ← flags.
     fn resolve(&self) -> Result<ResolvedConfig> {
         let (given, overrides) = self.given()?;
-        resolve_config(given, &|key| self.source_of(key, &overrides))
-            .with_context(|| self.source())
+        resolve_config(given, &|key| self.source_of(key, &overrides)).with_context(|| self.source())
     }
 
     /// The keys given — `--config` ← `--preset` or `--model-config` ← flags — as a

@@ -14,7 +14,7 @@ mod plan;
 pub use plan::{config_key, points, Axis, AxisValue, Point, Variant};
 
 use crate::distributed::World;
-// use crate::plot::{write_comparison, CompareOptions, XAxis};
+use crate::plot::{write_comparison, CompareOptions, XAxis};
 use crate::train::{self, Progress, RunDir, RunSummary, Status, TrainConfig};
 use crate::{Error, Result};
 use std::path::{Path, PathBuf};
@@ -137,10 +137,6 @@ impl Sweep {
     /// The comparison plots of the runs that have a log: `loss.svg`/`loss.png`
     /// against steps and `loss_wall.svg`/`loss_wall.png` against wall-clock seconds.
     fn plot(&self) -> Result<()> {
-        Ok(()) // PLOT-PENDING
-    }
-
-/*PLOTBODY    fn plot(&self) -> Result<()> {
         let runs = self
             .points
             .iter()
@@ -163,7 +159,6 @@ impl Sweep {
         Ok(())
     }
 
-PLOTBODY*/
     /// The summary's columns: the variant and the axes, then the figures.
     fn columns(&self) -> Vec<String> {
         let mut columns: Vec<String> = self
@@ -187,7 +182,8 @@ PLOTBODY*/
 
     /// Each point's row: its values, then its results as text.
     fn rows(&self, results: &[RunResult]) -> Vec<Vec<String>> {
-        let number = |v: Option<f64>, digits: usize| v.map_or(String::new(), |v| format!("{v:.digits$}"));
+        let number =
+            |v: Option<f64>, digits: usize| v.map_or(String::new(), |v| format!("{v:.digits$}"));
         self.points
             .iter()
             .zip(results)
@@ -217,7 +213,14 @@ PLOTBODY*/
             true => format!("\"{}\"", f.replace('"', "\"\"")),
             false => f.to_string(),
         };
-        let line = |fields: &[String]| fields.iter().map(|f| field(f)).collect::<Vec<_>>().join(",") + "\n";
+        let line = |fields: &[String]| {
+            fields
+                .iter()
+                .map(|f| field(f))
+                .collect::<Vec<_>>()
+                .join(",")
+                + "\n"
+        };
         let mut text = line(&self.columns());
         for row in self.rows(results) {
             text += &line(&row);
@@ -317,7 +320,9 @@ fn run_point(i: usize, point: &Point, stop: &AtomicBool, observer: &dyn Observer
         },
         ..point.config.clone()
     };
-    let outcome = train::train(&config, &World::single(), stop, &mut |p| observer.step(i, p));
+    let outcome = train::train(&config, &World::single(), stop, &mut |p| {
+        observer.step(i, p)
+    });
     match outcome {
         Ok(_) | Err(Error::Diverged(_)) => match summary() {
             Ok(Some(summary)) => RunResult {

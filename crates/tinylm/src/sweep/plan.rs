@@ -63,7 +63,10 @@ impl Axis {
         };
         let values: Vec<AxisValue> = match values.trim() {
             "" => Vec::new(),
-            values => values.split(',').map(|v| AxisValue::parse(v.trim())).collect(),
+            values => values
+                .split(',')
+                .map(|v| AxisValue::parse(v.trim()))
+                .collect(),
         };
         Axis::new(name.trim(), values)
     }
@@ -188,7 +191,10 @@ pub fn points(base: &Value, axes: &[Axis], variants: &[Variant], out: &Path) -> 
     }
     for (i, v) in variants.iter().enumerate() {
         if variants[..i].iter().any(|w| w.name == v.name) {
-            return Err(Error::Config(format!("variant `{}` is given twice", v.name)));
+            return Err(Error::Config(format!(
+                "variant `{}` is given twice",
+                v.name
+            )));
         }
     }
     let given = |keys: &[(&str, &Value)], dir: &str| {
@@ -223,7 +229,11 @@ pub fn points(base: &Value, axes: &[Axis], variants: &[Variant], out: &Path) -> 
         keys: Vec::new(),
         ablation: None,
     }];
-    let variants = if variants.is_empty() { &baseline[..] } else { variants };
+    let variants = if variants.is_empty() {
+        &baseline[..]
+    } else {
+        variants
+    };
     let mut out_points = Vec::new();
     for variant in variants {
         for combination in combinations(axes) {
@@ -343,7 +353,13 @@ mod tests {
         assert_eq!(config_key("d_model").unwrap(), "model.d_model");
         assert_eq!(config_key("model.norm").unwrap(), "model.norm");
         for bad in ["lr", "model.lr_max", "resume", "model"] {
-            assert!(config_key(bad).unwrap_err().to_string().contains(&format!("`{bad}`")), "{bad}");
+            assert!(
+                config_key(bad)
+                    .unwrap_err()
+                    .to_string()
+                    .contains(&format!("`{bad}`")),
+                "{bad}"
+            );
         }
     }
 
@@ -351,7 +367,11 @@ mod tests {
     fn points_span_variants_then_axes_and_are_named_by_their_values() {
         let axes = [
             Axis::parse("lr_max=1e-3,3e-3").unwrap(),
-            Axis::new("d_model", vec![AxisValue::of(json!(32)), AxisValue::of(json!(64))]).unwrap(),
+            Axis::new(
+                "d_model",
+                vec![AxisValue::of(json!(32)), AxisValue::of(json!(64))],
+            )
+            .unwrap(),
         ];
         let variants = Variant::parse_list("baseline,silu").unwrap();
         let points = points(&base(), &axes, &variants, Path::new("sweep")).unwrap();
@@ -373,7 +393,10 @@ mod tests {
         assert_eq!(p.config.out_dir, Path::new("sweep").join(&p.name));
         assert_eq!((p.config.lr_max, p.config.model.d_model), (1e-3, 64));
         // silu's d_ff follows the point's d_model; the baseline keeps the base's.
-        assert_eq!((p.config.model.ffn, p.config.model.d_ff), (crate::config::Ffn::Silu, 256));
+        assert_eq!(
+            (p.config.model.ffn, p.config.model.d_ff),
+            (crate::config::Ffn::Silu, 256)
+        );
         assert_eq!(points[1].config.model.d_ff, 128);
         let columns: Vec<&str> = p.values.iter().map(|(c, _)| c.as_str()).collect();
         assert_eq!(columns, ["variant", "lr_max", "d_model"]);
@@ -393,7 +416,12 @@ mod tests {
     fn a_point_that_makes_no_valid_model_is_named() {
         // 48 is not a multiple of 5 heads: only the ablation-free point is valid.
         let axes = [Axis::parse("num_heads=4,5").unwrap()];
-        let err = points(&base(), &axes, &[], Path::new("s")).unwrap_err().to_string();
-        assert!(err.contains("`num_heads`: value `5`") && err.contains("divisible"), "{err}");
+        let err = points(&base(), &axes, &[], Path::new("s"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("`num_heads`: value `5`") && err.contains("divisible"),
+            "{err}"
+        );
     }
 }

@@ -34,14 +34,13 @@
 
 mod config;
 mod log;
-mod plot;
 mod run_dir;
 pub mod tensorboard;
 
+pub use crate::plot::write_loss_plot;
+pub(crate) use config::differences;
 pub use config::{resolve_config, BatchSplit, ConfigChange, ResolvedConfig, Schedule, TrainConfig};
 pub use log::{LogRecord, Progress};
-pub use plot::write_loss_plot;
-pub(crate) use config::differences;
 pub use run_dir::{
     Divergence, RunDir, RunSummary, Status, CHECKPOINT_FILE, CONFIG_FILE, LOG_FILE, PLOT_FILE,
     SUMMARY_FILE, TENSORBOARD_DIR,
@@ -341,7 +340,15 @@ fn run<B: Backend<f32>>(
             let record = journal
                 .as_mut()
                 .map(|j| j.record(&previous, &stats, step_s, None, state.wallclock_s));
-            check_divergence(cfg, &mut state, &stats, &previous, &mut journal, &record, &saved)?;
+            check_divergence(
+                cfg,
+                &mut state,
+                &stats,
+                &previous,
+                &mut journal,
+                &record,
+                &saved,
+            )?;
             if let (Some(journal), Some(record)) = (&mut journal, &record) {
                 journal.write(cfg, record, false, on_step)?;
             }
@@ -371,7 +378,15 @@ fn run<B: Backend<f32>>(
         let record = journal
             .as_mut()
             .map(|j| j.record(&queued, &stats, step_s, None, elapsed_s()));
-        check_divergence(cfg, &mut state, &stats, &queued, &mut journal, &record, &saved)?;
+        check_divergence(
+            cfg,
+            &mut state,
+            &stats,
+            &queued,
+            &mut journal,
+            &record,
+            &saved,
+        )?;
         let eval_start = Instant::now();
         let val_loss = match (&val_data, next.evaluate) {
             (Some(v), true) => Some(evaluate_on(world, &mut model, v, b, cfg.eval_batches)?.loss),

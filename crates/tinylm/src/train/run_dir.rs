@@ -127,7 +127,7 @@ impl RunDir {
     /// without a configuration).
     pub fn flat_config(&self) -> BTreeMap<String, Value> {
         let mut flat = BTreeMap::new();
-        let Some(Value::Object(keys)) = self.config.as_ref().map(|c| to_value(c)) else {
+        let Some(Value::Object(keys)) = self.config.as_ref().map(to_value) else {
             return flat;
         };
         for (key, value) in keys {
