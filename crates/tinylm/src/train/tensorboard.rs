@@ -31,7 +31,7 @@ pub struct Event {
     pub file_version: Option<String>,
     #[prost(message, optional, tag = "5")]
     pub summary: Option<Summary>,
-    #[prost(message, optional, tag = "6")]
+    #[prost(message, optional, tag = "7")]
     pub session_log: Option<SessionLog>,
 }
 
@@ -152,9 +152,11 @@ pub struct EventWriter {
 }
 
 impl EventWriter {
-    /// Starts `dir/events.out.tfevents.<seconds>.<host>.tinylm` (TensorBoard reads every
-    /// file of a directory whose name holds `tfevents`), at `wall_time` seconds since the
-    /// Unix epoch.
+    /// Starts `dir/events.out.tfevents.<seconds>.<host>.<nanoseconds>.<pid>.tinylm`, at
+    /// `wall_time` seconds since the Unix epoch. TensorBoard reads every file of a
+    /// directory whose name holds `tfevents`, in name order: the time in the name puts
+    /// a resumed run's file after the earlier ones (whose events its restart mark
+    /// drops), even within one second, and no file is ever overwritten.
     pub fn create(dir: &Path, wall_time: f64) -> Result<EventWriter> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         let host = std::fs::read_to_string("/etc/hostname")
@@ -166,11 +168,12 @@ impl EventWriter {
             host
         };
         let path = dir.join(format!(
-            "events.out.tfevents.{}.{host}.{}.tinylm",
+            "events.out.tfevents.{}.{host}.{:09}.{}.tinylm",
             wall_time as u64,
+            (wall_time.fract() * 1e9) as u64,
             std::process::id()
         ));
-        let file = File::create(&path).map_err(|e| Error::io(&path, e))?;
+        let file = File::create_new(&path).map_err(|e| Error::io(&path, e))?;
         let mut writer = EventWriter { file, path };
         writer.write(&Event {
             wall_time,
