@@ -229,7 +229,8 @@ def sweep(
     bare, e.g. ``{"lr_max": [1e-3, 3e-3], "d_model": [128, 256]}``) times
     ``variants`` (preset names ``baseline``, ``no-norm``, ``post-norm``, ``nope``,
     ``silu``, or ``"NAME:KEY=V,KEY=V"``, or a dict name → keys) over the base
-    ``config`` (as ``train`` takes it), each in a directory of ``out`` named by its
+    ``config`` (as ``train`` takes it; its ``out_dir`` is replaced, it may not
+    ``resume``), each in a directory of ``out`` named by its
     values, ``parallel`` at a time; then writes ``summary.csv`` and the plots
     ``loss.{svg,png}`` and ``loss_wall.{svg,png}`` in ``out``, prints the summary
     table to stderr and returns a dict per run (``name``, ``dir``, ``values``,

@@ -26,13 +26,12 @@ pub fn sweep(
     variants: Option<&Bound<'_, PyAny>>,
     parallel: usize,
 ) -> PyResult<Vec<Py<PyDict>>> {
+    // `out_dir` is replaced by each run's directory.
     let base = given_config(config)?;
-    for key in ["resume", "out_dir"] {
-        if !base[key].is_null() {
-            return Err(invalid(format!(
-                "config: `{key}` is the sweep's to set (runs go in subdirectories of out, and a sweep started again resumes them)"
-            )));
-        }
+    if !base["resume"].is_null() {
+        return Err(invalid(
+            "config: `resume` is the sweep's to set: a sweep called again resumes its runs",
+        ));
     }
     let mut axes = Vec::new();
     for (key, values) in grid.into_iter().flatten() {

@@ -87,11 +87,12 @@ pub fn run(args: SweepArgs) -> Result<()> {
 /// The sweep the arguments describe; a bad axis, variant or base is an error
 /// naming it.
 fn plan(args: &SweepArgs) -> Result<Sweep> {
-    let (base, _) = args.base.given()?;
+    // A configuration file's out_dir is replaced by each run's directory.
+    let (base, flags) = args.base.given()?;
     if !base["resume"].is_null() {
-        bail!("--resume: a sweep resumes its runs itself: run the same command again");
+        bail!("resume: a sweep resumes its runs itself: run the same command again");
     }
-    if !base["out_dir"].is_null() {
+    if flags.iter().any(|(key, _)| key == "out_dir") {
         bail!("--out-dir: a sweep's runs go in subdirectories of --out");
     }
     let axes = args
