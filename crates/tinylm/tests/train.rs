@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use tinylm::data::{Batch, SplitMix64, TokenDataset};
 use tinylm::distributed::World;
-use tinylm::train::{evaluate, resolve_config, train, LogRecord, Progress, Schedule, TrainConfig};
+use tinylm::train::{
+    evaluate, resolve_config, train, LogRecord, Progress, RunDir, Schedule, Status, TrainConfig,
+};
 use tinylm::{checkpoint, Model, ModelConfig};
 use tinylm_bpe::npy;
 
@@ -617,14 +619,14 @@ fn divergence_found_a_step_late_names_its_step_and_keeps_the_last_good_checkpoin
     cfg.lr_max = 1e6;
     cfg.lr_min = 1e6;
     cfg.warmup_steps = 1_000_000;
-    // The first step whose loss or gradient norm is not finite, by the hand loop.
+    // Each step's loss and gradient norm, by the hand loop.
     let (b, t) = (cfg.batch_size, cfg.model.context_length);
     let data = TokenDataset::open(&cfg.train_data, 256).unwrap();
     let mut model = Model::new(cfg.model.clone(), cfg.seed).unwrap();
     let mut opt = model.new_adamw(cfg.adamw()).unwrap();
     let (mut rng, mut batch) = (SplitMix64::new(cfg.seed), Batch::new(b, t));
-    let bad = (0..cfg.steps)
-        .find(|&step| {
+    let stats: Vec<(f32, f64)> = (0..cfg.steps)
+        .map(|step| {
             data.fill_random(&mut batch, &mut rng);
             let loss = model
                 .forward_loss(&batch.inputs, &batch.targets, b, t)
@@ -632,28 +634,56 @@ fn divergence_found_a_step_late_names_its_step_and_keeps_the_last_good_checkpoin
             model.backward().unwrap();
             let norm = model.grad_norm().unwrap();
             model.adamw_step(&mut opt, cfg.learning_rate(step, 0.0), None);
-            !(loss.is_finite() && norm.is_finite())
+            (loss, norm)
         })
-        .expect("the run diverges")
-        + 1;
+        .collect();
+    // The first step (from 1) that is not finite, and the first whose loss is also
+    // above twice the first step's.
+    let first = |bad: &dyn Fn(f32, f64) -> bool| {
+        1 + stats
+            .iter()
+            .position(|&(l, n)| bad(l, n))
+            .expect("the run diverges") as u64
+    };
+    let non_finite = first(&|l, n| !(l.is_finite() && n.is_finite()));
+    let above = first(&|l, n| !(l.is_finite() && n.is_finite()) || l > 2.0 * stats[0].0);
     // Every 2 steps: an odd step, found while the next one is already queued. Every
     // step: the step itself would be saved, so its statistics are read first.
-    assert!(bad >= 3 && bad % 2 == 1, "diverges at step {bad}");
-    for interval in [2, 1] {
-        cfg.checkpoint_interval = interval;
-        cfg.out_dir = dir.path().join(format!("every-{interval}"));
-        let e = train(&cfg, &World::single(), &never(), &mut |_: &Progress| {})
-            .unwrap_err()
-            .to_string();
-        let kept = bad - 1;
-        assert!(
-            e.contains(&format!("at step {bad} ")) && e.contains(&format!("(step {kept})")),
-            "{e}"
-        );
-        let path = cfg.out_dir.join("checkpoint.safetensors");
-        let saved = checkpoint::load(&path).unwrap();
-        assert_eq!(saved.meta::<u64>("step", &path).unwrap(), kept);
-        assert!(saved.params.iter().all(|x| x.is_finite()));
+    assert!(
+        non_finite >= 3 && non_finite % 2 == 1,
+        "diverges at step {non_finite}"
+    );
+    assert!(
+        above < non_finite,
+        "the loss passes twice its start at step {above}"
+    );
+    for (factor, bad) in [(0.0, non_finite), (2.0, above)] {
+        for interval in [2, 1] {
+            cfg.diverge_factor = factor;
+            cfg.checkpoint_interval = interval;
+            cfg.out_dir = dir.path().join(format!("factor-{factor}-every-{interval}"));
+            let e = train(&cfg, &World::single(), &never(), &mut |_: &Progress| {})
+                .unwrap_err()
+                .to_string();
+            let kept = (bad - 1) / interval * interval;
+            assert!(
+                e.contains(&format!("at step {bad} ")) && e.contains(&format!("(step {kept})")),
+                "{e}"
+            );
+            let path = cfg.out_dir.join("checkpoint.safetensors");
+            let saved = checkpoint::load(&path).unwrap();
+            assert_eq!(saved.meta::<u64>("step", &path).unwrap(), kept);
+            assert!(saved.params.iter().all(|x| x.is_finite()));
+            // The run directory says where, and keeps the curve to the last finite loss.
+            let run = RunDir::open(&cfg.out_dir).unwrap();
+            let summary = run.summary.unwrap();
+            assert_eq!(summary.status, Status::Diverged);
+            assert_eq!(summary.diverged.unwrap().step, bad);
+            let last = run.records.last().unwrap();
+            let (loss, norm) = stats[bad as usize - 1];
+            let finite = loss.is_finite() && norm.is_finite();
+            assert_eq!(last.step, if finite { bad } else { bad - 1 });
+        }
     }
 }
 

@@ -582,8 +582,9 @@ fn read_step<B: Backend<f32>>(
 
 /// Ends the run as diverged when the statistics of step `queued` say so
 /// ([`divergence`]); the first step's loss becomes the run's start loss. Rank 0
-/// first logs the step (when its loss is finite), redraws the plot and writes
-/// `summary.json`. Every rank sees the same summed loss, so all of them end here.
+/// first logs the step (when its loss and gradient norm are finite), redraws the
+/// plot and writes `summary.json`. Every rank sees the same summed loss, so all of
+/// them end here.
 fn check_divergence(
     cfg: &TrainConfig,
     state: &mut RunState,
@@ -598,7 +599,9 @@ fn check_divergence(
         return Ok(());
     };
     if let Some(journal) = journal {
-        if let Some(record) = record.as_ref().filter(|_| stats.loss.is_finite()) {
+        // Logged only when finite: the log (JSON) has no NaN or infinity.
+        let finite = stats.loss.is_finite() && stats.grad_norm().is_finite();
+        if let Some(record) = record.as_ref().filter(|_| finite) {
             journal.append(record)?;
         }
         write_loss_plot(&cfg.out_dir.join(run_dir::PLOT_FILE), journal.history())?;
