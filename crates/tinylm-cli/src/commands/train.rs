@@ -353,23 +353,6 @@ mod tests {
         TrainArgs::augment_args(Command::new("train"))
     }
 
-    /// Every key of `config` with its value, `model.<key>` for the model's.
-    fn keys_of(config: &TrainConfig) -> BTreeMap<String, Value> {
-        let Value::Object(keys) = serde_json::to_value(config).unwrap() else {
-            panic!("a TrainConfig is a table");
-        };
-        let mut flat = BTreeMap::new();
-        for (key, value) in keys {
-            match value {
-                Value::Object(inner) => {
-                    flat.extend(inner.into_iter().map(|(k, v)| (format!("{key}.{k}"), v)))
-                }
-                value => drop(flat.insert(key, value)),
-            }
-        }
-        flat
-    }
-
     #[test]
     fn every_key_has_a_flag_and_every_flag_a_key() {
         // Every optional key set and every switch off its default, so that each
@@ -395,7 +378,7 @@ mod tests {
             precision: Precision::Fp32,
             ..TrainConfig::default()
         };
-        let keys = keys_of(&config);
+        let keys = config.keys();
         let mut argv = vec!["train".to_string()];
         for (key, value) in &keys {
             let text = match value {
@@ -438,7 +421,7 @@ mod tests {
             help("schedule").unwrap().rsplit('[').next(),
             Some("default: steps]")
         );
-        for (key, value) in keys_of(&TrainConfig::default()) {
+        for (key, value) in TrainConfig::default().keys() {
             let id = key.rsplit('.').next().unwrap();
             let shown = match value {
                 Value::Null => continue,

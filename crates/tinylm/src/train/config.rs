@@ -217,6 +217,23 @@ impl TrainConfig {
         Ok(BatchSplit { share, micro })
     }
 
+    /// Every key with its value, `model.<key>` for the model's, in key order.
+    pub fn keys(&self) -> std::collections::BTreeMap<String, Value> {
+        let Value::Object(keys) = to_value(self) else {
+            unreachable!("a TrainConfig is a table");
+        };
+        let mut flat = std::collections::BTreeMap::new();
+        for (key, value) in keys {
+            match value {
+                Value::Object(inner) => {
+                    flat.extend(inner.into_iter().map(|(k, v)| (format!("{key}.{k}"), v)))
+                }
+                value => drop(flat.insert(key, value)),
+            }
+        }
+        flat
+    }
+
     pub fn adamw(&self) -> AdamWParams {
         AdamWParams {
             beta1: self.beta1,

@@ -56,7 +56,6 @@ use crate::optim::AdamW;
 use crate::{Error, Result};
 use log::{Journal, QueuedStep};
 use serde::Serialize;
-use serde_json::Value;
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -454,20 +453,11 @@ fn optimizer_shard<B: Backend<f32>>(
 /// for the model's) and each data file's size and a fingerprint of its first and
 /// last MiB.
 fn describe_run(cfg: &TrainConfig) -> Result<Vec<(String, String)>> {
-    let Value::Object(keys) = serde_json::to_value(cfg).expect("serializes") else {
-        unreachable!("a TrainConfig is a table");
-    };
-    let mut out = Vec::new();
-    for (key, value) in keys {
-        match value {
-            Value::Object(inner) => out.extend(
-                inner
-                    .iter()
-                    .map(|(k, v)| (format!("{key}.{k}"), v.to_string())),
-            ),
-            value => out.push((key, value.to_string())),
-        }
-    }
+    let mut out: Vec<(String, String)> = cfg
+        .keys()
+        .into_iter()
+        .map(|(key, value)| (key, value.to_string()))
+        .collect();
     for path in std::iter::once(&cfg.train_data).chain(&cfg.val_data) {
         out.push((format!("data file {}", path.display()), fingerprint(path)?));
     }

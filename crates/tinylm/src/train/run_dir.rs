@@ -126,19 +126,10 @@ impl RunDir {
     /// The configuration's keys and values, `model.<key>` for the model's (empty
     /// without a configuration).
     pub fn flat_config(&self) -> BTreeMap<String, Value> {
-        let mut flat = BTreeMap::new();
-        let Some(Value::Object(keys)) = self.config.as_ref().map(to_value) else {
-            return flat;
-        };
-        for (key, value) in keys {
-            match value {
-                Value::Object(inner) => {
-                    flat.extend(inner.into_iter().map(|(k, v)| (format!("{key}.{k}"), v)))
-                }
-                value => drop(flat.insert(key, value)),
-            }
-        }
-        flat
+        self.config
+            .as_ref()
+            .map(TrainConfig::keys)
+            .unwrap_or_default()
     }
 }
 
@@ -165,8 +156,4 @@ fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Option<T>> {
     serde_json::from_str(&text)
         .map(Some)
         .map_err(|e| Error::Invalid(format!("{}: {e}", path.display())))
-}
-
-fn to_value(value: impl Serialize) -> Value {
-    serde_json::to_value(value).expect("serializes")
 }
