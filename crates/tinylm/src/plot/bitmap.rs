@@ -2,7 +2,7 @@
 //! left side bearing. (plotters 0.3.7 draws every ab_glyph glyph at the left edge of
 //! its advance, so narrow glyphs such as `1` and `.` sit apart from what follows.)
 
-use super::font_bytes;
+use super::font::font_bytes;
 use ab_glyph::{point, Font, FontRef, ScaleFont};
 use plotters::prelude::*;
 use plotters_backend::text_anchor::{HPos, VPos};

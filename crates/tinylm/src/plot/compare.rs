@@ -3,7 +3,8 @@
 //! panels), and below them a legend naming each run by the configuration keys whose
 //! values differ between the runs.
 
-use super::{write_figure, DrawResult, Figure, FONT, PALETTE};
+use super::figure::{write_figure, DrawResult, Figure, PALETTE};
+use super::font::FONT;
 use crate::train::{LogRecord, RunDir, Status, LOG_FILE};
 use crate::{Error, Result};
 use plotters::coord::ranged1d::{KeyPointHint, NoDefaultFormatting, ValueFormatter};

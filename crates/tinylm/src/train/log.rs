@@ -2,7 +2,6 @@
 //! the records a resumed run keeps, and the throughput since the last logged step.
 
 use super::config::TrainConfig;
-use super::run_dir::{Divergence, RunSummary, Status};
 use super::tensorboard::EventWriter;
 use crate::kernels::StepStats;
 use crate::{Error, Result};
@@ -174,32 +173,6 @@ impl Journal {
         self.history.push(record.clone());
         (self.window_tokens, self.window_s) = (0, 0.0);
         Ok(())
-    }
-
-    /// The run's summary from its log: the last record's figures, the last
-    /// validation loss, and the training throughput over every logged window.
-    pub fn summary(&self, status: Status, diverged: Option<Divergence>) -> RunSummary {
-        let last = self.history.last();
-        // Each record's window: the tokens since the one before, at its throughput.
-        let mut tokens_before = 0;
-        let mut seconds = 0.0;
-        for r in &self.history {
-            seconds += (r.tokens - tokens_before) as f64 / r.tokens_per_s.max(1e-9);
-            tokens_before = r.tokens;
-        }
-        RunSummary {
-            status,
-            steps: last.map_or(0, |r| r.step),
-            tokens: last.map_or(0, |r| r.tokens),
-            wallclock_s: last.map_or(0.0, |r| r.wallclock_s),
-            train_loss: last.map(|r| r.train_loss),
-            val_loss: self.history.iter().rev().find_map(|r| r.val_loss),
-            tokens_per_s: match seconds > 0.0 {
-                true => tokens_before as f64 / seconds,
-                false => 0.0,
-            },
-            diverged,
-        }
     }
 }
 

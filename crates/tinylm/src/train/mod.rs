@@ -420,7 +420,7 @@ fn run<B: Backend<f32>>(
                     true => Status::Stopped,
                     false => Status::Finished,
                 };
-                journal.summary(status, None).write(&cfg.out_dir)?;
+                RunSummary::from_log(status, journal.history(), None).write(&cfg.out_dir)?;
             }
             return Ok(TrainSummary {
                 steps: state.step,
@@ -599,9 +599,7 @@ fn check_divergence(
             step: queued.step,
             reason: reason.clone(),
         };
-        journal
-            .summary(Status::Diverged, Some(at))
-            .write(&cfg.out_dir)?;
+        RunSummary::from_log(Status::Diverged, journal.history(), Some(at)).write(&cfg.out_dir)?;
     }
     let kept = match saved {
         Some((path, step)) => format!(

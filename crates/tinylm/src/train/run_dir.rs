@@ -73,6 +73,37 @@ pub struct RunSummary {
 }
 
 impl RunSummary {
+    /// The summary of a run that ended with `status` and logged `records`: the last
+    /// record's figures, the last validation loss, and the training throughput over
+    /// every logged window.
+    pub fn from_log(
+        status: Status,
+        records: &[LogRecord],
+        diverged: Option<Divergence>,
+    ) -> RunSummary {
+        let last = records.last();
+        // Each record's window: the tokens since the one before, at its throughput.
+        let mut tokens_before = 0;
+        let mut seconds = 0.0;
+        for r in records {
+            seconds += (r.tokens - tokens_before) as f64 / r.tokens_per_s.max(1e-9);
+            tokens_before = r.tokens;
+        }
+        RunSummary {
+            status,
+            steps: last.map_or(0, |r| r.step),
+            tokens: last.map_or(0, |r| r.tokens),
+            wallclock_s: last.map_or(0.0, |r| r.wallclock_s),
+            train_loss: last.map(|r| r.train_loss),
+            val_loss: records.iter().rev().find_map(|r| r.val_loss),
+            tokens_per_s: match seconds > 0.0 {
+                true => tokens_before as f64 / seconds,
+                false => 0.0,
+            },
+            diverged,
+        }
+    }
+
     /// Writes `dir/summary.json` (temporary file and rename).
     pub fn write(&self, dir: &Path) -> Result<()> {
         let text = serde_json::to_string_pretty(self).expect("serializes");
