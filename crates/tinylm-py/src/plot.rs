@@ -9,7 +9,10 @@ use tinylm::plot::{find_runs, write_comparison, CompareOptions, XAxis};
 /// Draws the runs of `runs` (a run or sweep directory, or a list of them) to `out`
 /// (`.svg` or `.png`) against `x` (`step`, `tokens` or `wall`); returns `out`.
 #[pyfunction]
-#[pyo3(signature = (runs, out=PathBuf::from("loss.png"), x="step", log_x=false, log_y=false, title=None))]
+#[pyo3(
+    signature = (runs, out=PathBuf::from("loss.png"), x="step", log_x=false, log_y=false, title=None),
+    text_signature = "(runs, out='loss.png', x='step', log_x=False, log_y=False, title=None)"
+)]
 pub fn plot(
     py: Python<'_>,
     runs: &Bound<'_, PyAny>,
