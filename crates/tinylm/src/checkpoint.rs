@@ -12,13 +12,14 @@
 //!
 //! Files are written to `<path>.tmp` and renamed, so a crash never leaves a torn file.
 
-use crate::kernels::AdamWParams;
+use crate::kernels::{AdamWParams, Backend, Buffer};
 use crate::optim::AdamW;
-use crate::params::{load_safetensors, save_safetensors, ParamLayout, Tensors};
+use crate::params::{load_safetensors, write_safetensors, ParamLayout, TensorData, Tensors};
 use crate::{Error, ModelConfig, Result};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 const MOMENT_M: &str = "optim.m.";
@@ -80,8 +81,80 @@ pub fn save(
     optimizer: Option<&AdamW>,
     extra: &BTreeMap<String, String>,
 ) -> Result<()> {
+    let moments = optimizer.map(|opt| (opt, opt.m.as_slice(), opt.v.as_slice()));
+    let moments = moments.as_ref().map(|(opt, m, v)| Moments {
+        hp: opt.hp,
+        step: opt.step,
+        m,
+        v,
+    });
+    save_from(path, config, &params, moments, extra)
+}
+
+/// A flat buffer in the parameter layout, wherever it lies.
+pub trait FlatValues {
+    /// The values `range` as they are to be written.
+    fn values(&self, range: Range<usize>) -> TensorData<'_>;
+}
+
+impl FlatValues for &[f32] {
+    fn values(&self, range: Range<usize>) -> TensorData<'_> {
+        TensorData::Host(&self[range])
+    }
+}
+
+/// A backend's buffer: written from where it lies when the backend keeps it in host
+/// memory (the CPU), else fetched one tensor at a time (a GPU).
+pub struct BackendValues<'a, B: Backend<f32>> {
+    pub backend: &'a B,
+    pub buf: &'a B::Buf,
+}
+
+impl<B: Backend<f32>> FlatValues for BackendValues<'_, B> {
+    fn values(&self, range: Range<usize>) -> TensorData<'_> {
+        match self.backend.host(self.buf.at(range.clone())) {
+            Some(values) => TensorData::Host(values),
+            None => TensorData::Fetch(Box::new(move |out| {
+                self.backend.download(self.buf.at(range.clone()), out)
+            })),
+        }
+    }
+}
+
+/// The AdamW state a checkpoint holds: hyper-parameters, step, and both moments
+/// for every parameter.
+pub struct Moments<'a> {
+    pub hp: AdamWParams,
+    pub step: u64,
+    pub m: &'a dyn FlatValues,
+    pub v: &'a dyn FlatValues,
+}
+
+/// [`save`] from buffers wherever they lie ([`FlatValues`]): the same file, byte for
+/// byte, written without a host copy of the model or the moments (a GPU's are
+/// fetched one tensor at a time).
+pub fn save_from<'a>(
+    path: &Path,
+    config: &ModelConfig,
+    params: &'a dyn FlatValues,
+    optimizer: Option<Moments<'a>>,
+    extra: &BTreeMap<String, String>,
+) -> Result<()> {
     let layout = ParamLayout::new(config);
-    let mut tensors = layout.tensors(params);
+    let tensors_of = |prefix: &str, buf: &'a dyn FlatValues| {
+        layout
+            .specs
+            .iter()
+            .map(|s| {
+                (
+                    format!("{prefix}{}", s.name),
+                    s.shape.clone(),
+                    buf.values(s.range()),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let mut tensors = tensors_of("", params);
     let mut metadata = extra.clone();
     metadata.insert("format".into(), "\"tinylm\"".into());
     metadata.insert(
@@ -89,14 +162,8 @@ pub fn save(
         serde_json::to_string(config).expect("serializes"),
     );
     if let Some(opt) = optimizer {
-        for (prefix, buf) in [(MOMENT_M, &opt.m), (MOMENT_V, &opt.v)] {
-            tensors.extend(
-                layout
-                    .tensors(buf)
-                    .into_iter()
-                    .map(|(name, shape, values)| (format!("{prefix}{name}"), shape, values)),
-            );
-        }
+        tensors.extend(tensors_of(MOMENT_M, opt.m));
+        tensors.extend(tensors_of(MOMENT_V, opt.v));
         let meta = OptimizerMeta {
             hp: opt.hp,
             step: opt.step,
@@ -109,7 +176,7 @@ pub fn save(
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
     let tmp = PathBuf::from(tmp);
-    save_safetensors(&tmp, &tensors, &metadata)?;
+    write_safetensors(&tmp, &tensors, &metadata)?;
     std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
 }
 
@@ -178,5 +245,110 @@ pub fn check_same_config(path: &Path, saved: &ModelConfig, config: &ModelConfig)
             path.display(),
             diffs.join("; ")
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::Cpu;
+    use crate::Model;
+
+    /// A buffer that must be fetched, as a GPU's is.
+    struct Fetched<'a>(&'a [f32]);
+
+    impl FlatValues for Fetched<'_> {
+        fn values(&self, range: Range<usize>) -> TensorData<'_> {
+            TensorData::Fetch(Box::new(move |out| {
+                out.copy_from_slice(&self.0[range.clone()]);
+                Ok(())
+            }))
+        }
+    }
+
+    #[test]
+    fn a_checkpoint_written_from_the_buffers_is_the_host_copys_byte_for_byte() {
+        let config = ModelConfig {
+            vocab_size: 64,
+            context_length: 8,
+            d_model: 16,
+            num_layers: 2,
+            num_heads: 2,
+            d_ff: 40,
+            ..ModelConfig::tinystories()
+        };
+        let model = Model::<f32, Cpu>::new(config.clone(), 3).unwrap();
+        let mut opt = model.new_adamw(AdamWParams::default()).unwrap();
+        for (i, (m, v)) in opt.m.iter_mut().zip(&mut opt.v).enumerate() {
+            (*m, *v) = (i as f32 * 1e-3, (i % 7) as f32);
+        }
+        opt.step = 5;
+        let extra = BTreeMap::from([("step".to_string(), "5".to_string())]);
+        let dir = tempfile::tempdir().unwrap();
+        let (copy, direct, fetched) = (
+            dir.path().join("copy.safetensors"),
+            dir.path().join("direct.safetensors"),
+            dir.path().join("fetched.safetensors"),
+        );
+        let host = model.download_params().unwrap();
+        save(
+            &copy,
+            &config,
+            &host,
+            Some(&model.download_adamw(&opt).unwrap()),
+            &extra,
+        )
+        .unwrap();
+        let on_cpu = |buf| BackendValues {
+            backend: model.backend(),
+            buf,
+        };
+        let (m, v) = (on_cpu(&opt.m), on_cpu(&opt.v));
+        let moments = |m, v| Moments {
+            hp: opt.hp,
+            step: opt.step,
+            m,
+            v,
+        };
+        let params = on_cpu(model.param_buffer());
+        save_from(&direct, &config, &params, Some(moments(&m, &v)), &extra).unwrap();
+        let (m, v, p) = (Fetched(&opt.m), Fetched(&opt.v), Fetched(&host));
+        save_from(&fetched, &config, &p, Some(moments(&m, &v)), &extra).unwrap();
+        // The same header (the safetensors crate orders metadata as its HashMap
+        // does, so only its content compares) and the same data, byte for byte.
+        let parts = |p: &Path| {
+            let bytes = std::fs::read(p).unwrap();
+            let n = 8 + u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+            let header: serde_json::Value = serde_json::from_slice(&bytes[8..n]).unwrap();
+            (header, bytes[n..].to_vec())
+        };
+        let same = |a: &Path, b: &Path| assert!(parts(a) == parts(b), "{a:?} differs");
+        same(&direct, &copy);
+        same(&fetched, &copy);
+        assert_eq!(load(&direct).unwrap().optimizer.unwrap().m, opt.m);
+    }
+
+    #[test]
+    fn a_fetch_that_fails_is_the_error_and_leaves_no_file() {
+        struct Failing;
+        impl FlatValues for Failing {
+            fn values(&self, _: Range<usize>) -> TensorData<'_> {
+                TensorData::Fetch(Box::new(|_| Err(Error::Device("the GPU is gone".into()))))
+            }
+        }
+        let config = ModelConfig {
+            vocab_size: 64,
+            context_length: 8,
+            d_model: 16,
+            num_layers: 1,
+            num_heads: 2,
+            d_ff: 40,
+            ..ModelConfig::tinystories()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.safetensors");
+        let err = save_from(&path, &config, &Failing, None, &BTreeMap::new()).unwrap_err();
+        assert!(err.to_string().contains("the GPU is gone"), "{err}");
+        assert!(std::fs::read_dir(dir.path()).unwrap().next().is_none());
     }
 }

@@ -526,6 +526,11 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
         &self.layout
     }
 
+    /// The parameter buffer (in [`ParamLayout`] order), where the backend keeps it.
+    pub fn param_buffer(&self) -> &B::Buf {
+        &self.params
+    }
+
     /// A host copy of the parameters (in [`ParamLayout`] order).
     pub fn download_params(&self) -> Result<Vec<F>> {
         let mut host = vec![F::ZERO; self.layout.total];

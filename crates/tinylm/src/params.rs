@@ -236,19 +236,69 @@ pub fn save_safetensors(
     tensors: &[(String, Vec<usize>, &[f32])],
     metadata: &BTreeMap<String, String>,
 ) -> Result<()> {
-    let views = tensors.iter().map(|(name, shape, values)| {
-        assert_eq!(shape.iter().product::<usize>(), values.len(), "{name}");
-        (name.as_str(), F32View { shape, values })
-    });
-    let metadata = (!metadata.is_empty()).then(|| metadata.clone().into_iter().collect());
-    safetensors::serialize_to_file(views, metadata, path)
-        .map_err(|e| Error::Invalid(format!("{}: cannot write safetensors: {e}", path.display())))
+    let tensors: Vec<(String, Vec<usize>, TensorData)> = tensors
+        .iter()
+        .map(|(name, shape, values)| (name.clone(), shape.clone(), TensorData::Host(values)))
+        .collect();
+    write_safetensors(path, &tensors, metadata)
 }
 
-/// A borrowed `f32` tensor as the safetensors crate sees it.
+/// Where a tensor's values are when it is written: in host memory, written from
+/// where they lie; or fetched (from a GPU) into host memory just before, one tensor
+/// at a time, so that writing a model never holds a second copy of it.
+pub enum TensorData<'a> {
+    Host(&'a [f32]),
+    Fetch(Fetch<'a>),
+}
+
+/// Fills a buffer of a tensor's length with its values (a download from a GPU).
+pub type Fetch<'a> = Box<dyn Fn(&mut [f32]) -> Result<()> + 'a>;
+
+/// [`save_safetensors`] for tensors wherever they are ([`TensorData`]): the file
+/// is the same byte for byte, and beyond it the writer holds at most one fetched
+/// tensor.
+pub fn write_safetensors(
+    path: &Path,
+    tensors: &[(String, Vec<usize>, TensorData)],
+    metadata: &BTreeMap<String, String>,
+) -> Result<()> {
+    // A fetch that fails (safetensors' `View` has no error path) is kept here, its
+    // tensor written as zeros, and the error returned once the file is closed.
+    let failed = std::sync::Mutex::new(None);
+    let views = tensors.iter().map(|(name, shape, data)| {
+        (
+            name.as_str(),
+            F32View {
+                shape,
+                data,
+                failed: &failed,
+            },
+        )
+    });
+    let metadata = (!metadata.is_empty()).then(|| metadata.clone().into_iter().collect());
+    safetensors::serialize_to_file(views, metadata, path).map_err(|e| {
+        Error::Invalid(format!("{}: cannot write safetensors: {e}", path.display()))
+    })?;
+    match failed.into_inner().expect("not poisoned") {
+        Some(e) => {
+            let _ = std::fs::remove_file(path);
+            Err(e)
+        }
+        None => Ok(()),
+    }
+}
+
+/// A tensor as the safetensors crate sees it.
 struct F32View<'a> {
     shape: &'a [usize],
-    values: &'a [f32],
+    data: &'a TensorData<'a>,
+    failed: &'a std::sync::Mutex<Option<Error>>,
+}
+
+impl F32View<'_> {
+    fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
 }
 
 impl View for F32View<'_> {
@@ -260,12 +310,40 @@ impl View for F32View<'_> {
         self.shape
     }
 
+    /// Host values as they lie in memory (little-endian `f32` is the file's
+    /// format); a fetched tensor in a buffer of its own.
     fn data(&self) -> Cow<'_, [u8]> {
-        Cow::Owned(self.values.iter().flat_map(|x| x.to_le_bytes()).collect())
+        let bytes =
+            |values: &[f32]| -> Vec<u8> { values.iter().flat_map(|x| x.to_le_bytes()).collect() };
+        match self.data {
+            TensorData::Host(values) => {
+                assert_eq!(
+                    values.len(),
+                    self.len(),
+                    "a tensor's values and shape disagree"
+                );
+                match cfg!(target_endian = "little") {
+                    // SAFETY: any f32 is 4 initialized bytes; u8 has no alignment.
+                    true => Cow::Borrowed(unsafe {
+                        std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), values.len() * 4)
+                    }),
+                    false => Cow::Owned(bytes(values)),
+                }
+            }
+            TensorData::Fetch(fetch) => {
+                let mut values = vec![0.0f32; self.len()];
+                if let Err(e) = fetch(&mut values) {
+                    let mut failed = self.failed.lock().expect("not poisoned");
+                    failed.get_or_insert(e);
+                    values.fill(0.0);
+                }
+                Cow::Owned(bytes(&values))
+            }
+        }
     }
 
     fn data_len(&self) -> usize {
-        self.values.len() * 4
+        self.len() * 4
     }
 }
 

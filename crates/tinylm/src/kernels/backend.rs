@@ -413,6 +413,14 @@ pub trait Backend<F: Float>: Sync {
     fn upload_ids(&self, dst: &mut Self::Ids, src: &[u32]) -> Result<()>;
     /// `dst = src` to the host (waits for the kernels writing `src`).
     fn download(&self, src: Span<Self::Buf>, dst: &mut [F]) -> Result<()>;
+
+    /// The values of `src` where they lie, when the backend keeps its buffers in
+    /// host memory (the CPU); `None` for a device, whose values are [`download`]ed.
+    ///
+    /// [`download`]: Backend::download
+    fn host<'a>(&self, _src: Span<'a, Self::Buf>) -> Option<&'a [F]> {
+        None
+    }
     /// Waits for every kernel launched so far; the first failure since the last call.
     fn sync(&self) -> Result<()>;
 

@@ -140,6 +140,10 @@ impl<F: Float, B: Backend<F>> Backend<F> for Profiled<B> {
         self.inner.download(src, dst)
     }
 
+    fn host<'a>(&self, src: Span<'a, B::Buf>) -> Option<&'a [F]> {
+        self.inner.host(src)
+    }
+
     fn sync(&self) -> Result<()> {
         self.inner.sync()
     }

@@ -46,7 +46,7 @@ pub use run_dir::{
     SUMMARY_FILE, TENSORBOARD_DIR,
 };
 
-use crate::checkpoint::{self, check_same_config};
+use crate::checkpoint::{self, check_same_config, BackendValues, Moments};
 use crate::data::{Batch, SplitMix64, TokenDataset};
 use crate::device::{rank_device, run_on, BackendTask};
 use crate::distributed::{shard, Reduce, World};
@@ -698,19 +698,33 @@ fn save<B: Backend<f32>>(
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
     .collect();
-    let mut opt = model.download_adamw(opt)?;
+    // Written from the backend's buffers: no host copy of the model or, unless
+    // rank 0 gathers ZeRO-1 shards, of the moments.
+    let on_backend = |buf| BackendValues {
+        backend: model.backend(),
+        buf,
+    };
+    let params = on_backend(model.param_buffer());
+    let moments = |m, v| Moments {
+        hp: opt.hp,
+        step: opt.step,
+        m,
+        v,
+    };
     if opt.covers.len() < model.layout().total {
-        let (m, v) = (world.gather(opt.m), world.gather(opt.v));
+        let shard = model.download_adamw(opt)?;
+        let (m, v) = (world.gather(shard.m), world.gather(shard.v));
         let (Some(m), Some(v)) = (m, v) else {
             return Ok(()); // Not rank 0: its shard is sent.
         };
-        (opt.covers, opt.m, opt.v) = (0..m.len(), m, v);
+        let (m, v) = (m.as_slice(), v.as_slice());
+        return checkpoint::save_from(path, model.config(), &params, Some(moments(&m, &v)), &meta);
     }
     if !world.is_root() {
         return Ok(());
     }
-    let params = model.download_params()?;
-    checkpoint::save(path, model.config(), &params, Some(&opt), &meta)
+    let (m, v) = (on_backend(&opt.m), on_backend(&opt.v));
+    checkpoint::save_from(path, model.config(), &params, Some(moments(&m, &v)), &meta)
 }
 
 /// A value as JSON text.

@@ -60,6 +60,10 @@ impl<F: Float> Backend<F> for Cpu {
         Ok(())
     }
 
+    fn host<'a>(&self, src: Span<'a, Vec<F>>) -> Option<&'a [F]> {
+        Some(src.slice())
+    }
+
     fn sync(&self) -> Result<()> {
         Ok(())
     }
