@@ -86,7 +86,11 @@ fn training_evaluation_checkpoint_and_resume_stay_within_the_memory_model() {
     let resumed = peak_rss(&["train", "--resume", &checkpoint, "--steps", "3"]);
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     for (what, peak) in [("the first run", first), ("the resumed run", resumed)] {
-        eprintln!("{what}: peak {:.3} GiB, limit {:.3} GiB", gib(peak), gib(limit));
+        eprintln!(
+            "{what}: peak {:.3} GiB, limit {:.3} GiB",
+            gib(peak),
+            gib(limit)
+        );
         assert!(
             peak <= limit,
             "{what} peaked at {:.3} GiB, over the memory model's limit {:.3} GiB",
