@@ -15,7 +15,7 @@ pub use plan::{config_key, points, Axis, AxisValue, Point, Variant};
 
 use crate::distributed::World;
 use crate::plot::{write_comparison, CompareOptions, XAxis};
-use crate::train::{self, Progress, RunDir, RunSummary, Status, TrainConfig};
+use crate::train::{self, write_atomic, Progress, RunDir, RunSummary, Status, TrainConfig};
 use crate::{Error, Result};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -367,11 +367,4 @@ fn check_same_run(point: &Point) -> Result<()> {
             changes.join(", ")
         ))),
     }
-}
-
-/// Writes `text` to `path` through a temporary file and a rename.
-fn write_atomic(path: &Path, text: &str) -> Result<()> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text).map_err(|e| Error::io(&tmp, e))?;
-    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
 }

@@ -170,9 +170,11 @@ pub(super) fn write_config(dir: &Path, config: &TrainConfig) -> Result<()> {
     write_atomic(&dir.join(CONFIG_FILE), &text)
 }
 
-/// Writes `text` to `path` through a temporary file and a rename.
-fn write_atomic(path: &Path, text: &str) -> Result<()> {
-    let tmp = path.with_extension("json.tmp");
+/// Writes `text` to `path` through a temporary file (`path` + `.tmp`) and a rename.
+pub(crate) fn write_atomic(path: &Path, text: &str) -> Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
     std::fs::write(&tmp, text).map_err(|e| Error::io(&tmp, e))?;
     std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
 }
