@@ -62,6 +62,34 @@ for run, tol in (("fp32", 1e-4), ("bf16", 3e-2), ("fp32-micro", 1e-4)):
     assert worst <= tol, (run, gpu, cpu)
 PY
 
+echo "== cuda-emu: a run's device memory against tinylm info --device cuda"
+# Training in micro-batches with evaluations and checkpoints, then a resume: the
+# most device memory either process allocated at once (the emulator's count) is
+# within the memory model's figure + 5%.
+model=(--vocab-size 1024 --context-length 128 --d-model 128 --num-layers 2 --num-heads 4
+    --d-ff 384 --batch-size 16 --micro-batch-size 8)
+memory_run() {
+    CUDA_EMU_STATS="$work/$1.stats" "$emu/run.sh" "$tinylm" train "${@:2}" >"$work/$1.out" 2>&1 ||
+        { cat "$work/$1.out"; exit 1; }
+}
+memory_run first --train-data "$work/tokens.npy" --val-data "$work/tokens.npy" \
+    --out-dir "$work/memory" "${model[@]}" --steps 2 --eval-interval 1 --eval-batches 2 \
+    --checkpoint-interval 1 --device cuda --precision bf16 --threads 2
+memory_run resumed --resume "$work/memory/checkpoint.safetensors" --steps 3
+"$tinylm" info "${model[@]}" --device cuda --precision bf16 >"$work/info.txt"
+python3 - "$work" <<'PY'
+import re, sys
+work = sys.argv[1]
+units = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+number, unit = re.search(r"GPU memory needed: ([0-9.]+) (\w+)", open(f"{work}/info.txt").read()).groups()
+model = float(number) * units[unit]
+for run in ("first", "resumed"):
+    peak = int(open(f"{work}/{run}.stats").read().split()[5])
+    print(f"{run} run: most device memory at once {peak / 2**20:.2f} MiB, "
+          f"tinylm info --device cuda {model / 2**20:.2f} MiB ({peak / model:.3f} of it)")
+    assert peak <= model * 1.05, (run, peak, model)
+PY
+
 echo "== cuda-emu: a driver older than CUDA 13 is one clear error"
 if CUDA_EMU_DRIVER_VERSION=12080 "$emu/run.sh" "$tinylm" train --train-data "$work/tokens.npy" \
     --out-dir "$work/old" --device cuda --steps 1 >"$work/old.out" 2>&1; then

@@ -1,15 +1,16 @@
 //! A run takes the memory `tinylm info` promises: a 58M-parameter model through
-//! training steps, an evaluation, a checkpoint and a resume, each process's peak
-//! resident memory (`wait4`'s `ru_maxrss`) within the memory model's total + 5%
-//! plus a fixed allowance for the program, its libraries and the data's pages.
+//! training steps in micro-batches, an evaluation, a checkpoint and a resume, each
+//! process's peak resident memory (`wait4`'s `ru_maxrss`) within the memory
+//! model's peak of the run (`RunMemory::peak_resident`) + 5% plus a fixed
+//! allowance for the program and its libraries.
 
 use std::process::Command;
-use tinylm::accounting::Memory;
+use tinylm::accounting::{RunShape, Target};
 use tinylm::ModelConfig;
 use tinylm_bpe::npy;
 
-/// What a process holds beyond the training step's buffers: the binary and its
-/// libraries, thread stacks, the allocator's slack, the mapped token files.
+/// What a process holds beyond the run's buffers: the binary and its libraries,
+/// thread stacks, the allocator's slack.
 const ALLOWANCE_MIB: u64 = 128;
 
 /// Runs `tinylm args` and returns its peak resident memory in bytes.
@@ -43,7 +44,7 @@ fn training_evaluation_checkpoint_and_resume_stay_within_the_memory_model() {
         d_ff: 1376,
         ..ModelConfig::tinystories()
     };
-    let batch = 4;
+    let (batch, micro) = (4, 2);
     let dir = tempfile::tempdir().unwrap();
     let ids: Vec<u16> = (0..200_000u32)
         .map(|i| (i * 7919 % 32_000) as u16)
@@ -52,8 +53,18 @@ fn training_evaluation_checkpoint_and_resume_stay_within_the_memory_model() {
     npy::write(&dir.path().join("v.npy"), &[20_000], &ids[..20_000]).unwrap();
     let path = |name: &str| dir.path().join(name).to_string_lossy().into_owned();
     let (train, val, out) = (path("t.npy"), path("v.npy"), path("run"));
-    let limit = Memory::new(&config, batch, config.context_length).total() * 105 / 100
-        + (ALLOWANCE_MIB << 20);
+    let shape = RunShape {
+        target: Target::Cpu,
+        ranks: 1,
+        sharded: false,
+        seq_len: config.context_length,
+        token_files: [&train, &val]
+            .iter()
+            .map(|p| std::fs::metadata(p).unwrap().len())
+            .sum(),
+    };
+    let limit =
+        shape.memory(&config, batch, micro).peak_resident() * 105 / 100 + (ALLOWANCE_MIB << 20);
     let first = peak_rss(&[
         "train",
         "--vocab-size",
@@ -70,6 +81,8 @@ fn training_evaluation_checkpoint_and_resume_stay_within_the_memory_model() {
         "1376",
         "--batch-size",
         "4",
+        "--micro-batch-size",
+        "2",
         "--steps",
         "2",
         "--eval-batches",

@@ -1,5 +1,6 @@
-//! Resource accounting (SPEC §2): parameters by component, memory for training,
-//! and the FLOPs of every matmul in one forward pass.
+//! Resource accounting (SPEC §2): parameters by component, memory for training
+//! (a step's buffers on the CPU or a GPU, and the peak of a whole run), and the
+//! FLOPs of every matmul in one forward pass.
 //!
 //! FLOPs count each `(m×n)(n×p)` product as `2mnp`. Attention scores are counted
 //! in full (`QKᵀ` is `T×T` per head although the causal mask discards half), the
@@ -8,7 +9,11 @@
 //! matmuls (input and weight gradients) per forward one.
 
 use crate::config::{Ffn, ModelConfig, Norm};
+use crate::device::{resolve, Device};
 use crate::distributed::MPI_CHUNK;
+use crate::kernels::Precision;
+use crate::train::TrainConfig;
+use crate::Result;
 
 /// Parameter counts by component.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -57,7 +62,29 @@ impl ParamCounts {
     }
 }
 
-/// A group of `f32` buffers of the training step.
+/// Where a model's buffers live, which sets the width of its values.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Target {
+    /// Host memory, f32 throughout.
+    #[default]
+    Cpu,
+    /// A GPU's memory: activations in the precision's width (2 bytes under bf16),
+    /// parameters, gradients, moments and normalization statistics f32, and under
+    /// bf16 a bf16 copy of the parameters for the matrix products.
+    Cuda(Precision),
+}
+
+impl Target {
+    /// Bytes of one activation value.
+    pub fn activation_bytes(self) -> u64 {
+        match self {
+            Target::Cuda(Precision::Bf16) => 2,
+            _ => 4,
+        }
+    }
+}
+
+/// A group of buffers of the training step.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Activation {
     pub name: &'static str,
@@ -67,18 +94,27 @@ pub struct Activation {
     pub elements: u64,
     /// Copies: `num_layers` for a block's buffers, 1 otherwise.
     pub copies: u64,
+    /// Bytes of one element: 4 (f32, token ids), 2 (bf16), 8 (f64).
+    pub element_bytes: u64,
 }
 
 impl Activation {
     pub fn bytes(&self) -> u64 {
-        4 * self.elements * self.copies
+        self.element_bytes * self.elements * self.copies
     }
 }
 
-/// Memory in bytes for training with AdamW in f32.
+/// cuBLASLt's work space on the GPU (NVIDIA's recommendation for Hopper, the larger).
+pub const CUBLASLT_WORKSPACE: u64 = 32 << 20;
+
+/// Memory in bytes for training with AdamW, on one [`Target`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Memory {
+    pub target: Target,
+    /// The f32 parameters (the master weights on a GPU).
     pub parameters: u64,
+    /// Their bf16 copy, the matrix products' operand (a GPU under bf16; else 0).
+    pub parameter_copy: u64,
     pub gradients: u64,
     /// The two moments `m` and `v`.
     pub adamw: u64,
@@ -86,12 +122,15 @@ pub struct Memory {
     pub activations: Vec<Activation>,
     /// Backward scratch, one block's worth, reused by every block.
     pub backward_scratch: Vec<Activation>,
+    /// The GPU kernels' work space and cuBLASLt's (empty on the CPU).
+    pub workspace: Vec<Activation>,
     /// The scratch of the CPU's MPI collectives, with several ranks.
     pub collective: u64,
 }
 
 impl Memory {
-    /// Memory for a training step on `batch_size` sequences of `seq_len` tokens.
+    /// Memory for a training step on `batch_size` sequences of `seq_len` tokens
+    /// on `target`.
     ///
     /// These are the buffers `model.rs` allocates once per `(B, T)` (llm.c's
     /// layout). Kept for backward, per block: each RMSNorm's output (pre-norm:
@@ -102,8 +141,12 @@ impl Memory {
     /// FFN's `W1 x`, `W3 x` (SwiGLU) and gated product. Once: the token ids and
     /// targets, the embedding output, `ln_final`'s output and `1/rms`, and the
     /// logits `(B, T, V)`, which the loss overwrites with their gradient. Backward
-    /// scratch: the gradients of one block's activations.
-    pub fn new(c: &ModelConfig, batch_size: usize, seq_len: usize) -> Self {
+    /// scratch: the gradients of one block's activations. On a GPU, the kernels'
+    /// work space: attention's heads of q, k, v and their gradients `7 × (B, T, C)`,
+    /// its f32 scores `(B, H, T, T)`, RMSNorm's gain partial sums, the per-row
+    /// losses, and cuBLASLt's [`CUBLASLT_WORKSPACE`]. Evaluation runs in batches of
+    /// the step's (micro-)batch and reuses these buffers.
+    pub fn new(c: &ModelConfig, batch_size: usize, seq_len: usize, target: Target) -> Self {
         let params = ParamCounts::new(c).total() * 4;
         let (b, t) = (batch_size as u64, seq_len as u64);
         let (d, f, h, v) = (
@@ -114,26 +157,31 @@ impl Memory {
         );
         let layers = c.num_layers as u64;
         let n = b * t;
-        let buf = |name, k: u64, shape: &str, elements, copies| Activation {
-            name,
-            shape: if k == 1 {
-                shape.to_string()
-            } else {
-                format!("{k} × {shape}")
-            },
-            elements: k * elements,
-            copies,
+        let typed = |element_bytes| {
+            move |name, k: u64, shape: &str, elements, copies| Activation {
+                name,
+                shape: if k == 1 {
+                    shape.to_string()
+                } else {
+                    format!("{k} × {shape}")
+                },
+                elements: k * elements,
+                copies,
+                element_bytes,
+            }
         };
+        // Activations in the target's width; statistics and token ids 4 bytes.
+        let (buf, f32_buf) = (typed(target.activation_bytes()), typed(4));
         let (pre, post) = (c.norm == Norm::Pre, c.norm == Norm::Post);
         let ffn = if c.ffn == Ffn::Swiglu { 3 } else { 2 };
         let mut activations = vec![
-            buf("token ids, targets (u32)", 2, "(B, T)", n, 1),
+            f32_buf("token ids, targets (u32)", 2, "(B, T)", n, 1),
             buf("embedding output", 1, "(B, T, C)", n * d, 1),
         ];
         if c.norm != Norm::None {
             let outputs = if pre { 2 } else { 1 };
             activations.push(buf("RMSNorm outputs", outputs, "(B, T, C)", n * d, layers));
-            activations.push(buf("RMSNorm 1/rms", 2, "(B, T)", n, layers));
+            activations.push(f32_buf("RMSNorm 1/rms", 2, "(B, T)", n, layers));
         }
         activations.extend([
             buf("q, k, v after RoPE", 3, "(B, T, C)", n * d, layers),
@@ -156,7 +204,7 @@ impl Memory {
         ]);
         if pre {
             activations.push(buf("ln_final output", 1, "(B, T, C)", n * d, 1));
-            activations.push(buf("ln_final 1/rms", 1, "(B, T)", n, 1));
+            activations.push(f32_buf("ln_final 1/rms", 1, "(B, T)", n, 1));
         }
         activations.push(buf("logits", 1, "(B, T, V)", n * v, 1));
         let backward_scratch = vec![
@@ -166,20 +214,42 @@ impl Memory {
             buf("d attention output", 1, "(B, T, C)", n * d, 1),
             buf("d FFN hidden", ffn, "(B, T, F)", n * f, 1),
         ];
+        let workspace = match target {
+            Target::Cpu => Vec::new(),
+            Target::Cuda(_) => vec![
+                buf("attention heads and gradients", 7, "(B, T, C)", n * d, 1),
+                f32_buf(
+                    "attention scores (f32)",
+                    1,
+                    "(B, H, T, T)",
+                    b * h * t * t,
+                    1,
+                ),
+                f32_buf("RMSNorm gain partial sums", 128, "(C)", d, 1),
+                f32_buf("per-row losses", 1, "(B, T)", n, 1),
+                typed(1)("cuBLASLt work space", 1, "", CUBLASLT_WORKSPACE, 1),
+            ],
+        };
         Memory {
+            target,
             parameters: params,
+            parameter_copy: match target {
+                Target::Cuda(Precision::Bf16) => params / 2,
+                _ => 0,
+            },
             gradients: params,
             adamw: 2 * params,
             activations,
             backward_scratch,
+            workspace,
             collective: 0,
         }
     }
 
     /// One rank's memory when training over `ranks` ranks (this one's activations
     /// being for its micro-batch): under ZeRO-1 (`sharded`) the AdamW moments of its
-    /// shard of the parameters, and the scratch of the CPU's MPI collectives (a
-    /// shard, or at most [`MPI_CHUNK`] values).
+    /// shard of the parameters, and on the CPU the scratch of the MPI collectives (a
+    /// shard, or at most [`MPI_CHUNK`] values; NCCL works in place).
     pub fn on_ranks(mut self, ranks: usize, sharded: bool) -> Self {
         if ranks > 1 {
             let params = self.parameters / 4;
@@ -187,11 +257,13 @@ impl Memory {
             if sharded {
                 self.adamw = 2 * 4 * shard;
             }
-            self.collective = 4 * if sharded {
-                shard
-            } else {
-                params.min(MPI_CHUNK as u64)
-            };
+            if self.target == Target::Cpu {
+                self.collective = 4 * if sharded {
+                    shard
+                } else {
+                    params.min(MPI_CHUNK as u64)
+                };
+            }
         }
         self
     }
@@ -204,14 +276,235 @@ impl Memory {
         self.backward_scratch.iter().map(Activation::bytes).sum()
     }
 
+    pub fn workspace_bytes(&self) -> u64 {
+        self.workspace.iter().map(Activation::bytes).sum()
+    }
+
     pub fn total(&self) -> u64 {
         self.parameters
+            + self.parameter_copy
             + self.gradients
             + self.adamw
             + self.activation_bytes()
             + self.scratch_bytes()
+            + self.workspace_bytes()
             + self.collective
     }
+}
+
+/// The peak memory of a training run, per rank: a step's buffers on their
+/// [`Target`] and what the run holds in host memory beside them. Evaluation adds
+/// nothing (it runs in batches of the step's micro-batch, in its buffers), nor do
+/// checkpoints on the CPU (written from the buffers, read back into them).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunMemory {
+    pub step: Memory,
+    /// The host copy of a step's token ids and targets (this rank's share), and on
+    /// a GPU their pinned staging (one micro-batch).
+    pub batch: u64,
+    /// On a GPU, the pinned host buffer every tensor of a checkpoint passes
+    /// through, the size of the largest (f32); 0 on the CPU.
+    pub checkpoint_staging: u64,
+    /// The memory-mapped token files: their pages count in the process's resident
+    /// memory once read, but the kernel evicts them when memory runs short, so they
+    /// are not counted against a memory limit ([`RunMemory::required`]).
+    pub token_files: u64,
+}
+
+impl RunMemory {
+    /// A run whose steps take `share` sequences of `seq_len` tokens per rank in
+    /// passes as `step` (its micro-batch) counts, reading `token_files` bytes of
+    /// token files.
+    pub fn new(
+        c: &ModelConfig,
+        step: Memory,
+        share: usize,
+        micro: usize,
+        seq_len: usize,
+        token_files: u64,
+    ) -> Self {
+        let ids = |rows: usize| 2 * 4 * (rows * seq_len) as u64;
+        let on_gpu = matches!(step.target, Target::Cuda(_));
+        let largest_tensor = crate::params::ParamLayout::new(c)
+            .specs
+            .iter()
+            .map(|s| s.len() as u64)
+            .max()
+            .unwrap_or(0);
+        RunMemory {
+            step,
+            batch: ids(share) + if on_gpu { ids(micro) } else { 0 },
+            checkpoint_staging: if on_gpu { 4 * largest_tensor } else { 0 },
+            token_files,
+        }
+    }
+
+    /// Host memory beside the step's buffers (all of it but the token files).
+    pub fn host_extra(&self) -> u64 {
+        self.batch + self.checkpoint_staging
+    }
+
+    /// The memory the run must have on its target: on the CPU the step's buffers
+    /// and the host extras; on a GPU the step's buffers (device memory).
+    pub fn required(&self) -> u64 {
+        match self.step.target {
+            Target::Cpu => self.step.total() + self.host_extra(),
+            Target::Cuda(_) => self.step.total(),
+        }
+    }
+
+    /// The process's peak resident memory (on the CPU): everything above and the
+    /// token files' pages.
+    pub fn peak_resident(&self) -> u64 {
+        self.step.total() + self.host_extra() + self.token_files
+    }
+}
+
+/// Memory of a model that only runs forward (generation, a forward pass,
+/// evaluation), on one [`Target`]: it holds no gradient or optimizer state.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InferenceMemory {
+    /// The f32 parameters and, on a GPU under bf16, their bf16 copy.
+    pub parameters: u64,
+    /// Generation's KV cache: `num_layers × (context_length, 3C)`.
+    pub kv_cache: u64,
+    /// The pass's activations (a full pass's or one decoded position's) and on a
+    /// GPU the kernels' work space.
+    pub activations: u64,
+    /// The logits copied to the host: `(B, T, V)` f32, or `(V)` per decoded token.
+    pub host_logits: u64,
+}
+
+impl InferenceMemory {
+    /// A forward pass over `batch_size` sequences of `seq_len` tokens.
+    pub fn forward(c: &ModelConfig, batch_size: usize, seq_len: usize, target: Target) -> Self {
+        let step = Memory::new(c, batch_size, seq_len, target);
+        InferenceMemory {
+            parameters: step.parameters + step.parameter_copy,
+            kv_cache: 0,
+            activations: step.activation_bytes() + step.workspace_bytes(),
+            host_logits: 4 * (batch_size * seq_len * c.vocab_size) as u64,
+        }
+    }
+
+    /// Generation: the KV cache for the whole context and the activations of one
+    /// position attending to all of it (`model.rs`'s decoding buffers).
+    pub fn generation(c: &ModelConfig, target: Target) -> Self {
+        let value = target.activation_bytes();
+        let (ctx, d, f, h, v) = (
+            c.context_length as u64,
+            c.d_model as u64,
+            c.d_ff as u64,
+            c.num_heads as u64,
+            c.vocab_size as u64,
+        );
+        let layers = c.num_layers as u64;
+        let ffn = if c.ffn == Ffn::Swiglu { 3 } else { 2 };
+        let norms = match c.norm {
+            Norm::Pre => 2,
+            Norm::Post => 1,
+            Norm::None => 0,
+        };
+        // Per block: norm outputs, attention row (H, ctx), attention output, r1,
+        // FFN hidden, post-norm's r2; then every block's output, ln_final, logits.
+        let per_layer = norms * d + h * ctx + 2 * d + ffn * f + u64::from(c.norm == Norm::Post) * d;
+        let once = (layers + 1) * d + u64::from(c.norm == Norm::Pre) * d + v;
+        let workspace = match target {
+            Target::Cpu => 0,
+            Target::Cuda(_) => 7 * ctx * d * value + 4 * h * ctx + CUBLASLT_WORKSPACE,
+        };
+        let params = Memory::new(c, 1, 1, target);
+        InferenceMemory {
+            parameters: params.parameters + params.parameter_copy,
+            kv_cache: layers * ctx * 3 * d * value,
+            activations: (layers * per_layer + once) * value + workspace,
+            host_logits: 4 * v,
+        }
+    }
+
+    pub fn total(&self) -> u64 {
+        self.parameters + self.kv_cache + self.activations + self.host_logits
+    }
+}
+
+/// What a run's memory depends on beside the model and its batch: where it runs,
+/// over how many ranks, the sequence length and the token files.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunShape {
+    pub target: Target,
+    pub ranks: usize,
+    /// ZeRO-1: the AdamW moments sharded over the ranks.
+    pub sharded: bool,
+    pub seq_len: usize,
+    /// Bytes of the training and validation token files.
+    pub token_files: u64,
+}
+
+impl RunShape {
+    /// The shape of `cfg`'s run over `ranks` ranks: its device and
+    /// precision, `zero`, context length, and the sizes of its token files (a file
+    /// that cannot be read counts 0: opening it is the run's to report).
+    pub fn of(cfg: &TrainConfig, ranks: usize) -> Result<Self> {
+        // `cuda` counts a GPU's memory in any build; `auto` is what this machine has.
+        let device = match cfg.device {
+            Device::Auto => resolve(Device::Auto)?,
+            device => device,
+        };
+        let target = match device {
+            Device::Cuda(_) => Target::Cuda(cfg.precision),
+            _ => Target::Cpu,
+        };
+        let size = |path: &std::path::Path| std::fs::metadata(path).map_or(0, |m| m.len());
+        Ok(RunShape {
+            target,
+            ranks,
+            sharded: cfg.zero == 1,
+            seq_len: cfg.model.context_length,
+            token_files: size(&cfg.train_data) + cfg.val_data.as_deref().map_or(0, size),
+        })
+    }
+
+    /// The run's memory per rank with `share` sequences per rank and step, in
+    /// micro-batches of `micro`.
+    pub fn memory(&self, c: &ModelConfig, share: usize, micro: usize) -> RunMemory {
+        let step =
+            Memory::new(c, micro, self.seq_len, self.target).on_ranks(self.ranks, self.sharded);
+        RunMemory::new(c, step, share, micro, self.seq_len, self.token_files)
+    }
+}
+
+/// The largest `b ≥ 1` with `memory(b) ≤ limit`, `memory` growing with `b`; 0 when
+/// not even 1 fits.
+pub fn largest_fitting(limit: u64, memory: impl Fn(usize) -> u64) -> usize {
+    if memory(1) > limit {
+        return 0;
+    }
+    let (mut fits, mut too_big) = (1usize, 2usize);
+    while memory(too_big) <= limit {
+        (fits, too_big) = (too_big, too_big * 2);
+    }
+    while too_big - fits > 1 {
+        let mid = fits + (too_big - fits) / 2;
+        match memory(mid) <= limit {
+            true => fits = mid,
+            false => too_big = mid,
+        }
+    }
+    fits
+}
+
+/// The largest divisor `m` of `share` with `memory(m) ≤ limit` (the micro-batch
+/// that keeps a rank's share of the batch within `limit`); `None` when not even
+/// 1 fits.
+pub fn largest_micro_batch(
+    share: usize,
+    limit: u64,
+    memory: impl Fn(usize) -> u64,
+) -> Option<usize> {
+    (1..=share)
+        .rev()
+        .filter(|m| share.is_multiple_of(*m))
+        .find(|&m| memory(m) <= limit)
 }
 
 /// One matmul of the forward pass: `count` products `(m×n)(n×p)` per occurrence,
@@ -309,17 +602,89 @@ mod tests {
     #[test]
     fn one_rank_holds_its_micro_batch_and_shard() {
         let c = ModelConfig::tinystories();
-        let whole = Memory::new(&c, 8, 256);
-        let rank = Memory::new(&c, 2, 256).on_ranks(4, true);
+        let whole = Memory::new(&c, 8, 256, Target::Cpu);
+        let rank = Memory::new(&c, 2, 256, Target::Cpu).on_ranks(4, true);
         assert_eq!(4 * rank.activation_bytes(), whole.activation_bytes());
         assert_eq!(4 * rank.scratch_bytes(), whole.scratch_bytes());
         let params = whole.parameters / 4;
         assert_eq!(rank.adamw, 8 * params.div_ceil(4));
         assert_eq!(rank.collective, 4 * params.div_ceil(4));
-        let replicated = Memory::new(&c, 2, 256).on_ranks(4, false);
+        let replicated = Memory::new(&c, 2, 256, Target::Cpu).on_ranks(4, false);
         assert_eq!(replicated.adamw, whole.adamw);
         assert_eq!(replicated.collective, 4 * params.min(MPI_CHUNK as u64));
-        assert_eq!(Memory::new(&c, 2, 256).on_ranks(1, true).collective, 0);
+        assert_eq!(
+            Memory::new(&c, 2, 256, Target::Cpu)
+                .on_ranks(1, true)
+                .collective,
+            0
+        );
+    }
+
+    /// On a GPU under bf16: activations and backward scratch in 2 bytes (their
+    /// statistics and ids in 4), a bf16 copy of the parameters, and the kernels'
+    /// work space; under fp32 the activations are the CPU's.
+    #[test]
+    fn gpu_widths_and_work_space() {
+        let c = ModelConfig::tinystories();
+        let (b, t) = (4, 256);
+        let cpu = Memory::new(&c, b, t, Target::Cpu);
+        let bf16 = Memory::new(&c, b, t, Target::Cuda(Precision::Bf16));
+        let fp32 = Memory::new(&c, b, t, Target::Cuda(Precision::Fp32));
+        assert_eq!(fp32.activation_bytes(), cpu.activation_bytes());
+        assert_eq!(2 * bf16.scratch_bytes(), cpu.scratch_bytes());
+        // Statistics: two (B, T) per layer and ln_final's; ids and targets.
+        let (n, layers) = ((b * t) as u64, c.num_layers as u64);
+        let four_byte = 4 * (2 * n * layers + n + 2 * n);
+        assert_eq!(
+            2 * (bf16.activation_bytes() - four_byte) + four_byte,
+            cpu.activation_bytes()
+        );
+        assert_eq!(bf16.parameter_copy, bf16.parameters / 2);
+        assert_eq!((fp32.parameter_copy, cpu.workspace_bytes()), (0, 0));
+        let (d, h) = (c.d_model as u64, c.num_heads as u64);
+        let work = 2 * 7 * n * d + 4 * (b as u64 * h * (t * t) as u64) + 4 * 128 * d + 4 * n;
+        assert_eq!(bf16.workspace_bytes(), work + CUBLASLT_WORKSPACE);
+        assert_eq!(
+            bf16.total(),
+            bf16.parameters * 9 / 2
+                + bf16.activation_bytes()
+                + bf16.scratch_bytes()
+                + work
+                + CUBLASLT_WORKSPACE
+        );
+        // NCCL needs no scratch; ZeRO-1 still shards the moments.
+        let rank = Memory::new(&c, b, t, Target::Cuda(Precision::Bf16)).on_ranks(4, true);
+        assert_eq!(
+            (rank.collective, rank.adamw),
+            (0, 8 * (bf16.parameters / 4).div_ceil(4))
+        );
+    }
+
+    /// A run's peak: host extras on the CPU are the batch's ids; on a GPU also their
+    /// pinned staging and the checkpoint's, the largest tensor (the embedding here).
+    #[test]
+    fn run_memory_on_cpu_and_gpu() {
+        let c = ModelConfig::tinystories();
+        let cpu = RunMemory::new(&c, Memory::new(&c, 2, 256, Target::Cpu), 8, 2, 256, 1000);
+        assert_eq!((cpu.batch, cpu.checkpoint_staging), (8 * 8 * 256, 0));
+        assert_eq!(cpu.required(), cpu.step.total() + cpu.batch);
+        assert_eq!(cpu.peak_resident(), cpu.required() + 1000);
+        let step = Memory::new(&c, 2, 256, Target::Cuda(Precision::Bf16));
+        let gpu = RunMemory::new(&c, step, 8, 2, 256, 0);
+        assert_eq!(gpu.batch, 8 * 8 * 256 + 8 * 2 * 256);
+        assert_eq!(gpu.checkpoint_staging, 4 * 10_000 * 512);
+        assert_eq!(gpu.required(), gpu.step.total());
+    }
+
+    #[test]
+    fn fitting_batches_and_micro_batches() {
+        let memory = |b: usize| 100 + 10 * b as u64;
+        assert_eq!(largest_fitting(1000, memory), 90);
+        assert_eq!(largest_fitting(50, memory), 0);
+        assert_eq!(largest_micro_batch(64, 500, memory), Some(32));
+        assert_eq!(largest_micro_batch(48, 500, memory), Some(24));
+        assert_eq!(largest_micro_batch(7, 150, memory), Some(1));
+        assert_eq!(largest_micro_batch(8, 50, memory), None);
     }
 
     #[test]
@@ -400,7 +765,7 @@ mod tests {
             d_ff: 24,
             ..ModelConfig::tinystories()
         };
-        let m = Memory::new(&c, 2, 16);
+        let m = Memory::new(&c, 2, 16, Target::Cpu);
         let params = ParamCounts::new(&c).total() * 4;
         assert_eq!(
             (m.parameters, m.gradients, m.adamw),
@@ -419,7 +784,7 @@ mod tests {
         let with = |f: &dyn Fn(&mut ModelConfig)| {
             let mut c = c.clone();
             f(&mut c);
-            Memory::new(&c, 2, 16).activation_bytes()
+            Memory::new(&c, 2, 16, Target::Cpu).activation_bytes()
         };
         assert_eq!(
             with(&|c| c.norm = Norm::None),

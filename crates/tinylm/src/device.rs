@@ -94,6 +94,72 @@ pub fn rank_device(device: Device, world: &World) -> Result<Device> {
     }
 }
 
+/// A device's memory in bytes: what is free for a new run, of the total.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceMemory {
+    /// The host's `MemAvailable` (free memory and the caches the kernel can drop),
+    /// or the GPU's free memory.
+    pub available: u64,
+    pub total: u64,
+}
+
+/// The memory of `device` (resolved): the host's from `/proc/meminfo` for the CPU,
+/// the driver's count for a GPU; `None` where the system does not say.
+pub fn memory(device: Device) -> Result<Option<DeviceMemory>> {
+    match resolve(device)? {
+        Device::Cuda(ordinal) => gpu_memory(ordinal).map(Some),
+        _ => Ok(host_memory()),
+    }
+}
+
+/// `MemAvailable` and `MemTotal` of `/proc/meminfo` (Linux), within the limit of
+/// the process's control group when it has one (a container's: cgroup v2's
+/// `memory.max`, v1's `memory.limit_in_bytes`, less what the group uses).
+fn host_memory() -> Option<DeviceMemory> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib = |key: &str| -> Option<u64> {
+        let line = text.lines().find(|l| l.starts_with(key))?;
+        let value = line[key.len()..].trim().trim_end_matches("kB").trim();
+        value.parse::<u64>().ok().map(|k| k << 10)
+    };
+    let mut memory = DeviceMemory {
+        available: kib("MemAvailable:")?,
+        total: kib("MemTotal:")?,
+    };
+    let read = |path: &str| {
+        std::fs::read_to_string(path)
+            .ok()?
+            .trim()
+            .parse::<u64>()
+            .ok()
+    };
+    let group = [
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        (
+            "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+            "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+        ),
+    ]
+    .into_iter()
+    .find_map(|(limit, used)| Some((read(limit)?, read(used)?)));
+    if let Some((limit, used)) = group.filter(|&(limit, _)| limit < memory.total) {
+        memory.total = limit;
+        memory.available = memory.available.min(limit.saturating_sub(used));
+    }
+    Some(memory)
+}
+
+#[cfg(feature = "cuda")]
+fn gpu_memory(ordinal: usize) -> Result<DeviceMemory> {
+    let (available, total) = crate::kernels::cuda::Cuda::device_memory(ordinal)?;
+    Ok(DeviceMemory { available, total })
+}
+
+#[cfg(not(feature = "cuda"))]
+fn gpu_memory(ordinal: usize) -> Result<DeviceMemory> {
+    Err(no_cuda(ordinal))
+}
+
 /// `auto` becomes `cuda:0` when a usable GPU is present, else `cpu`; `cuda` in a
 /// build without CUDA support is an error right away (before any work is done).
 pub fn resolve(device: Device) -> Result<Device> {

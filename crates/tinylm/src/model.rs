@@ -460,7 +460,8 @@ impl<F: Float, B: Backend<F, Buf = Vec<F>>> Model<F, B> {
         &mut self.params
     }
 
-    /// Gradient of the last [`Model::backward`], in the parameter layout.
+    /// Gradient of the last [`Model::backward`], in the parameter layout (empty
+    /// before the first).
     pub fn grads(&self) -> &[F] {
         &self.grads
     }
@@ -495,7 +496,9 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
         };
         Ok(Model {
             params: upload(params, BufKind::Params)?,
-            grads: backend.alloc(layout.total, BufKind::Full)?,
+            // Allocated by the first backward pass: a model that only runs forward
+            // (generation, evaluation) holds no gradient.
+            grads: backend.alloc(0, BufKind::Full)?,
             rope_cos: upload(&cos, BufKind::Full)?,
             rope_sin: upload(&sin, BufKind::Full)?,
             config,
@@ -550,15 +553,17 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
         self.backend.upload(self.params.all_mut(), params)
     }
 
-    /// A host copy of the gradient of the last [`Model::backward`].
+    /// A host copy of the gradient of the last [`Model::backward`] (empty before
+    /// the first).
     pub fn download_grads(&self) -> Result<Vec<F>> {
-        let mut host = vec![F::ZERO; self.layout.total];
+        let mut host = vec![F::ZERO; self.grads.len()];
         self.backend.download(self.grads.all(), &mut host)?;
         Ok(host)
     }
 
     /// The global L2 norm of the gradient of the last [`Model::backward`].
     pub fn grad_norm(&mut self) -> Result<f64> {
+        self.allocate_grads()?;
         self.backend.sum_squares(self.grads.all(), &mut self.stats);
         self.backend.send_stats(&mut self.stats);
         Ok(self.backend.read_stats(&self.stats)?.grad_norm())
@@ -566,11 +571,26 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
 
     /// One AdamW update (SPEC §3) of every parameter from the last gradient,
     /// clipped first to the global norm `max_norm` when given.
-    pub fn adamw_step(&mut self, opt: &mut AdamW<B::Buf>, lr: f64, max_norm: Option<f64>) {
+    pub fn adamw_step(
+        &mut self,
+        opt: &mut AdamW<B::Buf>,
+        lr: f64,
+        max_norm: Option<f64>,
+    ) -> Result<()> {
+        self.allocate_grads()?;
         if max_norm.is_some() {
             self.backend.sum_squares(self.grads.all(), &mut self.stats);
         }
         self.queue_adamw(opt, lr, max_norm, None);
+        Ok(())
+    }
+
+    /// The gradient buffer at its full size (zeros), unless it is already.
+    fn allocate_grads(&mut self) -> Result<()> {
+        if self.grads.len() != self.layout.total {
+            self.grads = self.backend.alloc(self.layout.total, BufKind::Full)?;
+        }
+        Ok(())
     }
 
     /// Queues one whole training step on token ids and `targets (B, T)` — forward,
@@ -628,6 +648,7 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
         max_norm: Option<f64>,
         ranks: Option<&dyn Collective<B::Buf, B::Stats>>,
     ) -> Result<()> {
+        self.allocate_grads()?;
         let slot = (self.steps_launched % 2) as usize;
         let sharded = opt.covers != (0..self.layout.total);
         match ranks {
@@ -765,6 +786,7 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
             ));
         }
         self.loss_ready = false;
+        self.allocate_grads()?;
         let acts = self.acts.as_ref().expect("loss_ready implies activations");
         let (b, t) = (acts.b, acts.t);
         if self
@@ -1370,7 +1392,7 @@ mod tests {
             let mut step = |model: &mut Model| {
                 model.forward_loss(&ids, &ids, 3, 16).unwrap();
                 model.backward().unwrap();
-                model.adamw_step(&mut opt, 0.01, None);
+                model.adamw_step(&mut opt, 0.01, None).unwrap();
             };
             step(&mut model);
             let before = buffers(&model);

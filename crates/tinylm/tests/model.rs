@@ -347,7 +347,7 @@ fn queued_training_steps_read_in_order_and_at_most_two_in_flight() {
         let loss = sync.forward_loss(ids, targets, b, t).unwrap();
         sync.backward().unwrap();
         want.push((loss as f64, sync.grad_norm().unwrap()));
-        sync.adamw_step(&mut opt, 1e-2, Some(0.5));
+        sync.adamw_step(&mut opt, 1e-2, Some(0.5)).unwrap();
     }
     let mut queued = Model::new(c, 0).unwrap();
     let mut opt = queued.new_adamw(Default::default()).unwrap();

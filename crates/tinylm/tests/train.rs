@@ -551,7 +551,7 @@ fn hand_loop(cfg: &TrainConfig) -> (Vec<StepBits>, Vec<f32>) {
             .unwrap();
         model.backward().unwrap();
         let grad_norm = model.grad_norm().unwrap();
-        model.adamw_step(&mut opt, lr, Some(cfg.grad_clip));
+        model.adamw_step(&mut opt, lr, Some(cfg.grad_clip)).unwrap();
         let done = step + 1;
         let val_loss = (done % cfg.eval_interval == 0 || done == cfg.steps).then(|| {
             evaluate(&mut model, &val_data, b, cfg.eval_batches)
@@ -633,7 +633,9 @@ fn divergence_found_a_step_late_names_its_step_and_keeps_the_last_good_checkpoin
                 .unwrap();
             model.backward().unwrap();
             let norm = model.grad_norm().unwrap();
-            model.adamw_step(&mut opt, cfg.learning_rate(step, 0.0), None);
+            model
+                .adamw_step(&mut opt, cfg.learning_rate(step, 0.0), None)
+                .unwrap();
             (loss, norm)
         })
         .collect();

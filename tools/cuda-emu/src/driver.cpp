@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <deque>
 #include <functional>
 #include <map>
@@ -93,6 +94,8 @@ std::set<Stream*> g_streams;
 std::set<Event*> g_events;
 std::map<uint64_t, Region> g_regions;
 size_t g_device_bytes = 0;
+/// The most device memory allocated at once.
+size_t g_device_peak = 0;
 uint64_t g_kernels = 0;
 uint64_t g_products = 0;
 std::map<std::string, double> g_kernel_seconds;  // by kernel, with CUDA_EMU_PROFILE
@@ -117,8 +120,9 @@ struct Counts {
     ~Counts() {
         if (const char* path = std::getenv("CUDA_EMU_STATS")) {
             if (FILE* f = std::fopen(path, "a")) {
-                std::fprintf(f, "kernels %llu products %llu\n", (unsigned long long)g_kernels,
-                             (unsigned long long)g_products);
+                std::fprintf(f, "kernels %llu products %llu peak_device_bytes %llu\n",
+                             (unsigned long long)g_kernels, (unsigned long long)g_products,
+                             (unsigned long long)g_device_peak);
                 std::fclose(f);
             }
         }
@@ -186,6 +190,7 @@ CUresult alloc_device(CUdeviceptr* out, size_t bytes) {
     if (p == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
     g_regions[reinterpret_cast<uint64_t>(p)] = {bytes, false};
     g_device_bytes += bytes;
+    g_device_peak = std::max(g_device_peak, g_device_bytes);
     *out = reinterpret_cast<uint64_t>(p);
     return CUDA_SUCCESS;
 }

@@ -547,7 +547,7 @@ fn breakdown(
         let start = Instant::now();
         model.forward_loss(ids, targets, b, t)?;
         model.backward()?;
-        model.adamw_step(&mut opt, 1e-3, None);
+        model.adamw_step(&mut opt, 1e-3, None)?;
         total += start.elapsed().as_secs_f64();
     }
     let per_step = |s: f64| s / steps as f64 * 1e3;

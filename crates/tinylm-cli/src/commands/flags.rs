@@ -11,6 +11,7 @@ use serde::{de::DeserializeOwned, Serialize};
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use tinylm::accounting::Target;
 use tinylm::config::{Ffn, Norm, Positional};
 use tinylm::device::Device;
 use tinylm::kernels::Precision;
@@ -26,6 +27,16 @@ pub struct DeviceArgs {
     /// GPU arithmetic: bf16 (mixed precision) or fp32 (the CPU's results).
     #[arg(long, default_value_t)]
     pub precision: Precision,
+}
+
+impl DeviceArgs {
+    /// Where the model's buffers live, for the memory it reports.
+    pub fn target(&self) -> Target {
+        match tinylm::device::resolve(self.device) {
+            Ok(Device::Cuda(_)) => Target::Cuda(self.precision),
+            _ => Target::Cpu,
+        }
+    }
 }
 
 /// The model: a base configuration — the `--model-config` file, the `--preset`, or

@@ -2,10 +2,12 @@
 //! token ids, in files NumPy and PyTorch read — to check tinylm against another
 //! implementation of the same model.
 
+use super::info::{bytes_h, inference_line};
 use anyhow::{bail, Result};
 use clap::Args;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use tinylm::accounting::{InferenceMemory, Memory};
 use tinylm::device::{run_on, BackendTask};
 use tinylm::kernels::Backend;
 use tinylm::model::Model;
@@ -71,6 +73,16 @@ pub fn run(args: ForwardArgs) -> Result<()> {
         None => None,
     };
 
+    let target = args.device.target();
+    let mut said = inference_line(&InferenceMemory::forward(&config, b, t, target), target);
+    if args.grads_out.is_some() && targets.is_some() {
+        let step = Memory::new(&config, b, t, target);
+        said += &format!(
+            "; the backward pass adds {} (gradients and its scratch)",
+            bytes_h(step.gradients + step.scratch_bytes())
+        );
+    }
+    eprintln!("{said}");
     let mut logits_shape = shape.clone();
     logits_shape.push(config.vocab_size);
     let layout = ParamLayout::new(&config);
@@ -115,6 +127,7 @@ impl BackendTask for Pass<'_> {
     type Output = (Vec<f32>, Option<f32>, Option<Vec<f32>>);
     fn run<B: Backend<f32>>(self, backend: B) -> tinylm::Result<Self::Output> {
         let mut model = Model::with_backend(self.config, &self.params, backend)?;
+        drop(self.params);
         let logits = model.forward(self.ids, self.b, self.t)?.to_vec();
         let Some(targets) = self.targets else {
             return Ok((logits, None, None));

@@ -1,11 +1,13 @@
 //! `tinylm generate`: continue a prompt with a trained model, streaming the text to
 //! stdout as it is produced.
 
+use super::info::inference_line;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use std::io::Write;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
+use tinylm::accounting::InferenceMemory;
 use tinylm::device::{run_on, BackendTask};
 use tinylm::generate::{generate, Sampler, TextStream};
 use tinylm::kernels::Backend;
@@ -71,6 +73,11 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     // A tokenizer that came out smaller than the model's vocabulary decodes only its
     // own ids: the model's others are never drawn.
     let mut sampler = sampler.vocabulary(tokenizer.vocab_size());
+    let target = args.device.target();
+    eprintln!(
+        "{}",
+        inference_line(&InferenceMemory::generation(&ckpt.config, target), target)
+    );
     let stdout = std::io::stdout();
     let task = Continuation {
         config: ckpt.config,
@@ -166,6 +173,7 @@ impl BackendTask for Continuation<'_> {
     type Output = Result<String>;
     fn run<B: Backend<f32>>(self, backend: B) -> tinylm::Result<Result<String>> {
         let mut model = Model::with_backend(self.config, &self.params, backend)?;
+        drop(self.params);
         Ok(write_continuation(
             &mut model,
             self.tokenizer,

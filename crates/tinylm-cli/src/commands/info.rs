@@ -2,8 +2,14 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use tinylm::accounting::{forward_flops, forward_matmuls, Memory, ParamCounts};
+use std::path::PathBuf;
+use tinylm::accounting::{
+    forward_flops, forward_matmuls, largest_fitting, largest_micro_batch, InferenceMemory, Memory,
+    ParamCounts, RunMemory, RunShape, Target,
+};
 use tinylm::config::Ffn;
+use tinylm::device::Device;
+use tinylm::kernels::Precision;
 use tinylm::train::TrainConfig;
 use tinylm::ModelConfig;
 
@@ -43,10 +49,22 @@ pub struct InfoArgs {
     /// Tokens per sequence (default: the context length).
     #[arg(long)]
     seq_len: Option<usize>,
-    /// Also say the largest batch whose step fits in this much memory per rank
-    /// (`24GiB`, `512MiB`, or bytes), for a batch-size sweep.
-    #[arg(long, value_parser = parse_bytes)]
-    fit_memory: Option<u64>,
+    /// Where the run trains: cpu, or cuda (a GPU's memory, in --precision).
+    #[arg(long, default_value = "cpu")]
+    device: Device,
+    /// GPU arithmetic: bf16 (mixed precision) or fp32.
+    #[arg(long, default_value = "bf16")]
+    precision: Precision,
+    /// The run's token files, whose memory-mapped pages count in its resident memory.
+    #[arg(long)]
+    train_data: Option<PathBuf>,
+    #[arg(long)]
+    val_data: Option<PathBuf>,
+    /// Also say what fits in this much memory per rank (`16GiB`, `512MiB`, or
+    /// bytes; a GPU's with --device cuda): the largest batch, and the largest
+    /// micro-batch for --batch-size.
+    #[arg(long, alias = "fit-memory", value_parser = parse_bytes)]
+    memory: Option<u64>,
 }
 
 /// `24GiB`, `24G`, `512MiB`, `512M`, `64KiB` or plain bytes.
@@ -73,27 +91,6 @@ fn parse_bytes(text: &str) -> std::result::Result<u64, String> {
         return Err(format!("{text:?} is not a positive size"));
     }
     Ok((value * unit as f64) as u64)
-}
-
-/// The largest number of sequences per rank whose step (one forward/backward over all
-/// of them, no micro-batches) fits in `limit` bytes, with `memory(b)` one rank's bytes
-/// for `b` sequences; 0 when not even one fits.
-fn largest_fitting(limit: u64, memory: impl Fn(usize) -> u64) -> usize {
-    if memory(1) > limit {
-        return 0;
-    }
-    let (mut fits, mut too_big) = (1usize, 2usize);
-    while memory(too_big) <= limit {
-        (fits, too_big) = (too_big, too_big * 2);
-    }
-    while too_big - fits > 1 {
-        let mid = fits + (too_big - fits) / 2;
-        match memory(mid) <= limit {
-            true => fits = mid,
-            false => too_big = mid,
-        }
-    }
-    fits
 }
 
 /// The model of `--model-config` or `--preset`, else of the shape flags alone
@@ -136,44 +133,150 @@ pub fn run(args: InfoArgs) -> Result<()> {
     if args.ranks == 0 || args.zero > 1 {
         bail!("--ranks must be positive and --zero 0 or 1");
     }
+    for path in [&args.train_data, &args.val_data].into_iter().flatten() {
+        std::fs::metadata(path).with_context(|| format!("{}", path.display()))?;
+    }
     let run = TrainConfig {
+        model: c.clone(),
         batch_size: b,
         micro_batch_size: args.micro_batch_size,
+        device: args.device,
+        precision: args.precision,
+        zero: args.zero,
+        train_data: args.train_data.clone().unwrap_or_default(),
+        val_data: args.val_data.clone(),
         ..TrainConfig::default()
     };
     let split = run.batch_split(args.ranks)?;
-    let memory = Memory::new(&c, split.micro, t).on_ranks(args.ranks, args.zero == 1);
+    let shape = RunShape {
+        seq_len: t,
+        ..RunShape::of(&run, args.ranks)?
+    };
+    let memory = shape.memory(&c, split.share, split.micro);
     let launch = Launch {
         ranks: args.ranks,
         micro: split.micro,
         zero: args.zero,
     };
-    print!("{}", report(&c, b, t, &memory, &launch));
-    if let Some(limit) = args.fit_memory {
-        let per_rank = largest_fitting(limit, |m| {
-            Memory::new(&c, m, t)
-                .on_ranks(args.ranks, args.zero == 1)
-                .total()
-        });
-        match per_rank {
-            0 => println!(
-                "\nnot even one sequence of {t} tokens per rank fits in {}",
-                bytes_h(limit)
-            ),
-            m => println!(
-                "\nlargest batch that fits in {} per rank: {} sequences of {t} tokens ({} per rank, {} each; larger batches fit with --micro-batch-size)",
-                bytes_h(limit),
-                group((m * args.ranks) as u64),
-                group(m as u64),
-                bytes_h(
-                    Memory::new(&c, m, t)
-                        .on_ranks(args.ranks, args.zero == 1)
-                        .total()
-                )
-            ),
+    print!("{}", report(&c, b, t, &memory.step, &launch));
+    print!("\n{}", peak_report(&memory, args.train_data.is_some()));
+    if let Some(limit) = args.memory {
+        print!("\n{}", fit_report(&c, &shape, split.share, limit));
+    }
+    print!("\n{}", flops_report(&c, b, t));
+    Ok(())
+}
+
+/// Where a run's memory goes beyond the step's buffers, and its peak.
+fn peak_report(m: &RunMemory, files_given: bool) -> String {
+    let on_gpu = matches!(m.step.target, Target::Cuda(_));
+    let (device, host) = match on_gpu {
+        true => ("GPU", "host"),
+        false => ("host", "host"),
+    };
+    let files = match files_given {
+        true => bytes_h(m.token_files),
+        false => "-".to_string(),
+    };
+    let checkpoint = match on_gpu {
+        true => "pinned staging, the largest tensor",
+        false => "written from and read into the buffers",
+    };
+    let rows = vec![
+        row(["", "memory", "bytes"]),
+        row(["training step (above)", device, &bytes_h(m.step.total())]),
+        row(["evaluation: in the step's buffers", device, "0 B"]),
+        row([
+            &format!("checkpoints: {checkpoint}"),
+            host,
+            &bytes_h(m.checkpoint_staging),
+        ]),
+        row(["token ids of a step", host, &bytes_h(m.batch)]),
+        row(["token files, memory-mapped (evictable)", host, &files]),
+    ];
+    let mut out = format!("Peak memory of the run, per rank\n{}", table(&rows));
+    if !files_given {
+        out += "  (token files not counted: give --train-data and --val-data)\n";
+    }
+    match on_gpu {
+        true => {
+            out += &format!(
+                "  GPU memory needed: {} (plus the CUDA context); host: {} and the token files' pages\n",
+                bytes_h(m.required()),
+                bytes_h(m.host_extra())
+            );
+        }
+        false => {
+            out += &format!(
+                "  memory needed: {}; peak resident with the token files' pages: {}\n",
+                bytes_h(m.required()),
+                bytes_h(m.peak_resident())
+            );
         }
     }
-    Ok(())
+    out
+}
+
+/// One line saying what a model that only runs forward holds (`tinylm generate`,
+/// `tinylm forward`).
+pub(super) fn inference_line(m: &InferenceMemory, target: Target) -> String {
+    let place = match target {
+        Target::Cpu => "host memory".to_string(),
+        Target::Cuda(p) => format!("GPU memory ({p})"),
+    };
+    let mut parts = vec![format!("parameters {}", bytes_h(m.parameters))];
+    if m.kv_cache > 0 {
+        parts.push(format!("KV cache {}", bytes_h(m.kv_cache)));
+    }
+    parts.push(format!("activations {}", bytes_h(m.activations)));
+    format!(
+        "memory: {} of {place} ({}), and {} of logits on the host",
+        bytes_h(m.total() - m.host_logits),
+        parts.join(", "),
+        bytes_h(m.host_logits)
+    )
+}
+
+/// What fits in `limit` per rank: this batch (and in which micro-batches), and the
+/// largest batch in one pass per rank.
+fn fit_report(c: &ModelConfig, shape: &RunShape, share: usize, limit: u64) -> String {
+    let ranks = shape.ranks;
+    let needs = |share: usize, micro: usize| shape.memory(c, share, micro).required();
+    let t = shape.seq_len;
+    let mut out = format!(
+        "Fitting in {} per rank ({})\n",
+        bytes_h(limit),
+        match shape.target {
+            Target::Cpu => "host memory".to_string(),
+            Target::Cuda(p) => format!("GPU memory, {p}; leave room for the CUDA context"),
+        }
+    );
+    let batch = share * ranks;
+    match largest_micro_batch(share, limit, |m| needs(share, m)) {
+        Some(m) if m == share => out += &format!(
+            "  batch {batch} fits: {} per rank\n",
+            bytes_h(needs(share, share))
+        ),
+        Some(m) => out += &format!(
+            "  batch {batch} fits in micro-batches of {m} (--micro-batch-size {m}, {} per step and rank): {} per rank\n",
+            share / m,
+            bytes_h(needs(share, m))
+        ),
+        None => out += &format!(
+            "  batch {batch} does not fit: even micro-batches of 1 need {} per rank (more ranks with --zero 1 shard the AdamW moments)\n",
+            bytes_h(needs(share, 1))
+        ),
+    }
+    match largest_fitting(limit, |m| needs(m, m)) {
+        0 => out += &format!("  not even one sequence of {t} tokens per rank fits\n"),
+        m => out += &format!(
+            "  largest batch without micro-batches: {} sequences of {t} tokens ({} per rank, {} each)\n",
+            group((m * ranks) as u64),
+            group(m as u64),
+            bytes_h(needs(m, m))
+        ),
+    }
+    out
 }
 
 /// How a step's batch is run: over `ranks` ranks, in micro-batches of `micro`
@@ -251,7 +354,14 @@ fn report(c: &ModelConfig, b: usize, t: usize, m: &Memory, launch: &Launch) -> S
     out += "Parameters\n";
     out += &table(&rows);
 
-    out += &format!("\nMemory for a training step (f32, AdamW), batch {b} × {t} tokens");
+    let precision = match m.target {
+        Target::Cpu => "f32 on the CPU".to_string(),
+        Target::Cuda(Precision::Bf16) => {
+            "on a GPU: bf16 activations, f32 weights and moments".to_string()
+        }
+        Target::Cuda(p) => format!("on a GPU, {p}"),
+    };
+    out += &format!("\nMemory for a training step ({precision}, AdamW), batch {b} × {t} tokens");
     if launch.micro < b {
         out += &format!(" in micro-batches of {} × {t}", launch.micro);
     }
@@ -264,6 +374,7 @@ fn report(c: &ModelConfig, b: usize, t: usize, m: &Memory, launch: &Launch) -> S
     let grand = m.total();
     for (name, bytes) in [
         ("parameters", m.parameters),
+        ("parameters' bf16 copy", m.parameter_copy),
         ("gradients", m.gradients),
         ("AdamW moments (m, v)", m.adamw),
         ("collectives' scratch (MPI)", m.collective),
@@ -284,12 +395,13 @@ fn report(c: &ModelConfig, b: usize, t: usize, m: &Memory, launch: &Launch) -> S
             &m.backward_scratch,
             m.scratch_bytes(),
         ),
+        ("kernel work space:", &m.workspace, m.workspace_bytes()),
     ];
-    for (title, buffers, bytes) in groups {
+    for (title, buffers, bytes) in groups.into_iter().filter(|g| !g.1.is_empty()) {
         rows.push(row([title, "", "", &bytes_h(bytes), &share(bytes, grand)]));
         for a in buffers {
             let per = if a.copies > 1 {
-                bytes_h(4 * a.elements)
+                bytes_h(a.element_bytes * a.elements)
             } else {
                 String::new()
             };
@@ -304,10 +416,17 @@ fn report(c: &ModelConfig, b: usize, t: usize, m: &Memory, launch: &Launch) -> S
     }
     rows.push(row(["total", "", "", &bytes_h(grand), ""]));
     out += &table(&rows);
+    out
+}
 
+/// The matmuls of one forward pass over `b × t` tokens, their FLOPs and shares.
+fn flops_report(c: &ModelConfig, b: usize, t: usize) -> String {
+    let total = ParamCounts::new(c).total();
+    let share = |n: u64, of: u64| format!("{:.1}%", 100.0 * n as f64 / of as f64);
     let matmuls = forward_matmuls(c, b, t);
     let fwd = forward_flops(c, b, t);
-    out += &format!("\nMatmuls of one forward pass, batch {b} × {t} tokens (2mnp FLOPs each)\n");
+    let mut out =
+        format!("Matmuls of one forward pass, batch {b} × {t} tokens (2mnp FLOPs each)\n");
     let mut rows = vec![row([
         "matmul",
         "(m×n)(n×p)",
@@ -422,7 +541,7 @@ fn count(n: u64) -> String {
     scaled(n as f64, 1000.0, &["", "K", "M", "B", "T"])
 }
 
-fn bytes_h(n: u64) -> String {
+pub(super) fn bytes_h(n: u64) -> String {
     scaled(n as f64, 1024.0, &["B", "KiB", "MiB", "GiB", "TiB", "PiB"])
 }
 
@@ -450,8 +569,6 @@ mod tests {
         assert_eq!(parse_bytes("1.5 M"), Ok(3 << 19));
         assert_eq!(parse_bytes("1000"), Ok(1000));
         assert!(parse_bytes("lots").unwrap_err().contains("\"lots\""));
-        assert_eq!(largest_fitting(1000, |b| 100 + 10 * b as u64), 90);
-        assert_eq!(largest_fitting(50, |b| 100 + 10 * b as u64), 0);
         assert_eq!(bytes_h(1000), "1000 B");
     }
 
@@ -463,7 +580,8 @@ mod tests {
             micro: 1,
             zero: 0,
         };
-        let text = report(&c, 1, 1024, &Memory::new(&c, 1, 1024), &single);
+        let text = report(&c, 1, 1024, &Memory::new(&c, 1, 1024, Target::Cpu), &single)
+            + &flops_report(&c, 1, 1024);
         for part in [
             "2,127,057,600",
             "(2.13 B)",

@@ -9,6 +9,7 @@
 //! [`TrainConfig::default`]'s.
 
 use super::flags::{flag, flag_values, parse_spelling, show_defaults, ModelArgs};
+use super::info::bytes_h;
 use super::ranks::as_rank;
 use super::stop_on_ctrl_c;
 use anyhow::{anyhow, ensure, Context, Result};
@@ -17,7 +18,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
-use tinylm::device::Device;
+use tinylm::accounting::{largest_micro_batch, RunShape};
+use tinylm::device::{self, rank_device, Device, DeviceMemory};
 use tinylm::distributed::World;
 use tinylm::kernels::Precision;
 use tinylm::train::{resolve_config, train, Progress, ResolvedConfig, Schedule, TrainConfig};
@@ -231,6 +233,54 @@ fn read_config(path: &Path) -> Result<Value> {
     value.with_context(|| format!("{}: not a valid configuration", path.display()))
 }
 
+/// A warning when the run will not fit in the memory of this rank's device (a
+/// GPU's, or the host's shared by the ranks on this machine), by the memory model
+/// of `tinylm info`; `None` when it fits or the system does not say.
+fn memory_warning(cfg: &TrainConfig, world: &World) -> Option<String> {
+    let device = rank_device(cfg.device, world).ok()?;
+    let memory = device::memory(device).ok()??;
+    // Ranks on the CPU share the host's memory; each GPU is a rank's own.
+    let sharing = match device {
+        Device::Cpu => world.local_ranks(),
+        _ => 1,
+    };
+    warning_for(cfg, world.ranks(), sharing, device, memory)
+}
+
+/// [`memory_warning`] for a run over `ranks` ranks, `sharing` of which share
+/// `device` and its `memory`.
+fn warning_for(
+    cfg: &TrainConfig,
+    ranks: usize,
+    sharing: usize,
+    device: Device,
+    memory: DeviceMemory,
+) -> Option<String> {
+    let shape = RunShape::of(cfg, ranks).ok()?;
+    let split = cfg.batch_split(ranks).ok()?;
+    let sharing = sharing as u64;
+    let needs = |micro| sharing * shape.memory(&cfg.model, split.share, micro).required();
+    let needed = needs(split.micro);
+    if needed <= memory.available {
+        return None;
+    }
+    let hint = match largest_micro_batch(split.share, memory.available, needs) {
+        Some(m) => format!("--micro-batch-size {m} fits and trains the same"),
+        None => "not even micro-batches of 1 fit: a smaller model, or more ranks with --zero 1"
+            .to_string(),
+    };
+    let ranks_note = match sharing {
+        1 => String::new(),
+        n => format!(" for its {n} ranks on this machine"),
+    };
+    Some(format!(
+        "this run needs about {}{ranks_note} (see `tinylm info`), more than the {} available of {} on {device}: it may be killed; {hint}",
+        bytes_h(needed),
+        bytes_h(memory.available),
+        bytes_h(memory.total),
+    ))
+}
+
 /// Trains as one rank of the ranks a launcher (`mpirun`, `srun`) started, or alone
 /// ([`as_rank`]).
 pub fn run(args: TrainArgs) -> Result<()> {
@@ -263,6 +313,9 @@ fn run_rank(args: TrainArgs, world: &World) -> Result<()> {
                 ""
             }
         );
+    }
+    if let Some(warning) = memory_warning(cfg, world) {
+        eprintln!("warning: {warning}");
     }
     // Ctrl-C, or the SIGTERM a launcher forwards: rank 0's flag ends every rank.
     let stop = stop_on_ctrl_c()?;
@@ -351,6 +404,44 @@ mod tests {
 
     fn command() -> Command {
         TrainArgs::augment_args(Command::new("train"))
+    }
+
+    /// The warning names the need, what is available, and the micro-batch that fits;
+    /// ranks sharing the host multiply the need.
+    #[test]
+    fn memory_warning_says_what_fits() {
+        let cfg = TrainConfig {
+            model: ModelConfig::tinystories(),
+            batch_size: 64,
+            ..TrainConfig::default()
+        };
+        let shape = RunShape::of(&cfg, 1).unwrap();
+        let needs = |micro| shape.memory(&cfg.model, 64, micro).required();
+        let memory = |available| DeviceMemory {
+            available,
+            total: 1 << 40,
+        };
+        assert_eq!(
+            warning_for(&cfg, 1, 1, Device::Cpu, memory(needs(64))),
+            None
+        );
+        let w = warning_for(&cfg, 1, 1, Device::Cpu, memory(needs(16))).unwrap();
+        assert!(
+            w.contains(&bytes_h(needs(64)))
+                && w.contains(&bytes_h(needs(16)))
+                && w.contains("--micro-batch-size 16 fits"),
+            "{w}"
+        );
+        let w = warning_for(&cfg, 1, 1, Device::Cpu, memory(needs(1) - 1)).unwrap();
+        assert!(w.contains("not even micro-batches of 1"), "{w}");
+        // Two ranks of 32 sequences each on one host need twice a rank's memory.
+        let rank = RunShape::of(&cfg, 2)
+            .unwrap()
+            .memory(&cfg.model, 32, 32)
+            .required();
+        assert_eq!(warning_for(&cfg, 2, 2, Device::Cpu, memory(2 * rank)), None);
+        let w = warning_for(&cfg, 2, 2, Device::Cpu, memory(2 * rank - 1)).unwrap();
+        assert!(w.contains("for its 2 ranks on this machine"), "{w}");
     }
 
     #[test]

@@ -57,6 +57,8 @@ pub struct World {
     rank: usize,
     ranks: usize,
     local_rank: usize,
+    /// Ranks on this machine.
+    local_ranks: usize,
     #[cfg(feature = "mpi")]
     mpi: Option<mpi::Mpi>,
 }
@@ -79,6 +81,7 @@ impl World {
             rank: 0,
             ranks: 1,
             local_rank: 0,
+            local_ranks: 1,
             #[cfg(feature = "mpi")]
             mpi: None,
         }
@@ -101,6 +104,7 @@ impl World {
             rank: mpi.rank(),
             ranks: mpi.ranks(),
             local_rank: mpi.local_rank(),
+            local_ranks: mpi.local_ranks(),
             mpi: Some(mpi),
         })
     }
@@ -124,6 +128,11 @@ impl World {
     /// The rank among those on this machine (which GPU a rank takes).
     pub fn local_rank(&self) -> usize {
         self.local_rank
+    }
+
+    /// The ranks on this machine (which share its memory).
+    pub fn local_ranks(&self) -> usize {
+        self.local_ranks
     }
 
     /// Rank 0, the one that prints, logs and writes.

@@ -16,6 +16,7 @@ use std::os::raw::c_int;
 pub(crate) struct Mpi {
     pub(crate) world: SimpleCommunicator,
     local_rank: usize,
+    local_ranks: usize,
     /// Every rank runs on this machine (the all-reduce's pieces are cut to suit).
     pub(crate) one_node: bool,
     _universe: Universe,
@@ -36,6 +37,7 @@ impl Mpi {
         let node = world.split_shared(world.rank());
         Ok(Mpi {
             local_rank: node.rank() as usize,
+            local_ranks: node.size() as usize,
             one_node: node.size() == world.size(),
             world,
             _universe: universe,
@@ -52,6 +54,10 @@ impl Mpi {
 
     pub(super) fn local_rank(&self) -> usize {
         self.local_rank
+    }
+
+    pub(super) fn local_ranks(&self) -> usize {
+        self.local_ranks
     }
 
     pub(crate) fn all_reduce(&self, values: &mut [f64], op: SystemOperation) {

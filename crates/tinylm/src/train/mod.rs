@@ -100,29 +100,39 @@ pub fn evaluate<B: Backend<f32>>(
     batch_size: usize,
     max_batches: usize,
 ) -> Result<EvalResult> {
-    evaluate_on(&World::single(), model, data, batch_size, max_batches)
+    evaluate_on(
+        &World::single(),
+        model,
+        data,
+        batch_size,
+        max_batches,
+        batch_size,
+    )
 }
 
-/// [`evaluate`] with the batches split over the ranks of `world` (batch `j` on rank
-/// `j mod R`), the result the same on every rank.
+/// [`evaluate`] in forward passes of `pass_size` windows (a training run's
+/// micro-batch, so that evaluation runs in the step's activations), pass `j` on
+/// rank `j mod R` of `world`; the result the same on every rank.
 fn evaluate_on<B: Backend<f32>>(
     world: &World,
     model: &mut Model<f32, B>,
     data: &TokenDataset,
     batch_size: usize,
     max_batches: usize,
+    pass_size: usize,
 ) -> Result<EvalResult> {
     let t = model.config().context_length;
     data.check_context(t)?;
-    let mut batches = data.num_windows(t).div_ceil(batch_size);
+    let mut windows = data.num_windows(t);
     if max_batches > 0 {
-        batches = batches.min(max_batches);
+        windows = windows.min(max_batches * batch_size);
     }
-    let mut batch = Batch::new(batch_size, t);
+    let mut batch = Batch::new(pass_size, t);
     // The loss summed over windows, and the windows.
     let mut sums = [0.0f64, 0.0];
-    for j in (world.rank()..batches).step_by(world.ranks()) {
-        let rows = data.fill_windows(&mut batch, j * batch_size);
+    for j in (world.rank()..windows.div_ceil(pass_size)).step_by(world.ranks()) {
+        let first = j * pass_size;
+        let rows = data.fill_windows(&mut batch, first).min(windows - first);
         let n = rows * t;
         let loss = model.forward_loss(&batch.inputs[..n], &batch.targets[..n], rows, t)?;
         sums[0] += loss as f64 * rows as f64;
@@ -389,7 +399,10 @@ fn run<B: Backend<f32>>(
         )?;
         let eval_start = Instant::now();
         let val_loss = match (&val_data, next.evaluate) {
-            (Some(v), true) => Some(evaluate_on(world, &mut model, v, b, cfg.eval_batches)?.loss),
+            (Some(v), true) => {
+                let eval = evaluate_on(world, &mut model, v, b, cfg.eval_batches, split.micro)?;
+                Some(eval.loss)
+            }
             _ => None,
         };
         if val_loss.is_some() {

@@ -151,6 +151,15 @@ impl Cuda {
         libraries && CudaContext::device_count().is_ok_and(|n| n > 0)
     }
 
+    /// Free and total memory of GPU `ordinal`, in bytes (opening its context).
+    pub fn device_memory(ordinal: usize) -> Result<(u64, u64)> {
+        let ctx = CudaContext::new(ordinal).map_err(|e| driver_error("opening the device", e))?;
+        let (free, total) = ctx
+            .mem_get_info()
+            .map_err(|e| driver_error("reading the device's memory", e))?;
+        Ok((free as u64, total as u64))
+    }
+
     pub fn precision(&self) -> Precision {
         self.precision
     }
