@@ -469,15 +469,28 @@ impl<F: Float, B: Backend<F, Buf = Vec<F>>> Model<F, B> {
 impl<F: Float, B: Backend<F>> Model<F, B> {
     /// A model run by `backend`, with the given parameters (in [`ParamLayout`] order).
     pub fn with_backend(config: ModelConfig, params: &[F], backend: B) -> Result<Self> {
+        Model::with_backend_from(config, backend, |backend, buf| {
+            if params.len() != buf.len() {
+                return Err(Error::Invalid(format!(
+                    "parameter buffer has {} values, the configuration needs {}",
+                    params.len(),
+                    buf.len()
+                )));
+            }
+            backend.upload(buf.all_mut(), params)
+        })
+    }
+
+    /// A model run by `backend` whose parameters `fill` writes into the backend's
+    /// zeroed parameter buffer (`total` values in [`ParamLayout`] order), e.g.
+    /// straight from a checkpoint file.
+    pub fn with_backend_from(
+        config: ModelConfig,
+        backend: B,
+        fill: impl FnOnce(&B, &mut B::Buf) -> Result<()>,
+    ) -> Result<Self> {
         config.validate()?;
         let layout = ParamLayout::new(&config);
-        if params.len() != layout.total {
-            return Err(Error::Invalid(format!(
-                "parameter buffer has {} values, the configuration needs {}",
-                params.len(),
-                layout.total
-            )));
-        }
         for layer in &layout.layers {
             assert!(
                 layer.k_proj.start == layer.q_proj.end && layer.v_proj.start == layer.k_proj.end
@@ -493,8 +506,10 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
             backend.upload(buf.all_mut(), values)?;
             Ok(buf)
         };
+        let mut params = backend.alloc(layout.total, BufKind::Params)?;
+        fill(&backend, &mut params)?;
         Ok(Model {
-            params: upload(params, BufKind::Params)?,
+            params,
             grads: backend.alloc(layout.total, BufKind::Full)?,
             rope_cos: upload(&cos, BufKind::Full)?,
             rope_sin: upload(&sin, BufKind::Full)?,
