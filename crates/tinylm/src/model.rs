@@ -427,18 +427,6 @@ impl<B: Backend<f32>> Model<f32, B> {
         })
     }
 
-    /// The part `covers` of the AdamW state `host` (a checkpoint's, for every
-    /// parameter) into this model's backend.
-    pub fn upload_adamw(&self, host: &AdamW, covers: Range<usize>) -> Result<AdamW<B::Buf>> {
-        let mut opt = self.new_adamw_for(host.hp, covers.clone())?;
-        let part = covers.start - host.covers.start..covers.end - host.covers.start;
-        self.backend
-            .upload(opt.m.all_mut(), &host.m[part.clone()])?;
-        self.backend.upload(opt.v.all_mut(), &host.v[part])?;
-        opt.step = host.step;
-        Ok(opt)
-    }
-
     /// AdamW state back to the host (for a checkpoint), covering what `opt` covers.
     pub fn download_adamw(&self, opt: &AdamW<B::Buf>) -> Result<AdamW> {
         let mut host = AdamW::new(opt.covers.len(), opt.hp);

@@ -415,9 +415,11 @@ struct FileTensor {
     start: u64,
     /// Bytes per value.
     size: usize,
-    /// Little-endian values (`bytes`) to `f32` (`out`, as many).
-    decode: fn(&[u8], &mut [f32]),
+    decode: Decode,
 }
+
+/// Little-endian values of a float dtype (`bytes`) to `f32` (`out`, as many).
+type Decode = fn(&[u8], &mut [f32]);
 
 impl SafetensorsFile {
     /// Opens `path` and checks its header (maps the file for that alone: only the
@@ -586,7 +588,7 @@ impl<'a> FileBuffer<'a> {
 
 /// Bytes per value of a float dtype and the conversion of its little-endian
 /// values to `f32`; `None` for a dtype that is not a float.
-fn float_codec(dtype: Dtype) -> Option<(usize, fn(&[u8], &mut [f32]))> {
+fn float_codec(dtype: Dtype) -> Option<(usize, Decode)> {
     fn convert<const N: usize>(bytes: &[u8], out: &mut [f32], f: impl Fn([u8; N]) -> f32) {
         for (x, c) in out.iter_mut().zip(bytes.chunks_exact(N)) {
             *x = f(c.try_into().expect("N bytes"));
