@@ -2,7 +2,9 @@
 //! training steps in micro-batches, an evaluation, a checkpoint and a resume, each
 //! process's peak resident memory (`wait4`'s `ru_maxrss`) within the memory
 //! model's peak of the run (`RunMemory::peak_resident`) + 5% plus a fixed
-//! allowance for the program and its libraries.
+//! allowance for the program and its libraries; and the resume, which reads the
+//! checkpoint tensor by tensor into the training's buffers, within the first run's
+//! peak plus a small allowance.
 
 use std::process::Command;
 use tinylm::accounting::{RunShape, Target};
@@ -12,6 +14,10 @@ use tinylm_bpe::npy;
 /// What a process holds beyond the run's buffers: the binary and its libraries,
 /// thread stacks, the allocator's slack.
 const ALLOWANCE_MIB: u64 = 128;
+
+/// What a resumed run may hold beyond the first run's peak: reading the checkpoint
+/// costs no copy of the model or its moments, only the allocator's slack.
+const RESUME_ALLOWANCE_MIB: u64 = 16;
 
 /// Runs `tinylm args` and returns its peak resident memory in bytes.
 // The child is reaped by `wait4`, which `Child::wait` cannot replace: it alone
@@ -114,4 +120,10 @@ fn training_evaluation_checkpoint_and_resume_stay_within_the_memory_model() {
             gib(limit)
         );
     }
+    assert!(
+        resumed <= first + (RESUME_ALLOWANCE_MIB << 20),
+        "the resumed run peaked at {:.3} GiB, over the first run's {:.3} GiB + {RESUME_ALLOWANCE_MIB} MiB",
+        gib(resumed),
+        gib(first)
+    );
 }

@@ -6,10 +6,11 @@ use pyo3::prelude::*;
 use pyo3::types::{IntoPyDict, PyDict, PyType};
 use std::ops::ControlFlow;
 use std::path::PathBuf;
+use tinylm::checkpoint::CheckpointFile;
 use tinylm::device::{resolve, Device};
 use tinylm::generate::{generate, Sampler};
-use tinylm::kernels::Cpu;
 use tinylm::kernels::Precision;
+use tinylm::kernels::{Backend, Cpu};
 use tinylm::params::ParamLayout;
 use tinylm::{Model, ModelConfig};
 
@@ -136,20 +137,36 @@ macro_rules! on_engine {
     };
 }
 
+/// Where a model's weights come from.
+enum Source<'a> {
+    /// A configuration and its flat parameter buffer.
+    Params(ModelConfig, &'a [f32]),
+    /// A checkpoint's weights, read into the model's buffer tensor by tensor.
+    Checkpoint(&'a CheckpointFile),
+}
+
+impl Source<'_> {
+    fn model<B: Backend<f32>>(self, backend: B) -> PyResult<Model<f32, B>> {
+        match self {
+            Source::Params(config, params) => Model::with_backend(config, params, backend),
+            Source::Checkpoint(ckpt) => ckpt.model(backend),
+        }
+        .map_err(model_error)
+    }
+}
+
 impl Engine {
-    /// A model with `params` on `device` (`cpu`, `cuda`, `cuda:N`, `auto`).
-    fn new(config: ModelConfig, params: &[f32], device: &str, precision: &str) -> PyResult<Self> {
+    /// A model with the weights of `source` on `device` (`cpu`, `cuda`, `cuda:N`,
+    /// `auto`).
+    fn new(source: Source, device: &str, precision: &str) -> PyResult<Self> {
         let device: Device = device.parse().map_err(model_error)?;
         let precision: Precision = precision.parse().map_err(model_error)?;
         match resolve(device).map_err(model_error)? {
-            Device::Cpu => Ok(Engine::Cpu(Box::new(
-                Model::with_backend(config, params, Cpu).map_err(model_error)?,
-            ))),
+            Device::Cpu => Ok(Engine::Cpu(Box::new(source.model(Cpu)?))),
             #[cfg(feature = "cuda")]
             Device::Cuda(n) => {
                 let cuda = tinylm::kernels::cuda::Cuda::new(n, precision).map_err(model_error)?;
-                let model = Model::with_backend(config, params, cuda).map_err(model_error)?;
-                Ok(Engine::Cuda(Box::new(model)))
+                Ok(Engine::Cuda(Box::new(source.model(cuda)?)))
             }
             other => Err(invalid(format!(
                 "device {other} ({precision}): this tinylm was built without CUDA support; \
@@ -200,7 +217,7 @@ impl TransformerLM {
         config.validate().map_err(model_error)?;
         let model = detached(py, || {
             let params = ParamLayout::new(&config).init(seed);
-            Engine::new(config, &params, device, precision)
+            Engine::new(Source::Params(config, &params), device, precision)
         })?;
         Ok(TransformerLM { model })
     }
@@ -222,8 +239,8 @@ impl TransformerLM {
             path
         };
         let model = detached(py, || {
-            let ckpt = tinylm::checkpoint::load(&path).map_err(model_error)?;
-            Engine::new(ckpt.config, &ckpt.params, device, precision)
+            let ckpt = CheckpointFile::open(&path).map_err(model_error)?;
+            Engine::new(Source::Checkpoint(&ckpt), device, precision)
         })?;
         Ok(TransformerLM { model })
     }

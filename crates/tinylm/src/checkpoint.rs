@@ -11,16 +11,20 @@
 //!   `train_data`, `val_data`, `tokenizer`).
 //!
 //! Files are written to `<path>.tmp` and renamed, so a crash never leaves a torn file.
+//! They are written from the buffers where the values lie and read back tensor by
+//! tensor into the buffers they go to ([`CheckpointFile`]): no copy of the whole
+//! model or its moments is made on the way, on the CPU or from and to a GPU.
 
 use crate::kernels::{AdamWParams, Backend, Buffer};
+use crate::model::Model;
 use crate::optim::AdamW;
-use crate::params::{load_safetensors, write_safetensors, ParamLayout, TensorData, Tensors};
+use crate::params::{write_safetensors, FileBuffer, ParamLayout, SafetensorsFile, TensorData};
 use crate::{Error, ModelConfig, Result};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::ops::Range;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 const MOMENT_M: &str = "optim.m.";
 const MOMENT_V: &str = "optim.v.";
@@ -95,6 +99,17 @@ pub fn save(
 pub trait FlatValues {
     /// The values `range` as they are to be written.
     fn values(&self, range: Range<usize>) -> TensorData<'_>;
+
+    /// Runs `write` with host memory for at least `len` values, that fetched
+    /// values cross in: where they are copied fastest (a `Vec` unless the buffer's
+    /// backend says otherwise).
+    fn with_staging(
+        &self,
+        len: usize,
+        write: &mut dyn FnMut(&mut [f32]) -> Result<()>,
+    ) -> Result<()> {
+        write(&mut vec![0.0; len])
+    }
 }
 
 impl FlatValues for &[f32] {
@@ -119,6 +134,16 @@ impl<B: Backend<f32>> FlatValues for BackendValues<'_, B> {
             })),
         }
     }
+
+    /// The backend's staging memory (page-locked on a GPU).
+    fn with_staging(
+        &self,
+        len: usize,
+        write: &mut dyn FnMut(&mut [f32]) -> Result<()>,
+    ) -> Result<()> {
+        let mut staging = self.backend.alloc_staging(len)?;
+        write(self.backend.staged(&mut staging)?)
+    }
 }
 
 /// The AdamW state a checkpoint holds: hyper-parameters, step, and both moments
@@ -132,7 +157,8 @@ pub struct Moments<'a> {
 
 /// [`save`] from buffers wherever they lie ([`FlatValues`]): the same file, byte for
 /// byte, written without a host copy of the model or the moments (a GPU's are
-/// fetched one tensor at a time).
+/// fetched one tensor at a time into one staging buffer, `params`'s
+/// [`FlatValues::with_staging`]).
 pub fn save_from<'a>(
     path: &Path,
     config: &ModelConfig,
@@ -173,52 +199,184 @@ pub fn save_from<'a>(
             serde_json::to_string(&meta).expect("serializes"),
         );
     }
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    write_safetensors(&tmp, &tensors, &metadata)?;
-    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+    let longest = (tensors.iter())
+        .filter(|(_, _, data)| matches!(data, TensorData::Fetch(_)))
+        .map(|(_, shape, _)| shape.iter().product())
+        .max()
+        .unwrap_or(0);
+    params.with_staging(longest, &mut |staging| {
+        write_safetensors(path, &tensors, &metadata, staging)
+    })
 }
 
 /// Reads a checkpoint: the config, the weights (every tensor of the config's
 /// layout with its exact shape) and, when present, the AdamW state.
 pub fn load(path: &Path) -> Result<Checkpoint> {
-    let (tensors, metadata) = load_safetensors(path)?;
-    let config: ModelConfig = meta(&metadata, "config", path)?;
-    config
-        .validate()
-        .map_err(|e| Error::Invalid(format!("{}: {e}", path.display())))?;
-    let layout = ParamLayout::new(&config);
-    let (mut weights, mut m, mut v) = (Tensors::new(), Tensors::new(), Tensors::new());
-    for (name, tensor) in tensors {
-        if let Some(base) = name.strip_prefix(MOMENT_M) {
-            m.insert(base.to_string(), tensor);
-        } else if let Some(base) = name.strip_prefix(MOMENT_V) {
-            v.insert(base.to_string(), tensor);
-        } else {
-            weights.insert(name, tensor);
+    CheckpointFile::open(path)?.load()
+}
+
+/// A checkpoint opened for reading: its header checked (a valid model config, the
+/// weights of its layout and, when the metadata has an `optimizer` entry, both
+/// moments, each tensor with its exact shape), its tensors read when asked, one at
+/// a time, into host memory ([`CheckpointFile::load`]) or straight into a
+/// backend's buffers ([`CheckpointFile::model`], [`CheckpointFile::adamw`]).
+pub struct CheckpointFile {
+    file: SafetensorsFile,
+    config: ModelConfig,
+    layout: ParamLayout,
+    /// The AdamW hyper-parameters and step, when the file has the moments.
+    optimizer: Option<OptimizerMeta>,
+}
+
+impl CheckpointFile {
+    pub fn open(path: &Path) -> Result<Self> {
+        let file = SafetensorsFile::open(path)?;
+        let config: ModelConfig = meta(file.metadata(), "config", path)?;
+        config
+            .validate()
+            .map_err(|e| Error::Invalid(format!("{}: {e}", path.display())))?;
+        let layout = ParamLayout::new(&config);
+        let mut opened = CheckpointFile {
+            file,
+            config,
+            layout,
+            optimizer: None,
+        };
+        opened.weights()?;
+        if opened.metadata().contains_key("optimizer") {
+            let state: OptimizerMeta = opened.meta("optimizer")?;
+            opened.moment(MOMENT_M)?;
+            opened.moment(MOMENT_V)?;
+            opened.optimizer = Some(state);
+        }
+        Ok(opened)
+    }
+
+    pub fn path(&self) -> &Path {
+        self.file.path()
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// Every metadata entry, including `config` and `optimizer`.
+    pub fn metadata(&self) -> &BTreeMap<String, String> {
+        self.file.metadata()
+    }
+
+    /// A metadata entry parsed as JSON.
+    pub fn meta<T: DeserializeOwned>(&self, key: &str) -> Result<T> {
+        meta(self.metadata(), key, self.path())
+    }
+
+    /// The weights: every tensor but the moments.
+    fn weights(&self) -> Result<FileBuffer<'_>> {
+        let weight = |name: &str| !name.starts_with(MOMENT_M) && !name.starts_with(MOMENT_V);
+        self.file
+            .buffer(&self.layout, |name| weight(name).then_some(name))
+    }
+
+    /// The moment whose tensors' names start with `prefix`.
+    fn moment(&self, prefix: &str) -> Result<FileBuffer<'_>> {
+        self.file
+            .buffer(&self.layout, |name| name.strip_prefix(prefix))
+    }
+
+    /// An error naming the file unless it holds the AdamW state.
+    pub fn require_optimizer(&self) -> Result<()> {
+        match self.optimizer {
+            Some(_) => Ok(()),
+            None => Err(self.no_optimizer()),
         }
     }
-    let params = layout.load_buffer(&weights, path)?;
-    let optimizer = match metadata.contains_key("optimizer") {
-        true => {
-            let state: OptimizerMeta = meta(&metadata, "optimizer", path)?;
-            Some(AdamW {
+
+    fn no_optimizer(&self) -> Error {
+        Error::Invalid(format!(
+            "{}: no optimizer state (optim.m.*, optim.v.*) to resume from",
+            self.path().display()
+        ))
+    }
+
+    /// The whole checkpoint in host memory.
+    pub fn load(&self) -> Result<Checkpoint> {
+        let all = 0..self.layout.total;
+        let optimizer = match &self.optimizer {
+            Some(state) => Some(AdamW {
                 hp: state.hp,
-                covers: 0..params.len(),
-                m: layout.load_buffer(&m, path)?,
-                v: layout.load_buffer(&v, path)?,
+                covers: all.clone(),
+                m: self.moment(MOMENT_M)?.to_vec(all.clone())?,
+                v: self.moment(MOMENT_V)?.to_vec(all.clone())?,
                 step: state.step,
-            })
+            }),
+            None => None,
+        };
+        Ok(Checkpoint {
+            config: self.config.clone(),
+            params: self.weights()?.to_vec(all)?,
+            optimizer,
+            metadata: self.metadata().clone(),
+        })
+    }
+
+    /// A model run by `backend` with the checkpoint's weights, read into its
+    /// parameter buffer (the moments are not read).
+    pub fn model<B: Backend<f32>>(&self, backend: B) -> Result<Model<f32, B>> {
+        let weights = self.weights()?;
+        Model::with_backend_from(self.config.clone(), backend, |backend, params| {
+            read_into(backend, &weights, 0..self.layout.total, params, &mut None)
+        })
+    }
+
+    /// `model`'s AdamW state for the parameters `covers` (all of them, or a ZeRO-1
+    /// rank's shard) in its backend's buffers: of each moment, the values `covers`
+    /// alone are read. An error names the file when it has no moments.
+    pub fn adamw<B: Backend<f32>>(
+        &self,
+        model: &Model<f32, B>,
+        covers: Range<usize>,
+    ) -> Result<AdamW<B::Buf>> {
+        let state = self.optimizer.as_ref().ok_or_else(|| self.no_optimizer())?;
+        let mut opt = model.new_adamw_for(state.hp, covers.clone())?;
+        opt.step = state.step;
+        let (backend, mut staging) = (model.backend(), None);
+        let m = self.moment(MOMENT_M)?;
+        read_into(backend, &m, covers.clone(), &mut opt.m, &mut staging)?;
+        let v = self.moment(MOMENT_V)?;
+        read_into(backend, &v, covers, &mut opt.v, &mut staging)?;
+        Ok(opt)
+    }
+}
+
+/// Values `range` of a file's flat buffer into `dst`, a backend's buffer of
+/// `range.len()` values, one tensor at a time: on the CPU straight into the
+/// buffer's memory; on a GPU through `staging` (allocated at first use for the
+/// longest tensor, then reused) and an upload.
+fn read_into<B: Backend<f32>>(
+    backend: &B,
+    src: &FileBuffer,
+    range: Range<usize>,
+    dst: &mut B::Buf,
+    staging: &mut Option<B::Staging>,
+) -> Result<()> {
+    for piece in src.pieces(range.clone()) {
+        let at = piece.at.start - range.start..piece.at.end - range.start;
+        if let Some(host) = backend.host_mut(dst.at_mut(at.clone())) {
+            src.read(&piece, host)?;
+            continue;
         }
-        false => None,
-    };
-    Ok(Checkpoint {
-        config,
-        params,
-        optimizer,
-        metadata,
-    })
+        let staging = match staging {
+            Some(staging) => staging,
+            None => {
+                let longest = src.pieces(range.clone()).map(|p| p.at.len()).max();
+                staging.insert(backend.alloc_staging(longest.unwrap_or(0))?)
+            }
+        };
+        let values = &mut backend.staged(staging)?[..at.len()];
+        src.read(&piece, values)?;
+        backend.upload(dst.at_mut(at), values)?;
+    }
+    Ok(())
 }
 
 /// Checks that `config` (the run's) equals the checkpoint's; the error names
@@ -350,5 +508,101 @@ mod tests {
         let err = save_from(&path, &config, &Failing, None, &BTreeMap::new()).unwrap_err();
         assert!(err.to_string().contains("the GPU is gone"), "{err}");
         assert!(std::fs::read_dir(dir.path()).unwrap().next().is_none());
+    }
+
+    #[test]
+    fn a_checkpoint_reads_into_the_buffers_and_a_shard_reads_its_moments_alone() {
+        let config = ModelConfig {
+            vocab_size: 64,
+            context_length: 8,
+            d_model: 16,
+            num_layers: 2,
+            num_heads: 2,
+            d_ff: 40,
+            ..ModelConfig::tinystories()
+        };
+        let layout = ParamLayout::new(&config);
+        let (total, params) = (layout.total, layout.init(3));
+        let mut opt = AdamW::new(total, AdamWParams::default());
+        opt.m = layout.init(4);
+        opt.v = layout.init(5).iter().map(|x| x * x).collect();
+        opt.step = 9;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.safetensors");
+        save(&path, &config, &params, Some(&opt), &BTreeMap::new()).unwrap();
+        let ckpt = CheckpointFile::open(&path).unwrap();
+        let model = ckpt.model(Cpu).unwrap();
+        assert_eq!(model.params(), params);
+        // Two ranks' shards, each boundary inside a tensor.
+        let half = total / 2 + 3;
+        for covers in [0..half, half..total] {
+            let shard = ckpt.adamw(&model, covers.clone()).unwrap();
+            assert_eq!((shard.covers.clone(), shard.step), (covers.clone(), 9));
+            assert_eq!(shard.m, opt.m[covers.clone()]);
+            assert_eq!(shard.v, opt.v[covers]);
+        }
+        save(&path, &config, &params, None, &BTreeMap::new()).unwrap();
+        let ckpt = CheckpointFile::open(&path).unwrap();
+        let err = ckpt.adamw(&model, 0..total).err().unwrap().to_string();
+        assert!(err.contains("c.safetensors: no optimizer state"), "{err}");
+    }
+
+    #[test]
+    fn a_bad_checkpoint_is_one_line_naming_the_file_and_the_tensors() {
+        let config = ModelConfig {
+            vocab_size: 64,
+            context_length: 8,
+            d_model: 16,
+            num_layers: 1,
+            num_heads: 2,
+            d_ff: 40,
+            ..ModelConfig::tinystories()
+        };
+        let layout = ParamLayout::new(&config);
+        let params = layout.init(1);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bad.safetensors");
+        let meta = BTreeMap::from([
+            (
+                "config".to_string(),
+                serde_json::to_string(&config).unwrap(),
+            ),
+            ("optimizer".to_string(), {
+                let state = OptimizerMeta {
+                    hp: AdamWParams::default(),
+                    step: 2,
+                };
+                serde_json::to_string(&state).unwrap()
+            }),
+        ]);
+        let mut tensors = layout.tensors(&params);
+        let moments: Vec<_> = (tensors.iter())
+            .map(|(n, s, v)| (format!("{MOMENT_M}{n}"), s.clone(), *v))
+            .collect();
+        tensors.extend(moments);
+        // The query projection flattened.
+        tensors[2].1 = vec![16 * 16];
+        tensors.push(("extra.bias".to_string(), vec![1], &params[..1]));
+        crate::params::save_safetensors(&path, &tensors, &meta).unwrap();
+        let err = CheckpointFile::open(&path).err().unwrap().to_string();
+        let name = &layout.specs[2].name;
+        assert!(!err.contains('\n'), "{err}");
+        for part in [
+            format!("{}: the weights do not match", path.display()),
+            format!("tensor '{name}' has shape [256], expected [16, 16]"),
+            "unexpected tensor 'extra.bias'".to_string(),
+        ] {
+            assert!(err.contains(&part), "{part} not in {err}");
+        }
+        // The weights right, the second moment missing.
+        tensors[2].1 = layout.specs[2].shape.clone();
+        tensors.pop();
+        crate::params::save_safetensors(&path, &tensors, &meta).unwrap();
+        let err = CheckpointFile::open(&path).err().unwrap().to_string();
+        assert!(
+            err.contains("bad.safetensors")
+                && err.contains("missing tensor 'token_embeddings.weight'"),
+            "{err}"
+        );
     }
 }

@@ -427,18 +427,6 @@ impl<B: Backend<f32>> Model<f32, B> {
         })
     }
 
-    /// The part `covers` of the AdamW state `host` (a checkpoint's, for every
-    /// parameter) into this model's backend.
-    pub fn upload_adamw(&self, host: &AdamW, covers: Range<usize>) -> Result<AdamW<B::Buf>> {
-        let mut opt = self.new_adamw_for(host.hp, covers.clone())?;
-        let part = covers.start - host.covers.start..covers.end - host.covers.start;
-        self.backend
-            .upload(opt.m.all_mut(), &host.m[part.clone()])?;
-        self.backend.upload(opt.v.all_mut(), &host.v[part])?;
-        opt.step = host.step;
-        Ok(opt)
-    }
-
     /// AdamW state back to the host (for a checkpoint), covering what `opt` covers.
     pub fn download_adamw(&self, opt: &AdamW<B::Buf>) -> Result<AdamW> {
         let mut host = AdamW::new(opt.covers.len(), opt.hp);
@@ -470,15 +458,28 @@ impl<F: Float, B: Backend<F, Buf = Vec<F>>> Model<F, B> {
 impl<F: Float, B: Backend<F>> Model<F, B> {
     /// A model run by `backend`, with the given parameters (in [`ParamLayout`] order).
     pub fn with_backend(config: ModelConfig, params: &[F], backend: B) -> Result<Self> {
+        Model::with_backend_from(config, backend, |backend, buf| {
+            if params.len() != buf.len() {
+                return Err(Error::Invalid(format!(
+                    "parameter buffer has {} values, the configuration needs {}",
+                    params.len(),
+                    buf.len()
+                )));
+            }
+            backend.upload(buf.all_mut(), params)
+        })
+    }
+
+    /// A model run by `backend` whose parameters `fill` writes into the backend's
+    /// zeroed parameter buffer (`total` values in [`ParamLayout`] order), e.g.
+    /// straight from a checkpoint file.
+    pub fn with_backend_from(
+        config: ModelConfig,
+        backend: B,
+        fill: impl FnOnce(&B, &mut B::Buf) -> Result<()>,
+    ) -> Result<Self> {
         config.validate()?;
         let layout = ParamLayout::new(&config);
-        if params.len() != layout.total {
-            return Err(Error::Invalid(format!(
-                "parameter buffer has {} values, the configuration needs {}",
-                params.len(),
-                layout.total
-            )));
-        }
         for layer in &layout.layers {
             assert!(
                 layer.k_proj.start == layer.q_proj.end && layer.v_proj.start == layer.k_proj.end
@@ -494,8 +495,10 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
             backend.upload(buf.all_mut(), values)?;
             Ok(buf)
         };
+        let mut params = backend.alloc(layout.total, BufKind::Params)?;
+        fill(&backend, &mut params)?;
         Ok(Model {
-            params: upload(params, BufKind::Params)?,
+            params,
             // Allocated by the first backward pass: a model that only runs forward
             // (generation, evaluation) holds no gradient.
             grads: backend.alloc(0, BufKind::Full)?,

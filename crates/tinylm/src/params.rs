@@ -6,11 +6,14 @@ use crate::config::{Ffn, ModelConfig, Norm};
 use crate::{Error, Result};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use safetensors::{Dtype, SafeTensors, View};
-use std::borrow::Cow;
+use safetensors::tensor::{Metadata, TensorInfo};
+use safetensors::{Dtype, SafeTensors};
 use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{BufWriter, Write};
 use std::ops::Range;
-use std::path::Path;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
 
 /// How a tensor is initialized.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -188,14 +191,30 @@ impl ParamLayout {
     /// tensor may be: errors list each missing, extra and mis-shaped tensor and name
     /// `path`, the file they came from.
     pub fn load_buffer(&self, tensors: &Tensors, path: &Path) -> Result<Vec<f32>> {
+        let shapes = tensors
+            .iter()
+            .map(|(name, (shape, _))| (name.as_str(), shape.as_slice()))
+            .collect();
+        self.check(&shapes, path)?;
+        // Every tensor is present with its shape, so the file holds `total` values.
+        let mut buf = vec![0f32; self.total];
+        for spec in &self.specs {
+            buf[spec.range()].copy_from_slice(&tensors[&spec.name].1);
+        }
+        Ok(buf)
+    }
+
+    /// Checks tensors by name (`name -> shape`) against the layout (see
+    /// [`ParamLayout::load_buffer`]).
+    fn check(&self, shapes: &BTreeMap<&str, &[usize]>, path: &Path) -> Result<()> {
         let mut problems = Vec::new();
         for spec in &self.specs {
-            match tensors.get(&spec.name) {
+            match shapes.get(spec.name.as_str()) {
                 None => problems.push(format!(
                     "missing tensor '{}' of shape {:?}",
                     spec.name, spec.shape
                 )),
-                Some((shape, _)) if *shape != spec.shape => problems.push(format!(
+                Some(shape) if *shape != spec.shape => problems.push(format!(
                     "tensor '{}' has shape {shape:?}, expected {:?}",
                     spec.name, spec.shape
                 )),
@@ -203,8 +222,8 @@ impl ParamLayout {
             }
         }
         let tied = self.lm_head == self.token_embeddings;
-        for name in tensors.keys().filter(|n| self.get(n).is_none()) {
-            let hint = if tied && name == "lm_head.weight" {
+        for name in shapes.keys().filter(|n| self.get(n).is_none()) {
+            let hint = if tied && *name == "lm_head.weight" {
                 " (tie_embeddings is true: token_embeddings.weight serves as lm_head)"
             } else {
                 ""
@@ -212,12 +231,7 @@ impl ParamLayout {
             problems.push(format!("unexpected tensor '{name}'{hint}"));
         }
         if problems.is_empty() {
-            // Every tensor is present with its shape, so the file holds `total` values.
-            let mut buf = vec![0f32; self.total];
-            for spec in &self.specs {
-                buf[spec.range()].copy_from_slice(&tensors[&spec.name].1);
-            }
-            Ok(buf)
+            Ok(())
         } else {
             Err(Error::Invalid(format!(
                 "{}: the weights do not match the model configuration: {}",
@@ -230,7 +244,7 @@ impl ParamLayout {
 
 /// Writes named `f32` tensors (row-major, `(name, shape, values)`) and string
 /// metadata to a safetensors file that `safetensors.torch.load_file` reads. The
-/// data go to a temporary file in the same directory, renamed into place.
+/// data go to `<path>.tmp`, renamed into place.
 pub fn save_safetensors(
     path: &Path,
     tensors: &[(String, Vec<usize>, &[f32])],
@@ -240,7 +254,7 @@ pub fn save_safetensors(
         .iter()
         .map(|(name, shape, values)| (name.clone(), shape.clone(), TensorData::Host(values)))
         .collect();
-    write_safetensors(path, &tensors, metadata)
+    write_safetensors(path, &tensors, metadata, &mut [])
 }
 
 /// Where a tensor's values are when it is written: in host memory, written from
@@ -255,160 +269,342 @@ pub enum TensorData<'a> {
 pub type Fetch<'a> = Box<dyn Fn(&mut [f32]) -> Result<()> + 'a>;
 
 /// [`save_safetensors`] for tensors wherever they are ([`TensorData`]): the file
-/// is the same byte for byte, and beyond it the writer holds at most one fetched
-/// tensor.
+/// the safetensors crate writes, byte for byte. Host tensors are written from where
+/// they lie; fetched ones are fetched into `staging` (host memory at least as long
+/// as the longest of them), each written before the next is fetched. The file is
+/// written to `<path>.tmp` and renamed; a fetch or write that fails is the error,
+/// and no file is left.
 pub fn write_safetensors(
     path: &Path,
     tensors: &[(String, Vec<usize>, TensorData)],
     metadata: &BTreeMap<String, String>,
+    staging: &mut [f32],
 ) -> Result<()> {
-    // A fetch that fails (safetensors' `View` has no error path) is kept here, its
-    // tensor written as zeros, and the error returned once the file is closed.
-    let failed = std::sync::Mutex::new(None);
-    let views = tensors.iter().map(|(name, shape, data)| {
-        (
-            name.as_str(),
-            F32View {
-                shape,
-                data,
-                failed: &failed,
-            },
-        )
-    });
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    let written = write_file(&tmp, tensors, metadata, staging)
+        .and_then(|()| std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e)));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
+/// Writes the safetensors file of `tensors` at `path` (see [`write_safetensors`]).
+/// The layout is the safetensors crate's (0.8): the tensors sorted by dtype,
+/// descending, then by name (all are `F32` here, so by name), their data in that
+/// order; the header JSON (its `Metadata`) padded with spaces to a multiple of 8
+/// bytes, its length first as a little-endian u64.
+fn write_file(
+    path: &Path,
+    tensors: &[(String, Vec<usize>, TensorData)],
+    metadata: &BTreeMap<String, String>,
+    staging: &mut [f32],
+) -> Result<()> {
+    let mut order: Vec<_> = tensors.iter().collect();
+    order.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut end = 0;
+    let infos = order
+        .iter()
+        .map(|(name, shape, _)| {
+            let start = end;
+            end += 4 * shape.iter().product::<usize>();
+            let info = TensorInfo {
+                dtype: Dtype::F32,
+                shape: shape.clone(),
+                data_offsets: (start, end),
+            };
+            (name.clone(), info)
+        })
+        .collect();
     let metadata = (!metadata.is_empty()).then(|| metadata.clone().into_iter().collect());
-    safetensors::serialize_to_file(views, metadata, path).map_err(|e| {
+    let invalid = |e: &dyn std::fmt::Display| {
         Error::Invalid(format!("{}: cannot write safetensors: {e}", path.display()))
-    })?;
-    match failed.into_inner().expect("not poisoned") {
-        Some(e) => {
-            let _ = std::fs::remove_file(path);
-            Err(e)
-        }
-        None => Ok(()),
-    }
-}
+    };
+    let header = Metadata::new(metadata, infos).map_err(|e| invalid(&e))?;
+    let mut header = serde_json::to_vec(&header).map_err(|e| invalid(&e))?;
+    header.resize(header.len().next_multiple_of(8), b' ');
 
-/// A tensor as the safetensors crate sees it.
-struct F32View<'a> {
-    shape: &'a [usize],
-    data: &'a TensorData<'a>,
-    failed: &'a std::sync::Mutex<Option<Error>>,
-}
-
-impl F32View<'_> {
-    fn len(&self) -> usize {
-        self.shape.iter().product()
-    }
-}
-
-impl View for F32View<'_> {
-    fn dtype(&self) -> Dtype {
-        Dtype::F32
-    }
-
-    fn shape(&self) -> &[usize] {
-        self.shape
-    }
-
-    /// Host values as they lie in memory (little-endian `f32` is the file's
-    /// format); a fetched tensor in a buffer of its own.
-    fn data(&self) -> Cow<'_, [u8]> {
-        let bytes =
-            |values: &[f32]| -> Vec<u8> { values.iter().flat_map(|x| x.to_le_bytes()).collect() };
-        match self.data {
-            TensorData::Host(values) => {
-                assert_eq!(
-                    values.len(),
-                    self.len(),
-                    "a tensor's values and shape disagree"
-                );
-                match cfg!(target_endian = "little") {
-                    // SAFETY: any f32 is 4 initialized bytes; u8 has no alignment.
-                    true => Cow::Borrowed(unsafe {
-                        std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), values.len() * 4)
-                    }),
-                    false => Cow::Owned(bytes(values)),
-                }
-            }
+    let (io, room) = (|e| Error::io(path, e), staging.len());
+    let mut out = BufWriter::with_capacity(1 << 20, File::create(path).map_err(io)?);
+    out.write_all(&(header.len() as u64).to_le_bytes())
+        .and_then(|()| out.write_all(&header))
+        .map_err(io)?;
+    for (name, shape, data) in order {
+        let len = shape.iter().product::<usize>();
+        let values: &[f32] = match data {
+            TensorData::Host(values) => values,
             TensorData::Fetch(fetch) => {
-                let mut values = vec![0.0f32; self.len()];
-                if let Err(e) = fetch(&mut values) {
-                    let mut failed = self.failed.lock().expect("not poisoned");
-                    failed.get_or_insert(e);
-                    values.fill(0.0);
-                }
-                Cow::Owned(bytes(&values))
+                let values = staging.get_mut(..len).ok_or_else(|| {
+                    invalid(&format!(
+                        "tensor '{name}' of {len} values does not fit the staging memory of {room}"
+                    ))
+                })?;
+                fetch(values)?;
+                values
             }
+        };
+        if values.len() != len {
+            return Err(invalid(&format!(
+                "tensor '{name}' has {} values, its shape {shape:?} holds {len}",
+                values.len()
+            )));
         }
+        write_f32s(&mut out, values).map_err(io)?;
     }
-
-    fn data_len(&self) -> usize {
-        self.len() * 4
-    }
+    out.into_inner().map_err(|e| io(e.into_error()))?;
+    Ok(())
 }
+
+/// Writes `values` as little-endian `f32`: from where they lie on a little-endian
+/// host, converted a chunk at a time on a big-endian one.
+fn write_f32s(out: &mut impl Write, values: &[f32]) -> std::io::Result<()> {
+    if cfg!(target_endian = "little") {
+        // SAFETY: any f32 is 4 initialized bytes; u8 has no alignment.
+        let bytes =
+            unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), values.len() * 4) };
+        return out.write_all(bytes);
+    }
+    values.chunks(CHUNK).try_for_each(|chunk| {
+        let bytes: Vec<u8> = chunk.iter().flat_map(|x| x.to_le_bytes()).collect();
+        out.write_all(&bytes)
+    })
+}
+
+/// Values converted at a time where a file's bytes are not `f32` as they lie.
+const CHUNK: usize = 1 << 16;
 
 /// Named tensors as `name -> (shape, values)`.
 pub type Tensors = BTreeMap<String, (Vec<usize>, Vec<f32>)>;
 
 /// The string metadata of a safetensors file, without reading its tensors.
 pub fn load_safetensors_metadata(path: &Path) -> Result<BTreeMap<String, String>> {
-    Ok(map_safetensors(path)?.1)
-}
-
-/// The file mapped read-only, and its header's string metadata.
-fn map_safetensors(path: &Path) -> Result<(memmap2::Mmap, BTreeMap<String, String>)> {
-    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
-    // SAFETY: read-only map; callers copy values out before dropping it.
-    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
-    let (_, header) = SafeTensors::read_metadata(&map).map_err(|e| not_safetensors(path, e))?;
-    let metadata = header
-        .metadata()
-        .clone()
-        .unwrap_or_default()
-        .into_iter()
-        .collect();
-    Ok((map, metadata))
-}
-
-fn not_safetensors(path: &Path, e: safetensors::SafeTensorError) -> Error {
-    Error::Invalid(format!(
-        "{}: not a valid safetensors file: {e}",
-        path.display()
-    ))
+    Ok(SafetensorsFile::open(path)?.metadata)
 }
 
 /// Reads every tensor of a safetensors file as `f32` (`F32`; `F64`, `F16` and
 /// `BF16` are converted) with the file's string metadata.
 pub fn load_safetensors(path: &Path) -> Result<(Tensors, BTreeMap<String, String>)> {
-    let (map, metadata) = map_safetensors(path)?;
-    let bad = |e: safetensors::SafeTensorError| not_safetensors(path, e);
-    let mut tensors = BTreeMap::new();
-    for (name, view) in SafeTensors::deserialize(&map).map_err(bad)?.iter() {
-        let values = to_f32(view.dtype(), view.data()).ok_or_else(|| {
-            Error::Invalid(format!(
-                "{}: tensor '{name}' has dtype {:?}; expected F32, F64, F16 or BF16",
-                path.display(),
-                view.dtype()
-            ))
-        })?;
-        tensors.insert(name.to_string(), (view.shape().to_vec(), values));
+    let file = SafetensorsFile::open(path)?;
+    let mut tensors = Tensors::new();
+    for (name, tensor) in &file.tensors {
+        let mut values = vec![0.0; tensor.shape.iter().product()];
+        file.read(name, 0..values.len(), &mut values)?;
+        tensors.insert(name.clone(), (tensor.shape.clone(), values));
     }
-    Ok((tensors, metadata))
+    Ok((tensors, file.metadata))
 }
 
-/// Little-endian floats of `dtype` as `f32`; `None` for a non-float dtype.
-fn to_f32(dtype: Dtype, bytes: &[u8]) -> Option<Vec<f32>> {
-    fn convert<const N: usize>(bytes: &[u8], f: impl Fn([u8; N]) -> f32) -> Vec<f32> {
-        bytes
-            .chunks_exact(N)
-            .map(|c| f(c.try_into().unwrap()))
-            .collect()
+/// A safetensors file opened to be read tensor by tensor: its header read and
+/// checked (every tensor a float: `F32`, `F64`, `F16` or `BF16`), its values read
+/// where they are wanted with positioned reads, so that the file's pages are never
+/// mapped into the process (where they would count as its resident memory).
+pub struct SafetensorsFile {
+    path: PathBuf,
+    file: File,
+    tensors: BTreeMap<String, FileTensor>,
+    metadata: BTreeMap<String, String>,
+}
+
+/// Where one tensor of a [`SafetensorsFile`] lies and how its values read as `f32`.
+struct FileTensor {
+    shape: Vec<usize>,
+    dtype: Dtype,
+    /// The file offset of its first value.
+    start: u64,
+    /// Bytes per value.
+    size: usize,
+    decode: Decode,
+}
+
+/// Little-endian values of a float dtype (`bytes`) to `f32` (`out`, as many).
+type Decode = fn(&[u8], &mut [f32]);
+
+impl SafetensorsFile {
+    /// Opens `path` and checks its header (maps the file for that alone: only the
+    /// header's pages are touched).
+    pub fn open(path: &Path) -> Result<Self> {
+        let file = File::open(path).map_err(|e| Error::io(path, e))?;
+        // SAFETY: read-only map, dropped before this returns.
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+        let (n, header) = SafeTensors::read_metadata(&map).map_err(|e| {
+            Error::Invalid(format!(
+                "{}: not a valid safetensors file: {e}",
+                path.display()
+            ))
+        })?;
+        drop(map);
+        let data_start = 8 + n as u64;
+        let mut tensors = BTreeMap::new();
+        for (name, info) in header.tensors() {
+            let (size, decode) = float_codec(info.dtype).ok_or_else(|| {
+                Error::Invalid(format!(
+                    "{}: tensor '{name}' has dtype {:?}; expected F32, F64, F16 or BF16",
+                    path.display(),
+                    info.dtype
+                ))
+            })?;
+            let tensor = FileTensor {
+                shape: info.shape.clone(),
+                dtype: info.dtype,
+                start: data_start + info.data_offsets.0 as u64,
+                size,
+                decode,
+            };
+            tensors.insert(name, tensor);
+        }
+        let metadata = header
+            .metadata()
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .collect();
+        Ok(SafetensorsFile {
+            path: path.to_path_buf(),
+            file,
+            tensors,
+            metadata,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The file's string metadata.
+    pub fn metadata(&self) -> &BTreeMap<String, String> {
+        &self.metadata
+    }
+
+    /// The flat buffer in `layout` that the tensors `select` names (it maps a
+    /// file's tensor name to a layout name, e.g. by stripping a prefix, or to
+    /// `None`) hold. Every tensor of the layout must be there with its exact shape
+    /// and no other selected tensor may be: the errors of
+    /// [`ParamLayout::load_buffer`], naming this file.
+    pub fn buffer<'a>(
+        &'a self,
+        layout: &'a ParamLayout,
+        select: impl Fn(&str) -> Option<&str>,
+    ) -> Result<FileBuffer<'a>> {
+        // Layout name -> file name.
+        let selected: BTreeMap<&str, &str> = self
+            .tensors
+            .keys()
+            .filter_map(|name| select(name).map(|base| (base, name.as_str())))
+            .collect();
+        let shapes = selected
+            .iter()
+            .map(|(&base, &name)| (base, self.tensors[name].shape.as_slice()))
+            .collect();
+        layout.check(&shapes, &self.path)?;
+        Ok(FileBuffer {
+            file: self,
+            layout,
+            names: (layout.specs.iter())
+                .map(|spec| selected[spec.name.as_str()])
+                .collect(),
+        })
+    }
+
+    /// Values `elems` of tensor `name` (one of the file's) into `out` (as many).
+    fn read(&self, name: &str, elems: Range<usize>, out: &mut [f32]) -> Result<()> {
+        let tensor = &self.tensors[name];
+        assert_eq!(
+            elems.len(),
+            out.len(),
+            "a read's range and its output differ"
+        );
+        let at = tensor.start + (elems.start * tensor.size) as u64;
+        let failed = |e: std::io::Error| {
+            let e = std::io::Error::new(e.kind(), format!("reading tensor '{name}': {e}"));
+            Error::io(&self.path, e)
+        };
+        if tensor.dtype == Dtype::F32 && cfg!(target_endian = "little") {
+            // SAFETY: any 4 bytes are an f32; the bytes are `out`'s own.
+            let bytes = unsafe {
+                std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u8>(), out.len() * 4)
+            };
+            return self.file.read_exact_at(bytes, at).map_err(failed);
+        }
+        let mut bytes = vec![0u8; CHUNK.min(out.len()) * tensor.size];
+        for (i, out) in out.chunks_mut(CHUNK).enumerate() {
+            let bytes = &mut bytes[..out.len() * tensor.size];
+            let at = at + (i * CHUNK * tensor.size) as u64;
+            self.file.read_exact_at(bytes, at).map_err(failed)?;
+            (tensor.decode)(bytes, out);
+        }
+        Ok(())
+    }
+}
+
+/// A flat buffer in the parameter layout as a [`SafetensorsFile`] holds it,
+/// checked against the layout ([`SafetensorsFile::buffer`]).
+pub struct FileBuffer<'a> {
+    file: &'a SafetensorsFile,
+    layout: &'a ParamLayout,
+    /// The file's name of each tensor of the layout, in layout order.
+    names: Vec<&'a str>,
+}
+
+/// The part of a flat buffer that one tensor of a file holds.
+pub struct Piece<'a> {
+    /// The tensor's name in the file.
+    pub tensor: &'a str,
+    /// Which of its values (row-major).
+    pub elems: Range<usize>,
+    /// Where those are in the flat buffer.
+    pub at: Range<usize>,
+}
+
+impl<'a> FileBuffer<'a> {
+    /// The pieces of values `range` of the buffer, in order, one per tensor.
+    pub fn pieces(&self, range: Range<usize>) -> impl Iterator<Item = Piece<'a>> + '_ {
+        (self.layout.specs.iter().zip(&self.names)).filter_map(move |(spec, &tensor)| {
+            let at = spec.offset.max(range.start)..(spec.offset + spec.len()).min(range.end);
+            (at.start < at.end).then(|| Piece {
+                tensor,
+                elems: at.start - spec.offset..at.end - spec.offset,
+                at,
+            })
+        })
+    }
+
+    /// A piece's values into `out` (`piece.at.len()` of them), as `f32`.
+    pub fn read(&self, piece: &Piece, out: &mut [f32]) -> Result<()> {
+        self.file.read(piece.tensor, piece.elems.clone(), out)
+    }
+
+    /// Values `range` of the buffer in host memory.
+    pub fn to_vec(&self, range: Range<usize>) -> Result<Vec<f32>> {
+        let mut out = vec![0.0; range.len()];
+        for piece in self.pieces(range.clone()) {
+            let at = piece.at.start - range.start..piece.at.end - range.start;
+            self.read(&piece, &mut out[at])?;
+        }
+        Ok(out)
+    }
+}
+
+/// Bytes per value of a float dtype and the conversion of its little-endian
+/// values to `f32`; `None` for a dtype that is not a float.
+fn float_codec(dtype: Dtype) -> Option<(usize, Decode)> {
+    fn convert<const N: usize>(bytes: &[u8], out: &mut [f32], f: impl Fn([u8; N]) -> f32) {
+        for (x, c) in out.iter_mut().zip(bytes.chunks_exact(N)) {
+            *x = f(c.try_into().expect("N bytes"));
+        }
     }
     Some(match dtype {
-        Dtype::F32 => convert(bytes, f32::from_le_bytes),
-        Dtype::F64 => convert(bytes, |b| f64::from_le_bytes(b) as f32),
-        Dtype::F16 => convert(bytes, |b| half::f16::from_le_bytes(b).to_f32()),
-        Dtype::BF16 => convert(bytes, |b| half::bf16::from_le_bytes(b).to_f32()),
+        Dtype::F32 => (4, |b, out| convert(b, out, f32::from_le_bytes)),
+        Dtype::F64 => (8, |b, out| {
+            convert(b, out, |c| f64::from_le_bytes(c) as f32)
+        }),
+        Dtype::F16 => (2, |b, out| {
+            convert(b, out, |c| half::f16::from_le_bytes(c).to_f32())
+        }),
+        Dtype::BF16 => (2, |b, out| {
+            convert(b, out, |c| half::bf16::from_le_bytes(c).to_f32())
+        }),
         _ => return None,
     })
 }
@@ -596,6 +792,149 @@ mod tests {
         let err = load_safetensors(&path).unwrap_err().to_string();
         assert!(
             err.contains("mixed.safetensors: not a valid safetensors"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn our_writer_writes_what_the_safetensors_crate_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.safetensors");
+        let values: Vec<Vec<f32>> = (0..4)
+            .map(|t| {
+                (0..6 * (t + 1))
+                    .map(|i| (t * 100 + i) as f32 * 0.5)
+                    .collect()
+            })
+            .collect();
+        let shapes = [vec![6], vec![3, 4], vec![2, 3, 3], vec![24]];
+        // Out of order, some on the host and some fetched.
+        let names = ["b.weight", "a.weight", "layers.10.x", "layers.2.x"];
+        let values = &values;
+        let data = |t: usize| match t % 2 {
+            0 => TensorData::Host(&values[t]),
+            _ => TensorData::Fetch(Box::new(move |out: &mut [f32]| {
+                out.copy_from_slice(&values[t]);
+                Ok(())
+            })),
+        };
+        let tensors: Vec<_> = (0..4)
+            .map(|t| (names[t].to_string(), shapes[t].clone(), data(t)))
+            .collect();
+        let meta = BTreeMap::from([
+            ("format".to_string(), "\"tinylm\"".to_string()),
+            ("step".to_string(), "7".to_string()),
+        ]);
+        for meta in [meta, BTreeMap::new()] {
+            write_safetensors(&path, &tensors, &meta, &mut [0.0; 24]).unwrap();
+            let bytes: Vec<Vec<u8>> = values
+                .iter()
+                .map(|v| v.iter().flat_map(|x| x.to_le_bytes()).collect())
+                .collect();
+            let views = (0..4).map(|t| {
+                let view =
+                    safetensors::tensor::TensorView::new(Dtype::F32, shapes[t].clone(), &bytes[t]);
+                (names[t], view.unwrap())
+            });
+            let info = (!meta.is_empty()).then(|| meta.clone().into_iter().collect());
+            let theirs = safetensors::serialize(views, info).unwrap();
+            // The header parsed (its metadata is a HashMap: its order is random),
+            // the data byte for byte.
+            let parts = |bytes: &[u8]| {
+                let n = 8 + u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+                let header: serde_json::Value = serde_json::from_slice(&bytes[8..n]).unwrap();
+                (n, header, bytes[n..].to_vec())
+            };
+            assert!(parts(&std::fs::read(&path).unwrap()) == parts(&theirs));
+        }
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn a_layouts_buffer_reads_from_any_float_dtype_piece_by_piece() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mixed.safetensors");
+        let layout = ParamLayout::new(&small());
+        // Multiples of 1/8 below 16: exact in every float dtype.
+        let params: Vec<f32> = (0..layout.total).map(|i| (i % 128) as f32 / 8.0).collect();
+        let dtypes = [Dtype::F32, Dtype::F64, Dtype::F16, Dtype::BF16];
+        let encoded: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = (layout.specs.iter())
+            .enumerate()
+            .map(|(i, spec)| {
+                let values = &params[spec.range()];
+                let dtype = dtypes[i % 4];
+                let bytes = match dtype {
+                    Dtype::F32 => values.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                    Dtype::F64 => values
+                        .iter()
+                        .flat_map(|&x| (x as f64).to_le_bytes())
+                        .collect(),
+                    Dtype::F16 => (values.iter())
+                        .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
+                        .collect(),
+                    _ => (values.iter())
+                        .flat_map(|&x| half::bf16::from_f32(x).to_le_bytes())
+                        .collect(),
+                };
+                (
+                    format!("model.{}", spec.name),
+                    dtype,
+                    spec.shape.clone(),
+                    bytes,
+                )
+            })
+            .collect();
+        let views = encoded.iter().map(|(name, dtype, shape, bytes)| {
+            let view = safetensors::tensor::TensorView::new(*dtype, shape.clone(), bytes);
+            (name.as_str(), view.unwrap())
+        });
+        safetensors::serialize_to_file(views, None, &path).unwrap();
+        let file = SafetensorsFile::open(&path).unwrap();
+        let buffer = file
+            .buffer(&layout, |name| name.strip_prefix("model."))
+            .unwrap();
+        assert_eq!(buffer.to_vec(0..layout.total).unwrap(), params);
+        // A range that starts and ends inside tensors (a ZeRO-1 shard's).
+        let shard = 5..layout.total - 7;
+        assert_eq!(buffer.to_vec(shard.clone()).unwrap(), params[shard]);
+    }
+
+    #[test]
+    fn a_files_buffer_is_checked_with_load_buffers_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.safetensors");
+        let layout = ParamLayout::new(&small());
+        let params = layout.init(0);
+        let mut tensors: Tensors = layout
+            .tensors(&params)
+            .into_iter()
+            .map(|(n, s, v)| (n, (s, v.to_vec())))
+            .collect();
+        tensors.remove("layers.0.attn.k_proj.weight");
+        tensors.get_mut("ln_final.weight").unwrap().0 = vec![4, 2];
+        tensors.insert("extra.bias".into(), (vec![1], vec![0.0]));
+        let named: Vec<_> = (tensors.iter())
+            .map(|(n, (s, v))| (n.clone(), s.clone(), v.as_slice()))
+            .collect();
+        save_safetensors(&path, &named, &BTreeMap::new()).unwrap();
+        let file = SafetensorsFile::open(&path).unwrap();
+        let err = file
+            .buffer(&layout, |name| Some(name))
+            .err()
+            .unwrap()
+            .to_string();
+        assert_eq!(
+            err,
+            layout.load_buffer(&tensors, &path).unwrap_err().to_string()
+        );
+        assert!(err.starts_with(&format!("{}: ", path.display())), "{err}");
+        assert!(!err.contains('\n'), "{err}");
+        // A file cut short is refused when opened, naming it.
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &bytes[..bytes.len() - 4]).unwrap();
+        let err = SafetensorsFile::open(&path).err().unwrap().to_string();
+        assert!(
+            err.starts_with(&format!("{}: not a valid safetensors file", path.display())),
             "{err}"
         );
     }

@@ -5,7 +5,7 @@
 //! what was expected.
 
 use crate::export::hf;
-use crate::params::{load_safetensors, ParamLayout};
+use crate::params::{ParamLayout, SafetensorsFile};
 use crate::{Error, ModelConfig, Result};
 use std::path::{Path, PathBuf};
 
@@ -64,10 +64,11 @@ fn load_file(path: &Path, config: Option<&ModelConfig>) -> Result<Weights> {
         let dir = path.parent().expect("a file name has a parent");
         return load(dir, config);
     }
-    let (mut tensors, metadata) = load_safetensors(path).map_err(|e| match e {
+    let file = SafetensorsFile::open(path).map_err(|e| match e {
         Error::Invalid(msg) => Error::Invalid(format!("{msg}; {EXPECTED}")),
         other => other,
     })?;
+    let metadata = file.metadata();
     let saved: Option<ModelConfig> = match metadata.get("config") {
         Some(text) => Some(serde_json::from_str(text).map_err(|e| {
             Error::Invalid(format!(
@@ -90,8 +91,11 @@ fn load_file(path: &Path, config: Option<&ModelConfig>) -> Result<Weights> {
     config
         .validate()
         .map_err(|e| Error::Invalid(format!("{}: {e}", path.display())))?;
-    tensors.retain(|name, _| !name.starts_with("optim."));
-    let params = ParamLayout::new(&config).load_buffer(&tensors, path)?;
+    let layout = ParamLayout::new(&config);
+    let weights = file.buffer(&layout, |name| {
+        (!name.starts_with("optim.")).then_some(name)
+    })?;
+    let params = weights.to_vec(0..layout.total)?;
     let tokenizer = metadata
         .get("tokenizer")
         .and_then(|text| serde_json::from_str::<Option<PathBuf>>(text).ok())

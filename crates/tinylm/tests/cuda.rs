@@ -13,7 +13,7 @@ use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
-use tinylm::checkpoint;
+use tinylm::checkpoint::{self, BackendValues, CheckpointFile, Moments};
 use tinylm::config::{Ffn, ModelConfig, Norm, Positional};
 use tinylm::device::Device;
 use tinylm::distributed::World;
@@ -979,21 +979,45 @@ fn a_checkpoint_moves_between_gpu_and_cpu_bit_for_bit() {
     )
     .unwrap();
     let saved = checkpoint::load(&summary.checkpoint).unwrap();
-    // The saved parameters go to the GPU and back unchanged, in both precisions
-    // (bf16 keeps f32 master weights).
+    let file = CheckpointFile::open(&summary.checkpoint).unwrap();
+    let host = saved.optimizer.as_ref().unwrap();
+    // The saved parameters go to the GPU (read tensor by tensor through pinned
+    // staging memory) and back unchanged, in both precisions (bf16 keeps f32 master
+    // weights); so do the moments, whole or a ZeRO-1 shard of them cut inside a
+    // tensor; and the checkpoint the GPU writes holds the same tensors.
     for precision in PRECISIONS {
-        let model = Model::with_backend(cfg.model.clone(), &saved.params, gpu(precision)).unwrap();
+        let model = file.model(gpu(precision)).unwrap();
         assert!(
             model.download_params().unwrap() == saved.params,
             "{precision}: parameters changed"
         );
-        let whole = 0..saved.params.len();
-        let opt = model
-            .upload_adamw(saved.optimizer.as_ref().unwrap(), whole)
-            .unwrap();
-        assert_eq!(
-            &model.download_adamw(&opt).unwrap(),
-            saved.optimizer.as_ref().unwrap()
+        let total = saved.params.len();
+        for covers in [0..total, total / 2 + 3..total] {
+            let shard = model
+                .download_adamw(&file.adamw(&model, covers.clone()).unwrap())
+                .unwrap();
+            assert_eq!(shard.covers, covers);
+            assert!(shard.m == host.m[covers.clone()] && shard.v == host.v[covers.clone()]);
+            assert_eq!(shard.step, host.step);
+        }
+        let opt = file.adamw(&model, 0..total).unwrap();
+        let on_gpu = |buf| BackendValues {
+            backend: model.backend(),
+            buf,
+        };
+        let (params, m, v) = (on_gpu(model.param_buffer()), on_gpu(&opt.m), on_gpu(&opt.v));
+        let moments = Moments {
+            hp: opt.hp,
+            step: opt.step,
+            m: &m,
+            v: &v,
+        };
+        let written = dir.path().join(format!("written-{precision}.safetensors"));
+        let metadata = saved.metadata.clone();
+        checkpoint::save_from(&written, &cfg.model, &params, Some(moments), &metadata).unwrap();
+        assert!(
+            checkpoint::load(&written).unwrap() == saved,
+            "{precision}: written"
         );
     }
     // Resumed on the CPU and on the GPU for ten more steps, the runs agree.

@@ -15,6 +15,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use tinylm::checkpoint::{self, CheckpointFile};
 use tinylm::data::TokenDataset;
 use tinylm::device::{resolve, run_on, BackendTask, Device};
 use tinylm::distributed::World;
@@ -22,7 +23,7 @@ use tinylm::generate::Sampler;
 use tinylm::kernels::Backend;
 use tinylm::kernels::Precision;
 use tinylm::train::{evaluate, train, Schedule, TrainConfig, TrainSummary};
-use tinylm::{checkpoint, Model, ModelConfig};
+use tinylm::{Model, ModelConfig};
 use tinylm_bpe::encode::Tokenizer;
 use tinylm_bpe::npy::{Dtype, NpyWriter};
 use tinylm_bpe::train::{count_pretokens, train_from_counts, TrainOptions};
@@ -303,7 +304,7 @@ fn quickstart(s: &Settings) -> Result<()> {
         summary.steps, summary.tokens, summary.wallclock_s, summary.train_loss
     );
 
-    let ckpt = checkpoint::load(&summary.checkpoint)?;
+    let ckpt = CheckpointFile::open(&summary.checkpoint)?;
     let samples = run_on(
         s.device,
         s.precision,
@@ -424,7 +425,7 @@ impl BackendTask for TimeOneStep<'_> {
 /// token, then the samples (printed as they come); returns the samples' text.
 struct EvaluateAndSample<'a> {
     s: &'a Settings,
-    ckpt: &'a checkpoint::Checkpoint,
+    ckpt: &'a CheckpointFile,
     val_npy: &'a Path,
     tokenizer_dir: &'a Path,
     summary: &'a TrainSummary,
@@ -434,10 +435,10 @@ impl BackendTask for EvaluateAndSample<'_> {
     type Output = String;
     fn run<B: Backend<f32>>(self, backend: B) -> tinylm::Result<String> {
         let (s, ckpt, out) = (self.s, self.ckpt, &self.s.out);
-        let t = ckpt.config.context_length;
+        let t = ckpt.config().context_length;
         stage(5, "evaluating on all validation tokens");
-        let mut model = Model::with_backend(ckpt.config.clone(), &ckpt.params, backend)?;
-        let val = TokenDataset::open(self.val_npy, ckpt.config.vocab_size)?;
+        let mut model = ckpt.model(backend)?;
+        let val = TokenDataset::open(self.val_npy, ckpt.config().vocab_size)?;
         let eval = evaluate(&mut model, &val, s.batch_size, 0)?;
         println!(
             "  validation loss {:.4}, perplexity {:.2} ({} windows of {t} tokens)",

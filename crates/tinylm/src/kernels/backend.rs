@@ -389,6 +389,11 @@ pub trait Collective<Buf, Stats> {
 pub trait Backend<F: Float>: Sync {
     /// A buffer of `F` values (in the precision its [`BufKind`] says).
     type Buf: Buffer;
+    /// Host memory that values cross in between the host and the buffers, one
+    /// piece at a time (a checkpoint's tensors): a `Vec` on the CPU; page-locked
+    /// memory on a GPU, which the device copies directly where pageable memory
+    /// would be staged by the driver.
+    type Staging: Send;
     /// A buffer of token ids.
     type Ids: Send + Sync;
     /// One step's statistics (loss and gradient sum of squares) where the kernels
@@ -421,6 +426,21 @@ pub trait Backend<F: Float>: Sync {
     fn host<'a>(&self, _src: Span<'a, Self::Buf>) -> Option<&'a [F]> {
         None
     }
+    /// [`Backend::host`] to write: the values of `dst` where they lie, when they
+    /// lie in host memory; `None` for a device, whose values are [`upload`]ed.
+    ///
+    /// [`upload`]: Backend::upload
+    fn host_mut<'a>(&self, _dst: SpanMut<'a, Self::Buf>) -> Option<&'a mut [F]> {
+        None
+    }
+    /// Staging memory for `len` values (see [`Backend::Staging`]).
+    fn alloc_staging(&self, len: usize) -> Result<Self::Staging>;
+    /// The values of `staging`, to fill before an [`upload`] from them or to
+    /// [`download`] into (both return when the copy is done).
+    ///
+    /// [`upload`]: Backend::upload
+    /// [`download`]: Backend::download
+    fn staged<'a>(&self, staging: &'a mut Self::Staging) -> Result<&'a mut [F]>;
     /// Waits for every kernel launched so far; the first failure since the last call.
     fn sync(&self) -> Result<()>;
 

@@ -105,6 +105,7 @@ impl<B> Profiled<B> {
 
 impl<F: Float, B: Backend<F>> Backend<F> for Profiled<B> {
     type Buf = B::Buf;
+    type Staging = B::Staging;
     type Ids = B::Ids;
     type Stats = B::Stats;
 
@@ -142,6 +143,18 @@ impl<F: Float, B: Backend<F>> Backend<F> for Profiled<B> {
 
     fn host<'a>(&self, src: Span<'a, B::Buf>) -> Option<&'a [F]> {
         self.inner.host(src)
+    }
+
+    fn host_mut<'a>(&self, dst: SpanMut<'a, B::Buf>) -> Option<&'a mut [F]> {
+        self.inner.host_mut(dst)
+    }
+
+    fn alloc_staging(&self, len: usize) -> Result<B::Staging> {
+        self.inner.alloc_staging(len)
+    }
+
+    fn staged<'a>(&self, staging: &'a mut B::Staging) -> Result<&'a mut [F]> {
+        self.inner.staged(staging)
     }
 
     fn sync(&self) -> Result<()> {

@@ -47,7 +47,7 @@ pub use run_dir::{
     SUMMARY_FILE, TENSORBOARD_DIR,
 };
 
-use crate::checkpoint::{self, check_same_config, BackendValues, Moments};
+use crate::checkpoint::{self, check_same_config, BackendValues, CheckpointFile, Moments};
 use crate::data::{Batch, SplitMix64, TokenDataset};
 use crate::device::{rank_device, run_on, BackendTask};
 use crate::distributed::{shard, Reduce, World};
@@ -649,40 +649,37 @@ fn divergence(factor: f64, stats: &StepStats, start_loss: f64) -> Option<String>
 /// A model, its optimizer state and where the run stands.
 type Resumed<B> = (Model<f32, B>, AdamW<<B as Backend<f32>>::Buf>, RunState);
 /// Loads `path` for resuming: the same model config, weights, AdamW state (this
-/// rank's shard of it under ZeRO-1) and run state. Every rank reads the file.
+/// rank's shard of it under ZeRO-1) and run state. Every rank reads the file, one
+/// tensor at a time straight into its buffers.
 fn resume<B: Backend<f32>>(
     cfg: &TrainConfig,
     world: &World,
     path: &Path,
     backend: B,
 ) -> Result<Resumed<B>> {
-    let ckpt = checkpoint::load(path)?;
-    check_same_config(path, &ckpt.config, &cfg.model)?;
-    let opt = ckpt.optimizer.as_ref().ok_or_else(|| {
-        Error::Invalid(format!(
-            "{}: no optimizer state (optim.m.*, optim.v.*) to resume from",
-            path.display()
-        ))
-    })?;
+    let ckpt = CheckpointFile::open(path)?;
+    check_same_config(path, ckpt.config(), &cfg.model)?;
+    ckpt.require_optimizer()?;
     // Entries that checkpoints written before the time schedule lack.
-    let seconds = |key| match ckpt.metadata.contains_key(key) {
-        true => ckpt.meta(key, path),
+    let has = |key| ckpt.metadata().contains_key(key);
+    let seconds = |key| match has(key) {
+        true => ckpt.meta(key),
         false => Ok(0.0),
     };
     let state = RunState {
-        step: ckpt.meta("step", path)?,
-        tokens: ckpt.meta("tokens", path)?,
-        wallclock_s: ckpt.meta("wallclock_s", path)?,
-        rng: ckpt.meta("rng_state", path)?,
+        step: ckpt.meta("step")?,
+        tokens: ckpt.meta("tokens")?,
+        wallclock_s: ckpt.meta("wallclock_s")?,
+        rng: ckpt.meta("rng_state")?,
         step_s: seconds("last_step_s")?,
         eval_s: seconds("last_eval_s")?,
-        start_loss: match ckpt.metadata.contains_key("start_loss") {
-            true => ckpt.meta("start_loss", path)?,
+        start_loss: match has("start_loss") {
+            true => ckpt.meta("start_loss")?,
             false => None,
         },
     };
-    let model = Model::with_backend(ckpt.config, &ckpt.params, backend)?;
-    let opt = model.upload_adamw(opt, optimizer_shard(cfg, world, &model))?;
+    let model = ckpt.model(backend)?;
+    let opt = ckpt.adamw(&model, optimizer_shard(cfg, world, &model))?;
     Ok((model, opt, state))
 }
 

@@ -21,6 +21,7 @@ pub struct Cpu;
 
 impl<F: Float> Backend<F> for Cpu {
     type Buf = Vec<F>;
+    type Staging = Vec<F>;
     type Ids = Vec<u32>;
     type Stats = StepStats;
 
@@ -62,6 +63,18 @@ impl<F: Float> Backend<F> for Cpu {
 
     fn host<'a>(&self, src: Span<'a, Vec<F>>) -> Option<&'a [F]> {
         Some(src.slice())
+    }
+
+    fn host_mut<'a>(&self, dst: SpanMut<'a, Vec<F>>) -> Option<&'a mut [F]> {
+        Some(dst.slice())
+    }
+
+    fn alloc_staging(&self, len: usize) -> Result<Vec<F>> {
+        Ok(vec![F::ZERO; len])
+    }
+
+    fn staged<'a>(&self, staging: &'a mut Vec<F>) -> Result<&'a mut [F]> {
+        Ok(staging)
     }
 
     fn sync(&self) -> Result<()> {

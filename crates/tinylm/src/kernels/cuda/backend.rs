@@ -21,7 +21,7 @@ use crate::kernels::{
 #[cfg(not(feature = "nccl"))]
 use crate::Error;
 use crate::Result;
-use cudarc::driver::{DeviceRepr, ValidAsZeroBits};
+use cudarc::driver::{DeviceRepr, PinnedHostSlice, ValidAsZeroBits};
 use std::time::Instant;
 
 impl Cuda {
@@ -49,16 +49,26 @@ impl Cuda {
     }
 
     /// `len` elements of pinned host memory (at least one: the driver allocates no
-    /// empty block) and its copy event; `what` names it in an error.
+    /// empty block), cached (not write-combined: the host reads it too); `what`
+    /// names it in an error.
+    fn pin<T: DeviceRepr + ValidAsZeroBits>(
+        &self,
+        len: usize,
+        what: &str,
+    ) -> Result<PinnedHostSlice<T>> {
+        // SAFETY: any bit pattern is a valid T (ValidAsZeroBits on plain numbers),
+        // and the memory is written before a copy reads it.
+        unsafe { self.ctx.alloc_pinned_with_flags::<T>(len.max(1), 0) }
+            .map_err(|e| driver_error(&format!("allocating pinned host memory for {what}"), e))
+    }
+
+    /// [`Cuda::pin`] and the memory's copy event.
     fn alloc_pinned<T: DeviceRepr + ValidAsZeroBits>(
         &self,
         len: usize,
         what: &str,
     ) -> Result<Pinned<T>> {
-        // SAFETY: any bit pattern is a valid T (ValidAsZeroBits on plain numbers),
-        // and the memory is written before a copy reads it.
-        let memory = unsafe { self.ctx.alloc_pinned_with_flags::<T>(len.max(1), 0) }
-            .map_err(|e| driver_error(&format!("allocating pinned host memory for {what}"), e))?;
+        let memory = self.pin(len, what)?;
         let copied = self
             .ctx
             .new_event(None)
@@ -87,6 +97,9 @@ impl Cuda {
 
 impl Backend<f32> for Cuda {
     type Buf = CudaBuf;
+    /// Copied to and from synchronously ([`Backend::upload`] and
+    /// [`Backend::download`] wait), so no event guards it.
+    type Staging = PinnedHostSlice<f32>;
     type Ids = CudaIds;
     type Stats = CudaStats;
 
@@ -201,6 +214,16 @@ impl Backend<f32> for Cuda {
         let staging = Cuda::alloc(self, src.len, DType::F32, "download staging")?;
         self.to_f32(staging.view(), source);
         Cuda::download(self, staging.view(), dst)
+    }
+
+    fn alloc_staging(&self, len: usize) -> Result<PinnedHostSlice<f32>> {
+        self.pin(len, "staging")
+    }
+
+    fn staged<'a>(&self, staging: &'a mut PinnedHostSlice<f32>) -> Result<&'a mut [f32]> {
+        staging
+            .as_mut_slice()
+            .map_err(|e| driver_error("reading pinned staging memory", e))
     }
 
     fn sync(&self) -> Result<()> {
