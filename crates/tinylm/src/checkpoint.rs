@@ -412,6 +412,18 @@ mod tests {
     use crate::kernels::Cpu;
     use crate::Model;
 
+    fn small() -> ModelConfig {
+        ModelConfig {
+            vocab_size: 64,
+            context_length: 8,
+            d_model: 16,
+            num_layers: 2,
+            num_heads: 2,
+            d_ff: 40,
+            ..ModelConfig::tinystories()
+        }
+    }
+
     /// A buffer that must be fetched, as a GPU's is.
     struct Fetched<'a>(&'a [f32]);
 
@@ -426,15 +438,7 @@ mod tests {
 
     #[test]
     fn a_checkpoint_written_from_the_buffers_is_the_host_copys_byte_for_byte() {
-        let config = ModelConfig {
-            vocab_size: 64,
-            context_length: 8,
-            d_model: 16,
-            num_layers: 2,
-            num_heads: 2,
-            d_ff: 40,
-            ..ModelConfig::tinystories()
-        };
+        let config = small();
         let model = Model::<f32, Cpu>::new(config.clone(), 3).unwrap();
         let mut opt = model.new_adamw(AdamWParams::default()).unwrap();
         for (i, (m, v)) in opt.m.iter_mut().zip(&mut opt.v).enumerate() {
@@ -495,13 +499,8 @@ mod tests {
             }
         }
         let config = ModelConfig {
-            vocab_size: 64,
-            context_length: 8,
-            d_model: 16,
             num_layers: 1,
-            num_heads: 2,
-            d_ff: 40,
-            ..ModelConfig::tinystories()
+            ..small()
         };
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("c.safetensors");
@@ -512,15 +511,7 @@ mod tests {
 
     #[test]
     fn a_checkpoint_reads_into_the_buffers_and_a_shard_reads_its_moments_alone() {
-        let config = ModelConfig {
-            vocab_size: 64,
-            context_length: 8,
-            d_model: 16,
-            num_layers: 2,
-            num_heads: 2,
-            d_ff: 40,
-            ..ModelConfig::tinystories()
-        };
+        let config = small();
         let layout = ParamLayout::new(&config);
         let (total, params) = (layout.total, layout.init(3));
         let mut opt = AdamW::new(total, AdamWParams::default());
@@ -550,13 +541,8 @@ mod tests {
     #[test]
     fn a_bad_checkpoint_is_one_line_naming_the_file_and_the_tensors() {
         let config = ModelConfig {
-            vocab_size: 64,
-            context_length: 8,
-            d_model: 16,
             num_layers: 1,
-            num_heads: 2,
-            d_ff: 40,
-            ..ModelConfig::tinystories()
+            ..small()
         };
         let layout = ParamLayout::new(&config);
         let params = layout.init(1);

@@ -718,19 +718,29 @@ mod tests {
         );
     }
 
-    #[test]
-    fn mismatched_weights_name_every_problem() {
-        let path = Path::new("w.safetensors");
-        let layout = ParamLayout::new(&small());
+    /// Every tensor of `layout`, initialized, by name.
+    fn named_tensors(layout: &ParamLayout) -> Tensors {
         let params = layout.init(0);
-        let mut tensors: Tensors = layout
-            .tensors(&params)
-            .into_iter()
+        (layout.tensors(&params).into_iter())
             .map(|(n, s, v)| (n, (s, v.to_vec())))
-            .collect();
+            .collect()
+    }
+
+    /// The tensors of [`small`]'s layout with one missing, one mis-shaped and one
+    /// extra.
+    fn mismatched() -> (ParamLayout, Tensors) {
+        let layout = ParamLayout::new(&small());
+        let mut tensors = named_tensors(&layout);
         tensors.remove("layers.0.attn.k_proj.weight");
         tensors.get_mut("ln_final.weight").unwrap().0 = vec![4, 2];
         tensors.insert("extra.bias".into(), (vec![1], vec![0.0]));
+        (layout, tensors)
+    }
+
+    #[test]
+    fn mismatched_weights_name_every_problem() {
+        let path = Path::new("w.safetensors");
+        let (layout, tensors) = mismatched();
         let err = layout.load_buffer(&tensors, path).unwrap_err().to_string();
         for part in [
             "w.safetensors",
@@ -743,11 +753,7 @@ mod tests {
         let mut c = small();
         c.tie_embeddings = true;
         let tied = ParamLayout::new(&c);
-        let mut tensors: Tensors = layout
-            .tensors(&params)
-            .into_iter()
-            .map(|(n, s, v)| (n, (s, v.to_vec())))
-            .collect();
+        let mut tensors = named_tensors(&layout);
         let err = tied.load_buffer(&tensors, path).unwrap_err().to_string();
         assert!(err.contains("tie_embeddings"), "{err}");
         tensors.remove("lm_head.weight");
@@ -903,16 +909,7 @@ mod tests {
     fn a_files_buffer_is_checked_with_load_buffers_errors() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("w.safetensors");
-        let layout = ParamLayout::new(&small());
-        let params = layout.init(0);
-        let mut tensors: Tensors = layout
-            .tensors(&params)
-            .into_iter()
-            .map(|(n, s, v)| (n, (s, v.to_vec())))
-            .collect();
-        tensors.remove("layers.0.attn.k_proj.weight");
-        tensors.get_mut("ln_final.weight").unwrap().0 = vec![4, 2];
-        tensors.insert("extra.bias".into(), (vec![1], vec![0.0]));
+        let (layout, tensors) = mismatched();
         let named: Vec<_> = (tensors.iter())
             .map(|(n, (s, v))| (n.clone(), s.clone(), v.as_slice()))
             .collect();
