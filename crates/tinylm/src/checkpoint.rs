@@ -352,7 +352,7 @@ impl CheckpointFile {
 /// `range.len()` values, one tensor at a time: on the CPU straight into the
 /// buffer's memory; on a GPU through `staging` (allocated at first use for the
 /// longest tensor, then reused) and an upload.
-fn read_into<B: Backend<f32>>(
+pub(crate) fn read_into<B: Backend<f32>>(
     backend: &B,
     src: &FileBuffer,
     range: Range<usize>,

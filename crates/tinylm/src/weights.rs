@@ -2,10 +2,14 @@
 //! checkpoint as it is (the optimizer state is skipped), a weights-only safetensors
 //! with the SPEC names (the config given separately), or an exported Hugging Face
 //! directory (imported on the fly). Anything else is refused with one line saying
-//! what was expected.
+//! what was expected. A file's weights are read when wanted, tensor by tensor,
+//! straight into a model's buffers ([`OpenedWeights::model`]) or into host memory.
 
+use crate::checkpoint::read_into;
 use crate::export::hf;
-use crate::params::{ParamLayout, SafetensorsFile};
+use crate::kernels::Backend;
+use crate::model::Model;
+use crate::params::{FileBuffer, ParamLayout, SafetensorsFile};
 use crate::{Error, ModelConfig, Result};
 use std::path::{Path, PathBuf};
 
@@ -25,29 +29,90 @@ pub struct Weights {
 /// Reads the weights at `path` (see the module docs). `config` is required for a
 /// weights-only file; for a checkpoint or a directory it must equal the one they hold.
 pub fn load(path: &Path, config: Option<&ModelConfig>) -> Result<Weights> {
-    let weights = if path.is_dir() {
+    open(path, config)?.load()
+}
+
+/// Weights opened where they are (see [`open`]): a file's read when wanted.
+pub struct OpenedWeights {
+    pub config: ModelConfig,
+    /// The tokenizer directory the input records or contains, if any.
+    pub tokenizer: Option<PathBuf>,
+    values: Values,
+}
+
+/// Where opened weights are.
+enum Values {
+    /// In a safetensors file (every tensor checked against the config's layout).
+    File(SafetensorsFile),
+    /// In host memory (imported from a Hugging Face directory).
+    Host(Vec<f32>),
+}
+
+/// Opens the weights at `path` as [`load`] reads them, checking everything but
+/// reading no tensor of a file yet.
+pub fn open(path: &Path, config: Option<&ModelConfig>) -> Result<OpenedWeights> {
+    let opened = if path.is_dir() {
         let imported = hf::import(path)?;
         let has_tokenizer = imported.tokenizer.is_some();
-        Weights {
+        OpenedWeights {
             config: imported.config,
-            params: imported.params,
             tokenizer: has_tokenizer.then(|| path.to_path_buf()),
+            values: Values::Host(imported.params),
         }
     } else {
-        load_file(path, config)?
+        open_file(path, config)?
     };
-    if let Some(given) = config.filter(|c| **c != weights.config) {
+    if let Some(given) = config.filter(|c| **c != opened.config) {
         return Err(Error::Config(format!(
             "{} holds a model config that differs from the one given: {} vs {}",
             path.display(),
-            serde_json::to_string(&weights.config).expect("serializes"),
+            serde_json::to_string(&opened.config).expect("serializes"),
             serde_json::to_string(given).expect("serializes")
         )));
     }
-    Ok(weights)
+    Ok(opened)
 }
 
-fn load_file(path: &Path, config: Option<&ModelConfig>) -> Result<Weights> {
+impl OpenedWeights {
+    /// The weights in host memory.
+    pub fn load(self) -> Result<Weights> {
+        let params = match &self.values {
+            Values::File(file) => {
+                let layout = ParamLayout::new(&self.config);
+                weights_of(file, &layout)?.to_vec(0..layout.total)?
+            }
+            Values::Host(params) => params.clone(),
+        };
+        Ok(Weights {
+            config: self.config,
+            params,
+            tokenizer: self.tokenizer,
+        })
+    }
+
+    /// A model run by `backend` with these weights, a file's read tensor by tensor
+    /// into its parameter buffer.
+    pub fn model<B: Backend<f32>>(self, backend: B) -> Result<Model<f32, B>> {
+        match self.values {
+            Values::File(file) => {
+                let layout = ParamLayout::new(&self.config);
+                let weights = weights_of(&file, &layout)?;
+                Model::with_backend_from(self.config, backend, |backend, params| {
+                    read_into(backend, &weights, 0..layout.total, params, &mut None)
+                })
+            }
+            Values::Host(params) => Model::with_backend(self.config, &params, backend),
+        }
+    }
+}
+
+/// The weights of `file` (every tensor but a checkpoint's `optim.*` moments),
+/// checked against `layout`.
+fn weights_of<'a>(file: &'a SafetensorsFile, layout: &'a ParamLayout) -> Result<FileBuffer<'a>> {
+    file.buffer(layout, |name| (!name.starts_with("optim.")).then_some(name))
+}
+
+fn open_file(path: &Path, config: Option<&ModelConfig>) -> Result<OpenedWeights> {
     let mut magic = [0u8; 4];
     let is_gguf = std::fs::File::open(path)
         .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))
@@ -62,7 +127,7 @@ fn load_file(path: &Path, config: Option<&ModelConfig>) -> Result<Weights> {
         && path.with_file_name("config.json").is_file()
     {
         let dir = path.parent().expect("a file name has a parent");
-        return load(dir, config);
+        return open(dir, config);
     }
     let file = SafetensorsFile::open(path).map_err(|e| match e {
         Error::Invalid(msg) => Error::Invalid(format!("{msg}; {EXPECTED}")),
@@ -91,18 +156,14 @@ fn load_file(path: &Path, config: Option<&ModelConfig>) -> Result<Weights> {
     config
         .validate()
         .map_err(|e| Error::Invalid(format!("{}: {e}", path.display())))?;
-    let layout = ParamLayout::new(&config);
-    let weights = file.buffer(&layout, |name| {
-        (!name.starts_with("optim.")).then_some(name)
-    })?;
-    let params = weights.to_vec(0..layout.total)?;
+    weights_of(&file, &ParamLayout::new(&config))?;
     let tokenizer = metadata
         .get("tokenizer")
         .and_then(|text| serde_json::from_str::<Option<PathBuf>>(text).ok())
         .flatten();
-    Ok(Weights {
+    Ok(OpenedWeights {
         config,
-        params,
         tokenizer,
+        values: Values::File(file),
     })
 }

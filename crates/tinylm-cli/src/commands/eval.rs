@@ -6,10 +6,8 @@ use std::path::PathBuf;
 use tinylm::data::TokenDataset;
 use tinylm::device::{run_on, BackendTask};
 use tinylm::kernels::Backend;
-use tinylm::model::Model;
 use tinylm::train::{evaluate, EvalResult};
-use tinylm::weights;
-use tinylm::ModelConfig;
+use tinylm::weights::{self, OpenedWeights};
 
 #[derive(Args, Debug)]
 pub struct EvalArgs {
@@ -40,12 +38,11 @@ pub fn run(args: EvalArgs) -> Result<()> {
         .num_threads(args.threads)
         .build_global()
         .context("starting the thread pool")?;
-    let ckpt = weights::load(&args.checkpoint, None)?;
+    let ckpt = weights::open(&args.checkpoint, None)?;
     let data = TokenDataset::open(&args.data, ckpt.config.vocab_size)?;
     let t = ckpt.config.context_length;
     let task = Evaluation {
-        config: ckpt.config,
-        params: ckpt.params,
+        weights: ckpt,
         data: &data,
         batch_size: args.batch_size,
         max_batches: args.max_batches,
@@ -63,8 +60,7 @@ pub fn run(args: EvalArgs) -> Result<()> {
 
 /// The evaluation, on whichever backend `--device` names.
 struct Evaluation<'a> {
-    config: ModelConfig,
-    params: Vec<f32>,
+    weights: OpenedWeights,
     data: &'a TokenDataset,
     batch_size: usize,
     max_batches: usize,
@@ -73,7 +69,7 @@ struct Evaluation<'a> {
 impl BackendTask for Evaluation<'_> {
     type Output = EvalResult;
     fn run<B: Backend<f32>>(self, backend: B) -> tinylm::Result<EvalResult> {
-        let mut model = Model::with_backend(self.config, &self.params, backend)?;
+        let mut model = self.weights.model(backend)?;
         evaluate(&mut model, self.data, self.batch_size, self.max_batches)
     }
 }

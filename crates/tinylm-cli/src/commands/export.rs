@@ -86,21 +86,26 @@ pub fn run(args: ExportArgs) -> Result<()> {
 fn load(source: &Source) -> Result<(Weights, Bpe)> {
     let w = weights::load(&source.checkpoint, None)?;
     check_llama(&w.config)?;
-    let dir = tokenizer_dir(source.tokenizer.as_deref(), &w, &source.checkpoint)?;
+    let dir = tokenizer_dir(
+        source.tokenizer.as_deref(),
+        w.tokenizer.as_deref(),
+        &source.checkpoint,
+    )?;
     let tokenizer =
         Bpe::load(&dir).with_context(|| format!("loading the tokenizer in {}", dir.display()))?;
     Ok((w, tokenizer))
 }
 
 /// `--tokenizer`, or else the tokenizer the weights record; an error when neither.
-pub fn tokenizer_dir(given: Option<&Path>, w: &Weights, weights_path: &Path) -> Result<PathBuf> {
-    given
-        .map(Path::to_path_buf)
-        .or_else(|| w.tokenizer.clone())
-        .with_context(|| {
-            format!(
-                "{} records no tokenizer: pass --tokenizer DIR",
-                weights_path.display()
-            )
-        })
+pub fn tokenizer_dir(
+    given: Option<&Path>,
+    recorded: Option<&Path>,
+    weights_path: &Path,
+) -> Result<PathBuf> {
+    given.or(recorded).map(Path::to_path_buf).with_context(|| {
+        format!(
+            "{} records no tokenizer: pass --tokenizer DIR",
+            weights_path.display()
+        )
+    })
 }

@@ -10,9 +10,8 @@ use std::path::{Path, PathBuf};
 use tinylm::accounting::{InferenceMemory, Memory};
 use tinylm::device::{run_on, BackendTask};
 use tinylm::kernels::Backend;
-use tinylm::model::Model;
 use tinylm::params::{save_safetensors, ParamLayout};
-use tinylm::weights::{self, Weights};
+use tinylm::weights::{self, OpenedWeights};
 use tinylm::ModelConfig;
 use tinylm_bpe::npy::{self, Dtype, MappedNpy};
 
@@ -51,7 +50,8 @@ pub fn run(args: ForwardArgs) -> Result<()> {
         .as_deref()
         .map(ModelConfig::from_json_file)
         .transpose()?;
-    let Weights { config, params, .. } = weights::load(&args.weights, given.as_ref())?;
+    let weights = weights::open(&args.weights, given.as_ref())?;
+    let config = weights.config.clone();
     let (ids, shape) = read_ids(&args.input, &config)?;
     let (b, t) = match shape[..] {
         [t] => (1, t),
@@ -87,8 +87,7 @@ pub fn run(args: ForwardArgs) -> Result<()> {
     logits_shape.push(config.vocab_size);
     let layout = ParamLayout::new(&config);
     let task = Pass {
-        config,
-        params,
+        weights,
         ids: &ids,
         targets: targets.as_deref(),
         grads: args.grads_out.is_some(),
@@ -114,8 +113,7 @@ pub fn run(args: ForwardArgs) -> Result<()> {
 /// The logits, and with targets the loss and (when asked) every parameter's
 /// gradient, on whichever backend `--device` names.
 struct Pass<'a> {
-    config: ModelConfig,
-    params: Vec<f32>,
+    weights: OpenedWeights,
     ids: &'a [u32],
     targets: Option<&'a [u32]>,
     grads: bool,
@@ -126,8 +124,7 @@ struct Pass<'a> {
 impl BackendTask for Pass<'_> {
     type Output = (Vec<f32>, Option<f32>, Option<Vec<f32>>);
     fn run<B: Backend<f32>>(self, backend: B) -> tinylm::Result<Self::Output> {
-        let mut model = Model::with_backend(self.config, &self.params, backend)?;
-        drop(self.params);
+        let mut model = self.weights.model(backend)?;
         let logits = model.forward(self.ids, self.b, self.t)?.to_vec();
         let Some(targets) = self.targets else {
             return Ok((logits, None, None));

@@ -11,7 +11,8 @@ use tinylm::accounting::InferenceMemory;
 use tinylm::device::{run_on, BackendTask};
 use tinylm::generate::{generate, Sampler, TextStream};
 use tinylm::kernels::Backend;
-use tinylm::{weights, Model, ModelConfig};
+use tinylm::weights::{self, OpenedWeights};
+use tinylm::Model;
 use tinylm_bpe::encode::Tokenizer;
 use tinylm_bpe::files::Bpe;
 
@@ -57,9 +58,12 @@ pub struct GenerateArgs {
 pub fn run(args: GenerateArgs) -> Result<()> {
     super::set_threads(args.threads)?;
     let sampler = Sampler::new(args.temperature, args.top_p, args.top_k, args.seed)?;
-    let ckpt = weights::load(&args.checkpoint, None)?;
-    let tokenizer_dir =
-        super::export::tokenizer_dir(args.tokenizer.as_deref(), &ckpt, &args.checkpoint)?;
+    let ckpt = weights::open(&args.checkpoint, None)?;
+    let tokenizer_dir = super::export::tokenizer_dir(
+        args.tokenizer.as_deref(),
+        ckpt.tokenizer.as_deref(),
+        &args.checkpoint,
+    )?;
     let (tokenizer, eos) = load_with_end_of_text(&tokenizer_dir)?;
     if tokenizer.vocab_size() > ckpt.config.vocab_size {
         bail!(
@@ -80,8 +84,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     );
     let stdout = std::io::stdout();
     let task = Continuation {
-        config: ckpt.config,
-        params: ckpt.params,
+        weights: ckpt,
         tokenizer: &tokenizer,
         eos,
         prompt: &args.prompt,
@@ -159,8 +162,7 @@ pub fn write_continuation<B: Backend<f32>>(
 
 /// [`write_continuation`] on whichever backend `--device` names.
 struct Continuation<'a> {
-    config: ModelConfig,
-    params: Vec<f32>,
+    weights: OpenedWeights,
     tokenizer: &'a Tokenizer,
     eos: u32,
     prompt: &'a str,
@@ -172,8 +174,7 @@ struct Continuation<'a> {
 impl BackendTask for Continuation<'_> {
     type Output = Result<String>;
     fn run<B: Backend<f32>>(self, backend: B) -> tinylm::Result<Result<String>> {
-        let mut model = Model::with_backend(self.config, &self.params, backend)?;
-        drop(self.params);
+        let mut model = self.weights.model(backend)?;
         Ok(write_continuation(
             &mut model,
             self.tokenizer,
