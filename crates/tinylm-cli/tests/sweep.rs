@@ -54,6 +54,13 @@ d_ff = 64
     config.to_string_lossy().into_owned()
 }
 
+/// `tinylm sweep --config CONFIG --out OUT` and the flags `extra`.
+fn sweep_args<'a>(config: &'a str, out: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["sweep", "--config", config, "--out", out.to_str().unwrap()];
+    args.extend(extra);
+    args
+}
+
 fn summary(run: &Path) -> serde_json::Value {
     let text = std::fs::read_to_string(run.join("summary.json")).unwrap();
     serde_json::from_str(&text).unwrap()
@@ -64,19 +71,18 @@ fn a_grid_with_a_diverging_point_gives_every_run_a_summary_and_a_plot() {
     let dir = tempfile::tempdir().unwrap();
     let config = setup(dir.path(), 40);
     let out = dir.path().join("sweep");
-    let args = [
-        "sweep",
-        "--config",
+    let args = sweep_args(
         &config,
-        "--out",
-        out.to_str().unwrap(),
-        "--grid",
-        "lr_max=1e-2,30",
-        "--grid",
-        "d_model=16,32",
-        "--parallel",
-        "2",
-    ];
+        &out,
+        &[
+            "--grid",
+            "lr_max=1e-2,30",
+            "--grid",
+            "d_model=16,32",
+            "--parallel",
+            "2",
+        ],
+    );
     let run = tinylm(&args);
     assert!(run.status.success(), "{}", text(&run));
     for (lr, status) in [("1e-2", "finished"), ("30", "diverged")] {
@@ -129,21 +135,15 @@ fn a_killed_sweep_started_again_resumes_without_redoing_finished_runs() {
     let dir = tempfile::tempdir().unwrap();
     let config = setup(dir.path(), 1500);
     let out = dir.path().join("sweep");
-    let args = [
-        "sweep",
-        "--config",
+    let args = sweep_args(
         &config,
-        "--out",
-        out.to_str().unwrap(),
-        "--grid",
-        "lr_max=1e-2,3e-3",
-        "--grid",
-        "seed=0,1",
-    ];
+        &out,
+        &["--grid", "lr_max=1e-2,3e-3", "--grid", "seed=0,1"],
+    );
     let first = out.join("lr_max=1e-2,seed=0");
     let second = out.join("lr_max=1e-2,seed=1");
     let mut child = Command::new(env!("CARGO_BIN_EXE_tinylm"))
-        .args(args)
+        .args(&args)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -278,9 +278,7 @@ fn bad_axes_and_variants_are_one_line_naming_them() {
         (vec!["--grid", "lr_max=1e-3,1e-3"], "lists 1e-3 twice"),
         (vec![], "nothing to sweep"),
     ] {
-        let mut args = vec!["sweep", "--config", &config, "--out", out];
-        args.extend(&extra);
-        let run = tinylm(&args);
+        let run = tinylm(&sweep_args(&config, Path::new(out), &extra));
         let stderr = String::from_utf8_lossy(&run.stderr).trim().to_string();
         assert_eq!(run.status.code(), Some(2), "{extra:?}: {stderr}");
         assert!(stderr.contains(expected), "{extra:?}: {stderr}");
