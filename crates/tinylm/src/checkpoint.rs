@@ -322,10 +322,7 @@ impl CheckpointFile {
     /// A model run by `backend` with the checkpoint's weights, read into its
     /// parameter buffer (the moments are not read).
     pub fn model<B: Backend<f32>>(&self, backend: B) -> Result<Model<f32, B>> {
-        let weights = self.weights()?;
-        Model::with_backend_from(self.config.clone(), backend, |backend, params| {
-            read_into(backend, &weights, 0..self.layout.total, params, &mut None)
-        })
+        model_from(&self.weights()?, self.config.clone(), backend)
     }
 
     /// `model`'s AdamW state for the parameters `covers` (all of them, or a ZeRO-1
@@ -341,42 +338,24 @@ impl CheckpointFile {
         opt.step = state.step;
         let (backend, mut staging) = (model.backend(), None);
         let m = self.moment(MOMENT_M)?;
-        read_into(backend, &m, covers.clone(), &mut opt.m, &mut staging)?;
+        m.read_into(backend, covers.clone(), &mut opt.m, &mut staging)?;
         let v = self.moment(MOMENT_V)?;
-        read_into(backend, &v, covers, &mut opt.v, &mut staging)?;
+        v.read_into(backend, covers, &mut opt.v, &mut staging)?;
         Ok(opt)
     }
 }
 
-/// Values `range` of a file's flat buffer into `dst`, a backend's buffer of
-/// `range.len()` values, one tensor at a time: on the CPU straight into the
-/// buffer's memory; on a GPU through `staging` (allocated at first use for the
-/// longest tensor, then reused) and an upload.
-pub(crate) fn read_into<B: Backend<f32>>(
-    backend: &B,
-    src: &FileBuffer,
-    range: Range<usize>,
-    dst: &mut B::Buf,
-    staging: &mut Option<B::Staging>,
-) -> Result<()> {
-    for piece in src.pieces(range.clone()) {
-        let at = piece.at.start - range.start..piece.at.end - range.start;
-        if let Some(host) = backend.host_mut(dst.at_mut(at.clone())) {
-            src.read(&piece, host)?;
-            continue;
-        }
-        let staging = match staging {
-            Some(staging) => staging,
-            None => {
-                let longest = src.pieces(range.clone()).map(|p| p.at.len()).max();
-                staging.insert(backend.alloc_staging(longest.unwrap_or(0))?)
-            }
-        };
-        let values = &mut backend.staged(staging)?[..at.len()];
-        src.read(&piece, values)?;
-        backend.upload(dst.at_mut(at), values)?;
-    }
-    Ok(())
+/// A model run by `backend` with the weights `weights` (of `config`'s layout),
+/// read into its parameter buffer tensor by tensor.
+pub(crate) fn model_from<B: Backend<f32>>(
+    weights: &FileBuffer,
+    config: ModelConfig,
+    backend: B,
+) -> Result<Model<f32, B>> {
+    let total = ParamLayout::new(&config).total;
+    Model::with_backend_from(config, backend, |backend, params| {
+        weights.read_into(backend, 0..total, params, &mut None)
+    })
 }
 
 /// Checks that `config` (the run's) equals the checkpoint's; the error names

@@ -3,6 +3,7 @@
 //! Gradients and optimizer moments use the same layout.
 
 use crate::config::{Ffn, ModelConfig, Norm};
+use crate::kernels::{Backend, Buffer, Cpu};
 use crate::{Error, Result};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -548,18 +549,18 @@ pub struct FileBuffer<'a> {
 }
 
 /// The part of a flat buffer that one tensor of a file holds.
-pub struct Piece<'a> {
+struct Piece<'a> {
     /// The tensor's name in the file.
-    pub tensor: &'a str,
+    tensor: &'a str,
     /// Which of its values (row-major).
-    pub elems: Range<usize>,
+    elems: Range<usize>,
     /// Where those are in the flat buffer.
-    pub at: Range<usize>,
+    at: Range<usize>,
 }
 
 impl<'a> FileBuffer<'a> {
     /// The pieces of values `range` of the buffer, in order, one per tensor.
-    pub fn pieces(&self, range: Range<usize>) -> impl Iterator<Item = Piece<'a>> + '_ {
+    fn pieces(&self, range: Range<usize>) -> impl Iterator<Item = Piece<'a>> + '_ {
         (self.layout.specs.iter().zip(&self.names)).filter_map(move |(spec, &tensor)| {
             let at = spec.offset.max(range.start)..(spec.offset + spec.len()).min(range.end);
             (at.start < at.end).then(|| Piece {
@@ -570,18 +571,42 @@ impl<'a> FileBuffer<'a> {
         })
     }
 
-    /// A piece's values into `out` (`piece.at.len()` of them), as `f32`.
-    pub fn read(&self, piece: &Piece, out: &mut [f32]) -> Result<()> {
-        self.file.read(piece.tensor, piece.elems.clone(), out)
+    /// Values `range` of the buffer into `dst`, a backend's buffer of
+    /// `range.len()` values, one tensor at a time: on the CPU straight into the
+    /// buffer's memory; on a GPU through `staging` (allocated at first use for the
+    /// longest tensor, then reused) and an upload.
+    pub fn read_into<B: Backend<f32>>(
+        &self,
+        backend: &B,
+        range: Range<usize>,
+        dst: &mut B::Buf,
+        staging: &mut Option<B::Staging>,
+    ) -> Result<()> {
+        for piece in self.pieces(range.clone()) {
+            let at = piece.at.start - range.start..piece.at.end - range.start;
+            let read = |out: &mut [f32]| self.file.read(piece.tensor, piece.elems.clone(), out);
+            if let Some(host) = backend.host_mut(dst.at_mut(at.clone())) {
+                read(host)?;
+                continue;
+            }
+            let staging = match staging {
+                Some(staging) => staging,
+                None => {
+                    let longest = self.pieces(range.clone()).map(|p| p.at.len()).max();
+                    staging.insert(backend.alloc_staging(longest.unwrap_or(0))?)
+                }
+            };
+            let values = &mut backend.staged(staging)?[..at.len()];
+            read(values)?;
+            backend.upload(dst.at_mut(at), values)?;
+        }
+        Ok(())
     }
 
     /// Values `range` of the buffer in host memory.
     pub fn to_vec(&self, range: Range<usize>) -> Result<Vec<f32>> {
         let mut out = vec![0.0; range.len()];
-        for piece in self.pieces(range.clone()) {
-            let at = piece.at.start - range.start..piece.at.end - range.start;
-            self.read(&piece, &mut out[at])?;
-        }
+        self.read_into(&Cpu, range, &mut out, &mut None)?;
         Ok(out)
     }
 }

@@ -5,7 +5,7 @@
 //! what was expected. A file's weights are read when wanted, tensor by tensor,
 //! straight into a model's buffers ([`OpenedWeights::model`]) or into host memory.
 
-use crate::checkpoint::read_into;
+use crate::checkpoint::model_from;
 use crate::export::hf;
 use crate::kernels::Backend;
 use crate::model::Model;
@@ -96,10 +96,7 @@ impl OpenedWeights {
         match self.values {
             Values::File(file) => {
                 let layout = ParamLayout::new(&self.config);
-                let weights = weights_of(&file, &layout)?;
-                Model::with_backend_from(self.config, backend, |backend, params| {
-                    read_into(backend, &weights, 0..layout.total, params, &mut None)
-                })
+                model_from(&weights_of(&file, &layout)?, self.config, backend)
             }
             Values::Host(params) => Model::with_backend(self.config, &params, backend),
         }

@@ -170,10 +170,7 @@ pub fn run(args: InfoArgs) -> Result<()> {
 /// Where a run's memory goes beyond the step's buffers, and its peak.
 fn peak_report(m: &RunMemory, files_given: bool) -> String {
     let on_gpu = matches!(m.step.target, Target::Cuda(_));
-    let (device, host) = match on_gpu {
-        true => ("GPU", "host"),
-        false => ("host", "host"),
-    };
+    let (device, host) = (if on_gpu { "GPU" } else { "host" }, "host");
     let files = match files_given {
         true => bytes_h(m.token_files),
         false => "-".to_string(),
