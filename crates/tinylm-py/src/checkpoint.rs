@@ -89,8 +89,8 @@ pub fn save(
         .map(|(name, a)| (name.clone(), a.shape.clone(), a.data()))
         .collect();
     let write = |path: &Path| -> PyResult<()> {
-        // `save_safetensors` reports I/O failures as invalid data: name a missing
-        // directory here as what it is.
+        // A missing directory is named as what it is (`save_safetensors` would
+        // name the file).
         if let Some(dir) = path
             .parent()
             .filter(|d| !d.as_os_str().is_empty() && !d.is_dir())
@@ -100,11 +100,7 @@ pub fn save(
                 dir.display()
             )));
         }
-        let mut tmp = path.as_os_str().to_owned();
-        tmp.push(".tmp");
-        let tmp = PathBuf::from(tmp);
-        save_safetensors(&tmp, &views, &meta).map_err(model_error)?;
-        std::fs::rename(&tmp, path).map_err(|e| model_error(tinylm::Error::io(path, e)))
+        save_safetensors(path, &views, &meta).map_err(model_error)
     };
     match target {
         Target::Path(path) => detached(py, || write(&path)),

@@ -9,6 +9,7 @@ pub mod device;
 pub mod distributed;
 pub mod error;
 pub mod export;
+pub mod files;
 pub mod generate;
 pub mod kernels;
 pub mod model;

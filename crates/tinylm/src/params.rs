@@ -3,6 +3,7 @@
 //! Gradients and optimizer moments use the same layout.
 
 use crate::config::{Ffn, ModelConfig, Norm};
+use crate::files::write_file;
 use crate::kernels::{Backend, Buffer, Cpu};
 use crate::{Error, Result};
 use rand::{RngExt, SeedableRng};
@@ -11,7 +12,7 @@ use safetensors::tensor::{Metadata, TensorInfo};
 use safetensors::{Dtype, SafeTensors};
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -244,8 +245,8 @@ impl ParamLayout {
 }
 
 /// Writes named `f32` tensors (row-major, `(name, shape, values)`) and string
-/// metadata to a safetensors file that `safetensors.torch.load_file` reads. The
-/// data go to `<path>.tmp`, renamed into place.
+/// metadata to a safetensors file that `safetensors.torch.load_file` reads, whole
+/// or not at all ([`write_file`]).
 pub fn save_safetensors(
     path: &Path,
     tensors: &[(String, Vec<usize>, &[f32])],
@@ -272,32 +273,13 @@ pub type Fetch<'a> = Box<dyn Fn(&mut [f32]) -> Result<()> + 'a>;
 /// [`save_safetensors`] for tensors wherever they are ([`TensorData`]): the file
 /// the safetensors crate writes, byte for byte. Host tensors are written from where
 /// they lie; fetched ones are fetched into `staging` (host memory at least as long
-/// as the longest of them), each written before the next is fetched. The file is
-/// written to `<path>.tmp` and renamed; a fetch or write that fails is the error,
-/// and no file is left.
+/// as the longest of them), each written before the next is fetched. The layout is
+/// the safetensors crate's (0.8): the tensors sorted by dtype, descending, then by
+/// name (all are `F32` here, so by name), their data in that order; the header JSON
+/// (its `Metadata`) padded with spaces to a multiple of 8 bytes, its length first
+/// as a little-endian u64. Written whole or not at all ([`write_file`]): a fetch or
+/// write that fails is the error, and no file is left.
 pub fn write_safetensors(
-    path: &Path,
-    tensors: &[(String, Vec<usize>, TensorData)],
-    metadata: &BTreeMap<String, String>,
-    staging: &mut [f32],
-) -> Result<()> {
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    let written = write_file(&tmp, tensors, metadata, staging)
-        .and_then(|()| std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e)));
-    if written.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written
-}
-
-/// Writes the safetensors file of `tensors` at `path` (see [`write_safetensors`]).
-/// The layout is the safetensors crate's (0.8): the tensors sorted by dtype,
-/// descending, then by name (all are `F32` here, so by name), their data in that
-/// order; the header JSON (its `Metadata`) padded with spaces to a multiple of 8
-/// bytes, its length first as a little-endian u64.
-fn write_file(
     path: &Path,
     tensors: &[(String, Vec<usize>, TensorData)],
     metadata: &BTreeMap<String, String>,
@@ -328,34 +310,34 @@ fn write_file(
     header.resize(header.len().next_multiple_of(8), b' ');
 
     let (io, room) = (|e| Error::io(path, e), staging.len());
-    let mut out = BufWriter::with_capacity(1 << 20, File::create(path).map_err(io)?);
-    out.write_all(&(header.len() as u64).to_le_bytes())
-        .and_then(|()| out.write_all(&header))
-        .map_err(io)?;
-    for (name, shape, data) in order {
-        let len = shape.iter().product::<usize>();
-        let values: &[f32] = match data {
-            TensorData::Host(values) => values,
-            TensorData::Fetch(fetch) => {
-                let values = staging.get_mut(..len).ok_or_else(|| {
-                    invalid(&format!(
-                        "tensor '{name}' of {len} values does not fit the staging memory of {room}"
-                    ))
-                })?;
-                fetch(values)?;
-                values
+    write_file(path, |out| {
+        out.write_all(&(header.len() as u64).to_le_bytes())
+            .and_then(|()| out.write_all(&header))
+            .map_err(io)?;
+        for (name, shape, data) in order {
+            let len = shape.iter().product::<usize>();
+            let values: &[f32] = match data {
+                TensorData::Host(values) => values,
+                TensorData::Fetch(fetch) => {
+                    let values = staging.get_mut(..len).ok_or_else(|| {
+                        invalid(&format!(
+                            "tensor '{name}' of {len} values does not fit the staging memory of {room}"
+                        ))
+                    })?;
+                    fetch(values)?;
+                    values
+                }
+            };
+            if values.len() != len {
+                return Err(invalid(&format!(
+                    "tensor '{name}' has {} values, its shape {shape:?} holds {len}",
+                    values.len()
+                )));
             }
-        };
-        if values.len() != len {
-            return Err(invalid(&format!(
-                "tensor '{name}' has {} values, its shape {shape:?} holds {len}",
-                values.len()
-            )));
+            write_f32s(out, values).map_err(io)?;
         }
-        write_f32s(&mut out, values).map_err(io)?;
-    }
-    out.into_inner().map_err(|e| io(e.into_error()))?;
-    Ok(())
+        Ok(())
+    })
 }
 
 /// Writes `values` as little-endian `f32`: from where they lie on a little-endian

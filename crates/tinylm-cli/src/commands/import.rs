@@ -6,7 +6,8 @@ use clap::{Args, Subcommand};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use tinylm::checkpoint;
-use tinylm::export::{hf, write_dir};
+use tinylm::export::hf;
+use tinylm::files::write_dir;
 
 #[derive(Args)]
 pub struct ImportArgs {

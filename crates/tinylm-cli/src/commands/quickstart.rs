@@ -19,6 +19,7 @@ use tinylm::checkpoint::{self, CheckpointFile};
 use tinylm::data::TokenDataset;
 use tinylm::device::{resolve, run_on, BackendTask, Device};
 use tinylm::distributed::World;
+use tinylm::files::write_bytes;
 use tinylm::generate::Sampler;
 use tinylm::kernels::Backend;
 use tinylm::kernels::Precision;
@@ -317,7 +318,7 @@ fn quickstart(s: &Settings) -> Result<()> {
         },
     )?;
     let samples_path = out.join("samples.txt");
-    write_atomic(&samples_path, samples.as_bytes())?;
+    write_bytes(&samples_path, samples.as_bytes())?;
     println!(
         "\ndone in {:.0} s. Everything is in {}. Generate more with:\n  tinylm generate --checkpoint {} --prompt \"Once upon a time\"",
         started.elapsed().as_secs_f64(),
@@ -520,13 +521,6 @@ fn default_corpus() -> Result<PathBuf> {
 
 fn absolute(path: &Path) -> PathBuf {
     std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
-}
-
-/// Writes through a temporary file and a rename.
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
 }
 
 fn now_s() -> i64 {

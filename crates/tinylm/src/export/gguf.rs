@@ -9,8 +9,9 @@
 //! undoes `transformers`' halves permutation. That is tinylm's own order, so the
 //! rows are stored as they are.
 
-use super::{check_fits, check_llama, rename, write_file, Naming};
+use super::{check_fits, check_llama, rename, Naming};
 use crate::config::RMS_NORM_EPS;
+use crate::files::write_file;
 use crate::params::ParamLayout;
 use crate::{Error, ModelConfig, Result};
 use std::io::Write;
@@ -203,7 +204,7 @@ pub fn export(
             )
         })
         .collect();
-    write_file(out, |w| {
+    write_file(out, |w| -> std::io::Result<()> {
         w.write_all(b"GGUF")?;
         w.write_all(&3u32.to_le_bytes())?;
         w.write_all(&(tensors.len() as u64).to_le_bytes())?;

@@ -10,10 +10,9 @@
 //! (`PreTrainedTokenizerFast`, so no Llama tokenizer class replaces the byte-level
 //! pre-tokenizer) and `generation_config.json` (tinylm's sampling defaults).
 
-use super::{
-    check_fits, check_llama, is_rope_projection, permute_rope_rows, rename, write_dir, Naming,
-};
+use super::{check_fits, check_llama, is_rope_projection, permute_rope_rows, rename, Naming};
 use crate::config::RMS_NORM_EPS;
+use crate::files::write_dir;
 use crate::params::{load_safetensors, save_safetensors, ParamLayout};
 use crate::{Error, ModelConfig, Result};
 use serde_json::{json, Map, Value};

@@ -11,7 +11,6 @@ pub mod hf;
 
 use crate::config::{Ffn, Norm, Positional};
 use crate::{Error, ModelConfig, Result};
-use std::path::Path;
 use tinylm_bpe::files::Bpe;
 
 /// Refuses the ablations that have no Llama equivalent, naming the setting.
@@ -145,58 +144,4 @@ pub fn check_fits(bpe: &Bpe, vocab_size: usize) -> Result<()> {
         )));
     }
     Ok(())
-}
-
-/// Creates the directory `out` with the files `fill` writes: they go into a
-/// temporary sibling directory that is renamed to `out` once complete, so a failure
-/// leaves nothing behind. `out` must not exist or be an empty directory.
-pub fn write_dir(out: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
-    if out.is_file() || std::fs::read_dir(out).is_ok_and(|mut d| d.next().is_some()) {
-        return Err(Error::Invalid(format!(
-            "{}: already exists and is not empty; refusing to overwrite it",
-            out.display()
-        )));
-    }
-    let tmp = temp_sibling(out);
-    std::fs::create_dir_all(&tmp).map_err(|e| Error::io(out, e))?;
-    let done = fill(&tmp).and_then(|()| {
-        if out.exists() {
-            std::fs::remove_dir(out).map_err(|e| Error::io(out, e))?;
-        }
-        std::fs::rename(&tmp, out).map_err(|e| Error::io(out, e))
-    });
-    if done.is_err() {
-        let _ = std::fs::remove_dir_all(&tmp);
-    }
-    done
-}
-
-/// Writes the file `out` through `write` into a temporary sibling renamed into place;
-/// a failure removes the temporary file.
-pub fn write_file(
-    out: &Path,
-    write: impl FnOnce(&mut std::io::BufWriter<std::fs::File>) -> std::io::Result<()>,
-) -> Result<()> {
-    use std::io::Write;
-    let tmp = temp_sibling(out);
-    let done = std::fs::File::create(&tmp).and_then(|file| {
-        let mut w = std::io::BufWriter::new(file);
-        write(&mut w)?;
-        w.flush()?;
-        w.get_ref().sync_all()?;
-        drop(w);
-        std::fs::rename(&tmp, out)
-    });
-    done.map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        Error::io(out, e)
-    })
-}
-
-/// `.<name>.tmp<pid>` next to `path`.
-fn temp_sibling(path: &Path) -> std::path::PathBuf {
-    let name = path
-        .file_name()
-        .map_or_else(|| "out".into(), |n| n.to_string_lossy().into_owned());
-    path.with_file_name(format!(".{name}.tmp{}", std::process::id()))
 }

@@ -4,6 +4,7 @@
 
 use super::bitmap::Bitmap;
 use super::font::register_fonts;
+use crate::files::write_bytes;
 use crate::{Error, Result};
 use image::ImageEncoder;
 use plotters::coord::Shift;
@@ -96,8 +97,8 @@ fn render_svg(figure: &impl Figure) -> std::result::Result<String, Box<dyn std::
     Ok(svg)
 }
 
-/// Writes `figure` to `path` as SVG or PNG by its extension, through a temporary file
-/// (`path` with `.tmp` added to its extension) and a rename.
+/// Writes `figure` to `path` as SVG or PNG by its extension, whole or not at all
+/// ([`write_bytes`]).
 pub fn write_figure(path: &Path, figure: &impl Figure) -> Result<()> {
     let format = Format::of(path)?;
     let cannot = |e: Box<dyn std::error::Error>| {
@@ -117,11 +118,7 @@ pub fn write_figure(path: &Path, figure: &impl Figure) -> Result<()> {
             png
         }
     };
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = Path::new(&tmp);
-    std::fs::write(tmp, bytes).map_err(|e| Error::io(tmp, e))?;
-    std::fs::rename(tmp, path).map_err(|e| Error::io(path, e))
+    write_bytes(path, &bytes)
 }
 
 #[cfg(test)]

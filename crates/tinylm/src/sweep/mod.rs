@@ -14,8 +14,9 @@ mod plan;
 pub use plan::{config_key, points, Axis, AxisValue, Point, Variant};
 
 use crate::distributed::World;
+use crate::files::write_bytes;
 use crate::plot::{write_comparison, CompareOptions, XAxis};
-use crate::train::{self, write_atomic, Progress, RunDir, RunSummary, Status, TrainConfig};
+use crate::train::{self, Progress, RunDir, RunSummary, Status, TrainConfig};
 use crate::{Error, Result};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -129,7 +130,7 @@ impl Sweep {
             }
         });
         let results = results.into_inner().expect("not poisoned");
-        write_atomic(&self.out.join("summary.csv"), &self.csv(&results))?;
+        write_bytes(&self.out.join("summary.csv"), self.csv(&results).as_bytes())?;
         self.plot()?;
         Ok(results)
     }

@@ -3,6 +3,7 @@
 
 use super::config::TrainConfig;
 use super::tensorboard::EventWriter;
+use crate::files::write_bytes;
 use crate::kernels::StepStats;
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
@@ -204,14 +205,12 @@ pub(super) fn read_history(path: &Path, step: u64) -> Result<Vec<LogRecord>> {
 
 /// Rewrites `path` with `records` (temporary file and rename) and opens it for appending.
 fn write_history(path: &Path, records: &[LogRecord]) -> Result<std::fs::File> {
-    let tmp = path.with_extension("jsonl.tmp");
     let mut text = String::new();
     for r in records {
         text += &serde_json::to_string(r).expect("serializes");
         text.push('\n');
     }
-    std::fs::write(&tmp, text).map_err(|e| Error::io(&tmp, e))?;
-    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
+    write_bytes(path, text.as_bytes())?;
     std::fs::OpenOptions::new()
         .append(true)
         .open(path)

@@ -41,7 +41,6 @@ pub use crate::plot::write_loss_plot;
 pub(crate) use config::differences;
 pub use config::{resolve_config, BatchSplit, ConfigChange, ResolvedConfig, Schedule, TrainConfig};
 pub use log::{LogRecord, Progress};
-pub(crate) use run_dir::write_atomic;
 pub use run_dir::{
     Divergence, RunDir, RunSummary, Status, CHECKPOINT_FILE, CONFIG_FILE, LOG_FILE, PLOT_FILE,
     SUMMARY_FILE, TENSORBOARD_DIR,

@@ -9,6 +9,7 @@
 
 use super::config::TrainConfig;
 use super::log::{read_history, LogRecord};
+use crate::files::write_bytes;
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -107,7 +108,7 @@ impl RunSummary {
     /// Writes `dir/summary.json` (temporary file and rename).
     pub fn write(&self, dir: &Path) -> Result<()> {
         let text = serde_json::to_string_pretty(self).expect("serializes");
-        write_atomic(&dir.join(SUMMARY_FILE), &text)
+        write_bytes(&dir.join(SUMMARY_FILE), text.as_bytes())
     }
 }
 
@@ -167,16 +168,7 @@ impl RunDir {
 /// Writes `dir/config.json`: the run's configuration (temporary file and rename).
 pub(super) fn write_config(dir: &Path, config: &TrainConfig) -> Result<()> {
     let text = serde_json::to_string_pretty(config).expect("serializes");
-    write_atomic(&dir.join(CONFIG_FILE), &text)
-}
-
-/// Writes `text` to `path` through a temporary file (`path` + `.tmp`) and a rename.
-pub(crate) fn write_atomic(path: &Path, text: &str) -> Result<()> {
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    std::fs::write(&tmp, text).map_err(|e| Error::io(&tmp, e))?;
-    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+    write_bytes(&dir.join(CONFIG_FILE), text.as_bytes())
 }
 
 /// The JSON file at `path` parsed, `None` when it does not exist.
