@@ -75,6 +75,19 @@ pub enum Target {
 }
 
 impl Target {
+    /// Where a run on `device` in `precision` keeps its buffers: `cuda` counts a
+    /// GPU's memory in any build; `auto` is what this machine has.
+    pub fn of(device: Device, precision: Precision) -> Result<Self> {
+        let device = match device {
+            Device::Auto => resolve(Device::Auto)?,
+            device => device,
+        };
+        Ok(match device {
+            Device::Cuda(_) => Target::Cuda(precision),
+            _ => Target::Cpu,
+        })
+    }
+
     /// Bytes of one activation value.
     pub fn activation_bytes(self) -> u64 {
         match self {
@@ -445,18 +458,9 @@ impl RunShape {
     /// precision, `zero`, context length, and the sizes of its token files (a file
     /// that cannot be read counts 0: opening it is the run's to report).
     pub fn of(cfg: &TrainConfig, ranks: usize) -> Result<Self> {
-        // `cuda` counts a GPU's memory in any build; `auto` is what this machine has.
-        let device = match cfg.device {
-            Device::Auto => resolve(Device::Auto)?,
-            device => device,
-        };
-        let target = match device {
-            Device::Cuda(_) => Target::Cuda(cfg.precision),
-            _ => Target::Cpu,
-        };
         let size = |path: &std::path::Path| std::fs::metadata(path).map_or(0, |m| m.len());
         Ok(RunShape {
-            target,
+            target: Target::of(cfg.device, cfg.precision)?,
             ranks,
             sharded: cfg.zero == 1,
             seq_len: cfg.model.context_length,

@@ -32,10 +32,7 @@ pub struct DeviceArgs {
 impl DeviceArgs {
     /// Where the model's buffers live, for the memory it reports.
     pub fn target(&self) -> Target {
-        match tinylm::device::resolve(self.device) {
-            Ok(Device::Cuda(_)) => Target::Cuda(self.precision),
-            _ => Target::Cpu,
-        }
+        Target::of(self.device, self.precision).unwrap_or_default()
     }
 }
 
