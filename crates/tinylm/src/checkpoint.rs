@@ -352,9 +352,8 @@ pub(crate) fn model_from<B: Backend<f32>>(
     config: ModelConfig,
     backend: B,
 ) -> Result<Model<f32, B>> {
-    let total = ParamLayout::new(&config).total;
     Model::with_backend_from(config, backend, |backend, params| {
-        weights.read_into(backend, 0..total, params, &mut None)
+        weights.read_into(backend, 0..params.len(), params, &mut None)
     })
 }
 
