@@ -42,8 +42,8 @@ pub struct OpenedWeights {
 
 /// Where opened weights are.
 enum Values {
-    /// In a safetensors file (every tensor checked against the config's layout).
-    File(SafetensorsFile),
+    /// In a safetensors file, every tensor checked against the config's layout.
+    File(SafetensorsFile, ParamLayout),
     /// In host memory (imported from a Hugging Face directory).
     Host(Vec<f32>),
 }
@@ -76,12 +76,9 @@ pub fn open(path: &Path, config: Option<&ModelConfig>) -> Result<OpenedWeights> 
 impl OpenedWeights {
     /// The weights in host memory.
     pub fn load(self) -> Result<Weights> {
-        let params = match &self.values {
-            Values::File(file) => {
-                let layout = ParamLayout::new(&self.config);
-                weights_of(file, &layout)?.to_vec(0..layout.total)?
-            }
-            Values::Host(params) => params.clone(),
+        let params = match self.values {
+            Values::File(file, layout) => weights_of(&file, &layout)?.to_vec(0..layout.total)?,
+            Values::Host(params) => params,
         };
         Ok(Weights {
             config: self.config,
@@ -94,8 +91,7 @@ impl OpenedWeights {
     /// into its parameter buffer.
     pub fn model<B: Backend<f32>>(self, backend: B) -> Result<Model<f32, B>> {
         match self.values {
-            Values::File(file) => {
-                let layout = ParamLayout::new(&self.config);
+            Values::File(file, layout) => {
                 model_from(&weights_of(&file, &layout)?, self.config, backend)
             }
             Values::Host(params) => Model::with_backend(self.config, &params, backend),
@@ -153,7 +149,8 @@ fn open_file(path: &Path, config: Option<&ModelConfig>) -> Result<OpenedWeights>
     config
         .validate()
         .map_err(|e| Error::Invalid(format!("{}: {e}", path.display())))?;
-    weights_of(&file, &ParamLayout::new(&config))?;
+    let layout = ParamLayout::new(&config);
+    weights_of(&file, &layout)?;
     let tokenizer = metadata
         .get("tokenizer")
         .and_then(|text| serde_json::from_str::<Option<PathBuf>>(text).ok())
@@ -161,6 +158,6 @@ fn open_file(path: &Path, config: Option<&ModelConfig>) -> Result<OpenedWeights>
     Ok(OpenedWeights {
         config,
         tokenizer,
-        values: Values::File(file),
+        values: Values::File(file, layout),
     })
 }
