@@ -22,7 +22,7 @@ echo "== cuda-emu: planted faults"
 
 echo "== cuda-emu: tinylm train --device cuda against the CPU (fp32, bf16, micro-batches)"
 cargo build --quiet --release -p tinylm-cli --features cuda
-tinylm=target/release/tinylm
+tinylm=${CARGO_TARGET_DIR:-target}/release/tinylm
 python3 - "$work/tokens.npy" <<'PY'
 import random, struct, sys
 random.seed(12)

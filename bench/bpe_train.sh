@@ -13,7 +13,7 @@ REPEAT=${REPEAT:-3}
 DATA=${DATA:-../shared/data}
 
 cargo build --release -q -p tinylm-cli
-TINYLM=target/release/tinylm
+TINYLM=${CARGO_TARGET_DIR:-target}/release/tinylm
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 cat "$DATA"/*.txt > "$TMP/mix.txt"

@@ -18,7 +18,7 @@ VOCAB=$DATA/cs336/gpt2_vocab.json
 MERGES=$DATA/cs336/gpt2_merges.txt
 
 cargo build --release -q -p tinylm-cli
-TINYLM=target/release/tinylm
+TINYLM=${CARGO_TARGET_DIR:-target}/release/tinylm
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 cat "$DATA"/*.txt > "$TMP/mix.txt"

@@ -24,7 +24,7 @@ read -r -a QUICKSTART_EXTRA <<< "${QUICKSTART_ARGS:-}"
 cargo build --release -q -p tinylm-cli
 mkdir -p "$OUT"
 echo "== tinylm quickstart ($MINUTES min, 2 threads) -> $OUT/tinylm"
-./target/release/tinylm quickstart --corpus "$CORPUS" --minutes "$MINUTES" --threads 2 \
+"${CARGO_TARGET_DIR:-target}"/release/tinylm quickstart --corpus "$CORPUS" --minutes "$MINUTES" --threads 2 \
     --save-init --out "$OUT/tinylm" "${QUICKSTART_EXTRA[@]}" | tee "$OUT/tinylm.txt"
 tinylm_val=$(sed -n 's/.*validation loss \([0-9.]*\),.*/\1/p' "$OUT/tinylm.txt")
 runs=("tinylm=$OUT/tinylm/log.jsonl:$tinylm_val")
