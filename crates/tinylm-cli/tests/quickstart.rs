@@ -1,5 +1,6 @@
 //! `tinylm quickstart` end to end on a small generated corpus with a seconds-long
-//! budget, then `tinylm generate` on its checkpoint; bad input exits with code 2.
+//! budget, then `tinylm generate` on its checkpoint; on the embedded sample from an
+//! empty directory; bad input exits with code 2.
 
 use std::process::{Command, Output};
 
@@ -36,6 +37,30 @@ fn corpus(n: usize) -> String {
         );
     }
     out
+}
+
+/// Without `--corpus`, from a directory with nothing in it, the quickstart trains on
+/// the TinyStories sample inside the binary.
+#[test]
+fn quickstart_trains_on_the_embedded_sample_from_any_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_tinylm"))
+        .args(["quickstart", "--minutes", "0.02", "--out", "run"])
+        .current_dir(dir.path())
+        .output()
+        .expect("runs tinylm");
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    assert!(
+        stdout.contains("the TinyStories sample inside tinylm")
+            && stdout.contains("5808 documents, 4.9 MB"),
+        "{stdout}"
+    );
+    let samples = std::fs::read_to_string(dir.path().join("run/samples.txt")).unwrap();
+    assert!(
+        samples.starts_with("--- sample 1 ---\nOnce upon a time"),
+        "{samples}"
+    );
 }
 
 #[test]

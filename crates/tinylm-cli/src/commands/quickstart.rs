@@ -1,7 +1,8 @@
 //! `tinylm quickstart`: from a text file to a model that writes stories, in one
 //! command and a few minutes of CPU: train a BPE tokenizer, encode, hold out the
 //! last documents for validation, train a small model for a time budget, evaluate,
-//! plot and print samples. Everything lands in one run directory.
+//! plot and print samples. Everything lands in one run directory. Without
+//! `--corpus` it trains on the TinyStories sample inside tinylm (`tinylm-corpus`).
 //!
 //! The learning-rate schedule runs over the time budget ([`Schedule::Time`]), not
 //! over a step count planned up front: however the machine's speed changes during
@@ -29,15 +30,13 @@ use tinylm_bpe::encode::Tokenizer;
 use tinylm_bpe::npy::{Dtype, NpyWriter};
 use tinylm_bpe::train::{count_pretokens, train_from_counts, TrainOptions};
 
-/// The corpus used when `--corpus` is not given, relative to the project root.
-const DEFAULT_CORPUS: &str = "../shared/data/tinystories_combined.txt";
 /// Prompts of the samples printed at the end (the last one starts a new document).
 const PROMPTS: [&str; 3] = ["Once upon a time", "One day, a little", ""];
 
 #[derive(Args)]
 pub struct QuickstartArgs {
-    /// UTF-8 text, documents separated by `<|endoftext|>` [default:
-    /// ../shared/data/tinystories_combined.txt when it exists].
+    /// UTF-8 text, documents separated by `<|endoftext|>` [default: the TinyStories
+    /// sample inside tinylm, 5,808 stories, 4.9 MB].
     #[arg(long)]
     corpus: Option<PathBuf>,
     /// Training time budget in minutes (tokenizer, encoding and samples come on top).
@@ -113,11 +112,7 @@ pub fn run(args: QuickstartArgs) -> Result<()> {
         Some(path) => ModelConfig::from_json_file(path)?,
         None => default_model_config(),
     };
-    let corpus = match args.corpus {
-        Some(path) => path,
-        None => default_corpus()?,
-    };
-    if !corpus.is_file() {
+    if let Some(corpus) = args.corpus.as_ref().filter(|path| !path.is_file()) {
         bail!("{}: no such file", corpus.display());
     }
     let out = args
@@ -135,7 +130,7 @@ pub fn run(args: QuickstartArgs) -> Result<()> {
         .build()
         .context("starting the thread pool")?;
     let settings = Settings {
-        corpus,
+        corpus: args.corpus,
         out,
         minutes: args.minutes,
         vocab_size: args.vocab_size,
@@ -151,7 +146,8 @@ pub fn run(args: QuickstartArgs) -> Result<()> {
 }
 
 struct Settings {
-    corpus: PathBuf,
+    /// `--corpus`, or `None` for the embedded TinyStories sample.
+    corpus: Option<PathBuf>,
     out: PathBuf,
     minutes: f64,
     vocab_size: usize,
@@ -169,26 +165,25 @@ struct Settings {
 fn quickstart(s: &Settings) -> Result<()> {
     let started = Instant::now();
     let out = &s.out;
+    let corpus_name = s.corpus.as_ref().map_or_else(
+        || tinylm_corpus::TINYSTORIES_NAME.to_string(),
+        |path| path.display().to_string(),
+    );
     println!(
-        "tinylm quickstart: {} -> {} ({} threads, device {})",
-        s.corpus.display(),
+        "tinylm quickstart: {corpus_name} -> {} ({} threads, device {})",
         out.display(),
         rayon::current_num_threads(),
         s.device
     );
 
     stage(1, "reading the corpus and holding out the last documents");
-    let bytes =
-        std::fs::read(&s.corpus).with_context(|| format!("reading {}", s.corpus.display()))?;
-    let text = std::str::from_utf8(&bytes).map_err(|e| {
-        anyhow::anyhow!(
-            "{}: invalid UTF-8 at byte {}",
-            s.corpus.display(),
-            e.valid_up_to()
-        )
-    })?;
+    let text = match &s.corpus {
+        Some(path) => read_text(path)?,
+        None => tinylm_corpus::tinystories(),
+    };
+    let text = text.as_str();
     let split = split_documents(text, s.val_fraction)
-        .with_context(|| format!("splitting {}", s.corpus.display()))?;
+        .with_context(|| format!("splitting {corpus_name}"))?;
     let (train_text, val_text) = text.split_at(split.boundary);
     println!(
         "  {} documents, {:.1} MB: {} for training, the last {} ({:.1} MB) for validation",
@@ -503,18 +498,14 @@ fn run_training(cfg: &TrainConfig) -> Result<tinylm::train::TrainSummary> {
     Ok(summary)
 }
 
-/// `../shared/data/tinystories_combined.txt` from the current directory or from the
-/// project root this executable was built in (`<root>/target/<profile>/tinylm`).
-fn default_corpus() -> Result<PathBuf> {
-    let mut candidates = vec![PathBuf::from(DEFAULT_CORPUS)];
-    if let Ok(exe) = std::env::current_exe() {
-        if let Some(root) = exe.ancestors().nth(3) {
-            candidates.push(root.join(DEFAULT_CORPUS));
-        }
-    }
-    candidates.into_iter().find(|p| p.is_file()).with_context(|| {
-        format!(
-            "no corpus: {DEFAULT_CORPUS} does not exist here; pass --corpus FILE (UTF-8 text, documents separated by {END_OF_TEXT})"
+/// The UTF-8 text of the file `path` (an error names the first invalid byte).
+fn read_text(path: &Path) -> Result<String> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    String::from_utf8(bytes).map_err(|e| {
+        anyhow::anyhow!(
+            "{}: invalid UTF-8 at byte {}",
+            path.display(),
+            e.utf8_error().valid_up_to()
         )
     })
 }
