@@ -88,18 +88,11 @@ fn large_generated_text_equals_tiktoken() {
 }
 
 #[test]
-fn real_text_equals_tiktoken_when_present() {
-    // Adds coverage where ../shared/data exists; the tests above stand without it.
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/data");
-    for name in [
-        "tinystories_combined.txt",
-        "wikitext2_valid.txt",
-        "nltk_webtext.txt",
-    ] {
-        if let Ok(text) = std::fs::read_to_string(format!("{dir}/{name}")) {
-            let text = &text[..text.floor_char_boundary(2_000_000)];
-            assert_eq!(gpt2().encode(text), expected(text), "{name}");
-        }
+fn real_text_equals_tiktoken() {
+    let stories = tinylm_corpus::tinystories();
+    let corpus_en = include_str!("fixtures/cs336/corpus.en");
+    for (name, text) in [("TinyStories", stories.as_str()), ("corpus.en", corpus_en)] {
+        assert_eq!(gpt2().encode(text), expected(text), "{name}");
     }
 }
 

@@ -21,7 +21,7 @@ fn specials(list: &[(&str, u32)]) -> Vec<(String, Option<u32>)> {
 }
 
 /// The texts both encoders see: the fixture, every char below U+3000 (in runs),
-/// generated text, and the start of each file in `shared/data` when present.
+/// generated text, the TinyStories sample's first megabyte and CS336's `corpus.en`.
 fn texts() -> Vec<(String, String)> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
     let mut texts = vec![(
@@ -38,19 +38,15 @@ fn texts() -> Vec<(String, String)> {
     for seed in 0..20 {
         texts.push((format!("generated {seed}"), generated_text(seed, 400)));
     }
-    let data = root.join("../shared/data");
-    if let Ok(entries) = std::fs::read_dir(&data) {
-        let mut files: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
-        files.sort();
-        for path in files
-            .into_iter()
-            .filter(|p| p.extension().is_some_and(|e| e == "txt"))
-        {
-            let bytes = std::fs::read(&path).unwrap();
-            let text = String::from_utf8_lossy(&bytes[..bytes.len().min(200_000)]).into_owned();
-            texts.push((path.display().to_string(), text));
-        }
-    }
+    let stories = tinylm_corpus::tinystories();
+    texts.push((
+        "TinyStories".to_string(),
+        stories[..stories.floor_char_boundary(1 << 20)].to_string(),
+    ));
+    texts.push((
+        "corpus.en".to_string(),
+        include_str!("fixtures/cs336/corpus.en").to_string(),
+    ));
     texts
 }
 

@@ -272,10 +272,8 @@ fn sorted(c: PretokenCounts) -> BTreeMap<Vec<u8>, u64> {
 #[test]
 fn chunked_counting_equals_whole_on_real_text() {
     let mut text = String::from(include_str!("fixtures/mixed.txt"));
-    let shared = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data");
-    if let Ok(extra) = std::fs::read_to_string(shared.join("tinystories_v1_valid_head_794k.txt")) {
-        text.push_str(&extra);
-    }
+    let stories = tinylm_corpus::tinystories();
+    text.push_str(&stories[..stories.floor_char_boundary(800_000)]);
     let specials = ["<|endoftext|>".to_string()];
     for pattern in &patterns() {
         let count = |chunk| {
@@ -377,11 +375,9 @@ fn bad_input_is_a_clear_error() {
 }
 
 #[test]
-fn cs336_corpus_agrees_with_naive_when_present() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/cs336/corpus.en");
-    let Ok(text) = std::fs::read_to_string(&path) else {
-        return;
-    };
+fn cs336_corpus_agrees_with_naive() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/cs336/corpus.en");
+    let text = std::fs::read_to_string(&path).unwrap();
     let specials = ["<|endoftext|>".to_string()];
     let (vocab, merges) = train_bpe(&path, 500, &specials).unwrap();
     assert_eq!(merges.len(), 500 - 257);

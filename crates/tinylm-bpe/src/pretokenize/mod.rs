@@ -350,15 +350,10 @@ mod tests {
 
     #[test]
     fn real_text_matches_regex() {
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../../shared/data/tinystories_v1_valid_head_794k.txt"
-        );
-        // The fixture below is always available; the shared corpus adds real text when present.
         let mut text = String::from(include_str!("../../tests/fixtures/mixed.txt"));
-        if let Ok(extra) = std::fs::read_to_string(path) {
-            text.push_str(&extra[..extra.len().min(200_000)]);
-        }
+        text.push_str(include_str!("../../tests/fixtures/cs336/corpus.en"));
+        let stories = tinylm_corpus::tinystories();
+        text.push_str(&stories[..stories.floor_char_boundary(200_000)]);
         assert_same(&text);
     }
 
