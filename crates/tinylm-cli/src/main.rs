@@ -37,6 +37,8 @@ enum Command {
     Generate(commands::generate::GenerateArgs),
     /// From a text file to a model that writes stories: tokenizer, training, samples.
     Quickstart(commands::quickstart::QuickstartArgs),
+    /// The assignment's datasets by name, from the Hugging Face Hub, tokenized on request.
+    Data(commands::data::DataArgs),
     /// Export a model for Hugging Face transformers (`hf`) or llama.cpp (`gguf`).
     Export(commands::export::ExportArgs),
     /// Import a Hugging Face Llama directory as a tinylm checkpoint.
@@ -56,6 +58,7 @@ fn main() {
         Command::Eval(args) => commands::eval::run(args),
         Command::Generate(args) => commands::generate::run(args),
         Command::Quickstart(args) => commands::quickstart::run(args),
+        Command::Data(args) => commands::data::run(args),
         Command::Export(args) => commands::export::run(args),
         Command::Import(args) => commands::import::run(args),
     };

@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod bpe;
+pub mod data;
 pub mod eval;
 pub mod export;
 pub mod flags;

@@ -2,7 +2,7 @@
 
 use std::fs::File;
 use std::io::Read;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::Context;
@@ -29,6 +29,20 @@ pub struct EncodeArgs {
     /// Read the input as a stream in bounded memory, on one thread, instead of mapping it.
     #[arg(long, conflicts_with = "threads")]
     stream: bool,
+}
+
+impl EncodeArgs {
+    /// The flags for encoding `input` with the tokenizer directory `tokenizer` on all
+    /// cores.
+    pub fn new(tokenizer: &Path, input: &Path, out: &Path) -> Self {
+        EncodeArgs {
+            tokenizer: TokenizerArgs::dir(tokenizer),
+            input: input.to_path_buf(),
+            out: out.to_path_buf(),
+            threads: 0,
+            stream: false,
+        }
+    }
 }
 
 pub fn run(args: EncodeArgs) -> anyhow::Result<()> {

@@ -7,6 +7,8 @@ mod export;
 mod source;
 mod train;
 
+use std::path::Path;
+
 use clap::{Args, Subcommand};
 
 #[derive(Args)]
@@ -34,4 +36,21 @@ pub fn run(args: BpeArgs) -> anyhow::Result<()> {
         BpeCommand::Decode(a) => decode::run(a),
         BpeCommand::Export(a) => export::run(a),
     }
+}
+
+/// `tinylm bpe train --input INPUT --vocab-size N --special-token SPECIAL --out OUT`
+/// (GPT-2's split pattern), with its progress bars and report.
+pub fn train_tokenizer(
+    input: &Path,
+    vocab_size: usize,
+    special: &str,
+    out: &Path,
+) -> anyhow::Result<()> {
+    train::run(train::TrainArgs::new(input, vocab_size, special, out))
+}
+
+/// `tinylm bpe encode --tokenizer TOKENIZER --input INPUT --out OUT` on all cores, with
+/// its progress bar and report.
+pub fn encode_file(tokenizer: &Path, input: &Path, out: &Path) -> anyhow::Result<()> {
+    encode::run(encode::EncodeArgs::new(tokenizer, input, out))
 }

@@ -2,7 +2,7 @@
 //! GPT-2's two files, a tiktoken rank file or a Hugging Face `tokenizer.json`; and the
 //! split pattern, which travels with the tokenizer.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use clap::Args;
@@ -13,7 +13,7 @@ use super::train::parse_pattern;
 
 const ENDOFTEXT: &str = "<|endoftext|>";
 
-#[derive(Args)]
+#[derive(Args, Default)]
 pub struct TokenizerArgs {
     /// Tokenizer directory (`tinylm bpe train`'s): `tokenizer.json`, with its split
     /// pattern, or else `vocab.json` and `merges.txt` (GPT-2's pattern).
@@ -48,6 +48,14 @@ pub struct TokenizerArgs {
 }
 
 impl TokenizerArgs {
+    /// `--tokenizer DIR` alone.
+    pub fn dir(dir: &Path) -> Self {
+        TokenizerArgs {
+            tokenizer: Some(dir.to_path_buf()),
+            ..Default::default()
+        }
+    }
+
     /// The tokenizer's definition, with the pattern and special tokens asked for.
     pub fn load_definition(&self) -> anyhow::Result<Bpe> {
         // `recorded`: the file that records the tokenizer's split pattern, if any.

@@ -38,6 +38,21 @@ pub struct TrainArgs {
     pattern: Pattern,
 }
 
+impl TrainArgs {
+    /// The flags for training on `input` with one special token and GPT-2's pattern.
+    pub fn new(input: &Path, vocab_size: usize, special: &str, out: &Path) -> Self {
+        TrainArgs {
+            input: input.to_path_buf(),
+            vocab_size,
+            special_tokens: vec![special.to_string()],
+            out: out.to_path_buf(),
+            lossy: false,
+            threads: None,
+            pattern: Pattern::Gpt2,
+        }
+    }
+}
+
 /// `--pattern`'s parser: a named pattern or a regex (a bad regex names its position).
 pub fn parse_pattern(spec: &str) -> Result<Pattern, String> {
     Pattern::parse(spec).map_err(|e| e.to_string())
