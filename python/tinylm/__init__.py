@@ -8,7 +8,8 @@ re-exports it:
 - ``tinylm.nn``: the layer functions (NumPy in, float32 NumPy out);
 - ``tinylm.optim``, ``tinylm.data``, ``tinylm.checkpoint``: training pieces;
 - ``tinylm.TransformerLM``, ``tinylm.train``: the model and the training loop;
-- ``tinylm.sweep``, ``tinylm.plot``: many runs, and their losses on one plot.
+- ``tinylm.sweep``, ``tinylm.plot``: many runs, and their losses on one plot;
+- ``tinylm.tinystories``: the TinyStories sample inside tinylm, a corpus to start with.
 """
 
 from tinylm import checkpoint, data, nn, optim
@@ -19,6 +20,7 @@ from tinylm._tinylm import (
     plot,
     pretokenize,
     sweep,
+    tinystories,
     train,
     train_bpe,
 )
@@ -34,6 +36,7 @@ __all__ = [
     "plot",
     "pretokenize",
     "sweep",
+    "tinystories",
     "train",
     "train_bpe",
 ]

@@ -46,6 +46,10 @@ def pretokenize(text: str, pattern: str = "gpt2") -> list[str]:
     """The pre-tokens of ``text`` under ``pattern`` (``"gpt2"``, ``"gpt4"``,
     ``"o200k"`` or a regex), as tiktoken's regex splits it; no special tokens."""
 
+def tinystories() -> str:
+    """The TinyStories sample inside tinylm (5,808 stories, 4.9 MB,
+    CDLA-Sharing-1.0), each story followed by a line ``<|endoftext|>``."""
+
 @final
 class Tokenizer:
     """A byte-level BPE tokenizer: vocabulary, merges, special tokens and split

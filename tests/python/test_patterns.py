@@ -1,8 +1,8 @@
 """Split patterns against Python's `regex` with tiktoken's own pattern strings, and
 tokenizers trained with each pattern against tiktoken and Hugging Face `tokenizers`.
 
-The real text is `../shared/data/*.txt` (the 40 MB mix) when the checkout has it;
-generated adversarial text always runs.
+The texts: generated adversarial text, the TinyStories sample inside tinylm and
+CS336's `corpus.en` (a fixture of the Rust tests).
 """
 
 import pathlib
@@ -15,7 +15,7 @@ import regex
 
 import tinylm
 
-DATA = pathlib.Path(__file__).resolve().parents[2].parent / "shared" / "data"
+CORPUS_EN = pathlib.Path(__file__).resolve().parents[2] / "crates/tinylm-bpe/tests/fixtures/cs336/corpus.en"
 SPECIAL = "<|endoftext|>"
 
 
@@ -69,9 +69,7 @@ def adversarial_text(seed, n):
 
 def corpus_texts():
     texts = [adversarial_text(seed, 20_000) for seed in range(5)]
-    if DATA.is_dir():
-        texts += [p.read_text(encoding="utf-8") for p in sorted(DATA.glob("*.txt"))]
-    return texts
+    return texts + [tinylm.tinystories(), CORPUS_EN.read_text(encoding="utf-8")]
 
 
 @pytest.mark.parametrize("name", ["gpt2", "gpt4", "o200k"])

@@ -9,6 +9,7 @@
 
 mod arrays;
 mod checkpoint;
+mod corpus;
 mod data;
 mod errors;
 mod model;
@@ -27,6 +28,7 @@ fn _tinylm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(tokenizer::train_bpe, m)?)?;
     m.add_function(wrap_pyfunction!(tokenizer::pretokenize, m)?)?;
+    m.add_function(wrap_pyfunction!(corpus::tinystories, m)?)?;
     m.add_class::<tokenizer::Tokenizer>()?;
     m.add_class::<tokenizer::EncodeIterable>()?;
     m.add_class::<model::TransformerLM>()?;
