@@ -13,6 +13,7 @@ __all__ = [
     "__version__",
     "train_bpe",
     "pretokenize",
+    "tinystories",
     "Tokenizer",
     "EncodeIterable",
     "TransformerLM",
