@@ -360,7 +360,8 @@ fn a_download_that_keeps_breaking_is_an_error_and_the_next_run_resumes_it() {
     assert!(
         text(&out).contains(&format!(
             "downloading TinyStoriesV2-GPT4-train.txt from {url}"
-        )) && text(&out).contains("response body closed before all bytes were read"),
+        )) && text(&out).contains("response body closed before all bytes were read")
+            && text(&out).contains("run the command again to resume"),
         "{}",
         text(&out)
     );
@@ -402,7 +403,7 @@ fn a_missing_file_names_its_url_and_status() {
         hub.endpoint
     );
     assert!(
-        text(&out).contains(&format!("{url}: status code 404")),
+        text(&out).contains(&format!("{url}: status code 404")) && !text(&out).contains("resume"),
         "{}",
         text(&out)
     );

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
 use flate2::read::MultiGzDecoder;
-use hf_hub::api::sync::{ApiBuilder, ApiRepo};
+use hf_hub::api::sync::{ApiBuilder, ApiError, ApiRepo};
 use hf_hub::{Cache, Repo, RepoType};
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -99,7 +99,7 @@ pub fn run(args: DataArgs) -> Result<()> {
 }
 
 /// Where `--tokenize` takes its tokenizer from.
-enum Tokenizer {
+enum TokenizerSource {
     /// Trained on the training split, of this vocabulary size.
     Train(usize),
     /// This tokenizer directory.
@@ -109,8 +109,8 @@ enum Tokenizer {
 fn get(args: GetArgs) -> Result<()> {
     let tokenizer = match (args.tokenize, args.tokenizer, args.vocab_size) {
         (false, ..) => None,
-        (true, Some(dir), _) => Some(Tokenizer::Dir(dir)),
-        (true, None, Some(vocab_size)) => Some(Tokenizer::Train(vocab_size)),
+        (true, Some(dir), _) => Some(TokenizerSource::Dir(dir)),
+        (true, None, Some(vocab_size)) => Some(TokenizerSource::Train(vocab_size)),
         (true, None, None) => {
             bail!("--tokenize needs --vocab-size N (to train a tokenizer) or --tokenizer DIR")
         }
@@ -141,8 +141,8 @@ fn get(args: GetArgs) -> Result<()> {
     }
     if let Some(tokenizer) = tokenizer {
         let tokenizer = match tokenizer {
-            Tokenizer::Dir(dir) => dir,
-            Tokenizer::Train(vocab_size) => {
+            TokenizerSource::Dir(dir) => dir,
+            TokenizerSource::Train(vocab_size) => {
                 let dir = out.join("tokenizer");
                 bpe::train_tokenizer(&texts[0], vocab_size, END_OF_TEXT, &dir)?;
                 dir
@@ -171,9 +171,11 @@ fn download(api: &ApiRepo, file: &str) -> Result<PathBuf> {
     // The client's error says what failed (a status names its URL); its chain repeats it.
     api.download_with_progress(file, DownloadBar(bar))
         .map_err(|e| {
-            anyhow::anyhow!(
-                "downloading {file} from {url}: {e} (run the command again to resume from the bytes received)"
-            )
+            let resume = match e {
+                ApiError::RequestError(_) => "",
+                _ => " (run the command again to resume from the bytes received)",
+            };
+            anyhow::anyhow!("downloading {file} from {url}: {e}{resume}")
         })
 }
 
