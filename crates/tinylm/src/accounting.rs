@@ -11,7 +11,7 @@
 use crate::config::{Ffn, ModelConfig, Norm};
 use crate::device::{resolve, Device};
 use crate::distributed::MPI_CHUNK;
-use crate::kernels::Precision;
+use crate::kernels::{MatMul, Precision};
 use crate::train::TrainConfig;
 use crate::Result;
 
@@ -511,23 +511,21 @@ pub fn largest_micro_batch(
         .find(|&m| memory(m) <= limit)
 }
 
-/// One matmul of the forward pass: `count` products `(m×n)(n×p)` per occurrence,
-/// occurring `copies` times (once per block, or once).
+/// One matrix product of the forward pass: `count` independent products of `shape`
+/// per occurrence, occurring `copies` times (once per block, or once).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Matmul {
+pub struct Product {
     pub name: &'static str,
-    pub m: u64,
-    pub n: u64,
-    pub p: u64,
+    pub shape: MatMul,
     /// Independent products per occurrence (`B·H` for attention, 1 otherwise).
     pub count: u64,
     pub copies: u64,
 }
 
-impl Matmul {
-    /// FLOPs of one occurrence: `count · 2mnp`.
+impl Product {
+    /// FLOPs of one occurrence: `count · 2mkn`.
     pub fn flops(&self) -> u64 {
-        self.count * 2 * self.m * self.n * self.p
+        self.count * self.shape.flops()
     }
 
     /// FLOPs of all occurrences in a forward pass.
@@ -536,41 +534,35 @@ impl Matmul {
     }
 }
 
-/// Every matmul of a forward pass over `batch_size` sequences of `seq_len`
-/// tokens, block matmuls first (in execution order), then `lm_head`.
-pub fn forward_matmuls(c: &ModelConfig, batch_size: usize, seq_len: usize) -> Vec<Matmul> {
-    let (b, t) = (batch_size as u64, seq_len as u64);
-    let (d, f, h, v) = (
-        c.d_model as u64,
-        c.d_ff as u64,
-        c.num_heads as u64,
-        c.vocab_size as u64,
-    );
-    let dk = d / h;
-    let layers = c.num_layers as u64;
-    // Linear `y = x Wᵀ` over all B·T positions: (BT × in)(in × out).
-    let linear = |name, d_in, d_out, copies| Matmul {
+/// Every matrix product of a forward pass over `batch_size` sequences of `seq_len`
+/// tokens, block products first (in execution order), then `lm_head`.
+pub fn forward_matmuls(c: &ModelConfig, batch_size: usize, seq_len: usize) -> Vec<Product> {
+    let (b, t) = (batch_size, seq_len);
+    let (d, f, h, v) = (c.d_model, c.d_ff, c.num_heads, c.vocab_size);
+    let (dk, layers) = (c.head_dim(), c.num_layers as u64);
+    // Linear `y = x Wᵀ` over all B·T positions.
+    let linear = |name, d_in, d_out, copies| Product {
         name,
-        m: b * t,
-        n: d_in,
-        p: d_out,
+        shape: MatMul::linear(b * t, d_in, d_out),
         count: 1,
         copies,
     };
-    let per_head = |name, n, p| Matmul {
+    let per_head = |name, shape| Product {
         name,
-        m: t,
-        n,
-        p,
-        count: b * h,
+        shape,
+        count: (b * h) as u64,
         copies: layers,
+    };
+    let q_kt = MatMul {
+        b_transposed: true,
+        ..MatMul::plain(t, dk, t)
     };
     let mut out = vec![
         linear("q_proj", d, d, layers),
         linear("k_proj", d, d, layers),
         linear("v_proj", d, d, layers),
-        per_head("Q Kᵀ", dk, t),
-        per_head("attention · V", t, dk),
+        per_head("Q Kᵀ", q_kt),
+        per_head("attention · V", MatMul::plain(t, t, dk)),
         linear("output_proj", d, d, layers),
         linear("ffn.w1", d, f, layers),
     ];
@@ -586,11 +578,14 @@ pub fn forward_matmuls(c: &ModelConfig, batch_size: usize, seq_len: usize) -> Ve
 pub fn forward_flops(c: &ModelConfig, batch_size: usize, seq_len: usize) -> u64 {
     forward_matmuls(c, batch_size, seq_len)
         .iter()
-        .map(Matmul::total_flops)
+        .map(Product::total_flops)
         .sum()
 }
 
-/// FLOPs of a training step (forward + backward): 3× the forward pass.
+/// FLOPs of a training step (forward + backward): 3× the forward pass — 6 per
+/// parameter of every matrix product per token, plus attention's `QKᵀ` and `PV` as
+/// full `T×T` products (the usual model-FLOPs count; the kernels skip most of the
+/// masked triangle).
 pub fn training_flops(c: &ModelConfig, batch_size: usize, seq_len: usize) -> u64 {
     3 * forward_flops(c, batch_size, seq_len)
 }
@@ -713,7 +708,7 @@ mod tests {
         let ffn: u64 = forward_matmuls(&c, 1, 1024)
             .iter()
             .filter(|m| m.name.starts_with("ffn"))
-            .map(Matmul::total_flops)
+            .map(Product::total_flops)
             .sum();
         assert_eq!(ffn, 48 * 62_914_560_000);
     }

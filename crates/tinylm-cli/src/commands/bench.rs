@@ -10,7 +10,8 @@
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use std::time::Instant;
-use tinylm::config::{Ffn, ModelConfig};
+use tinylm::accounting::training_flops;
+use tinylm::config::ModelConfig;
 use tinylm::device::{rank_device, run_on, BackendTask, Device};
 use tinylm::distributed::{Reduce, World};
 use tinylm::kernels::cpu::linear::{matmul, matmul_isa};
@@ -109,20 +110,6 @@ fn run_rank(args: BenchArgs, world: &World) -> Result<()> {
         })
 }
 
-/// Model FLOPs of one training step: 6 per parameter of every matrix product
-/// (forward 2, backward 4) per token, plus attention's `QKᵀ` and `PV` as full `T×T`
-/// products (the usual model-FLOPs count; the kernels skip most of the masked
-/// triangle), 3× forward.
-fn step_flops(c: &ModelConfig, b: usize, t: usize) -> f64 {
-    let (d, f) = (c.d_model as f64, c.d_ff as f64);
-    let ffn_mats = if c.ffn == Ffn::Swiglu { 3.0 } else { 2.0 };
-    let matmul_params =
-        c.num_layers as f64 * (4.0 * d * d + ffn_mats * d * f) + c.vocab_size as f64 * d;
-    let tokens = (b * t) as f64;
-    let attention = c.num_layers as f64 * 3.0 * 4.0 * b as f64 * (t * t) as f64 * d;
-    6.0 * matmul_params * tokens + attention
-}
-
 fn bench(c: &ModelConfig, b: usize, t: usize, args: &BenchArgs, world: &World) -> Result<()> {
     let (ranks, root) = (world.ranks(), world.is_root());
     let n = b * t;
@@ -142,7 +129,7 @@ fn bench(c: &ModelConfig, b: usize, t: usize, args: &BenchArgs, world: &World) -
     let (ids, targets) = (tokens(n), tokens(n));
     let share = b / ranks;
     let mine = world.rank() * share * t..(world.rank() + 1) * share * t;
-    let flops = step_flops(c, b, t);
+    let flops = training_flops(c, b, t) as f64;
     let device = rank_device(args.device.device, world)?;
     if root {
         println!(

@@ -436,7 +436,10 @@ fn flops_report(c: &ModelConfig, b: usize, t: usize) -> String {
     for mm in &matmuls {
         rows.push(row([
             mm.name,
-            &format!("({}×{})({}×{})", mm.m, mm.n, mm.n, mm.p),
+            &format!(
+                "({}×{})({}×{})",
+                mm.shape.m, mm.shape.k, mm.shape.k, mm.shape.n
+            ),
             &format!("×{}", mm.count),
             &flops_h(mm.flops()),
             &format!("×{}", mm.copies),
