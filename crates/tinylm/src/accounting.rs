@@ -12,6 +12,7 @@ use crate::config::{Ffn, ModelConfig, Norm};
 use crate::device::{resolve, Device};
 use crate::distributed::MPI_CHUNK;
 use crate::kernels::{MatMul, Precision};
+use crate::text::byte_size;
 use crate::train::TrainConfig;
 use crate::Result;
 
@@ -437,6 +438,26 @@ impl InferenceMemory {
 
     pub fn total(&self) -> u64 {
         self.parameters + self.kv_cache + self.activations + self.host_logits
+    }
+
+    /// One line saying what the model holds on `target` (`tinylm generate`,
+    /// `tinylm forward`).
+    pub fn describe(&self, target: Target) -> String {
+        let place = match target {
+            Target::Cpu => "host memory".to_string(),
+            Target::Cuda(p) => format!("GPU memory ({p})"),
+        };
+        let mut parts = vec![format!("parameters {}", byte_size(self.parameters))];
+        if self.kv_cache > 0 {
+            parts.push(format!("KV cache {}", byte_size(self.kv_cache)));
+        }
+        parts.push(format!("activations {}", byte_size(self.activations)));
+        format!(
+            "memory: {} of {place} ({}), and {} of logits on the host",
+            byte_size(self.total() - self.host_logits),
+            parts.join(", "),
+            byte_size(self.host_logits)
+        )
     }
 }
 

@@ -17,6 +17,7 @@ pub mod optim;
 pub mod params;
 pub mod plot;
 pub mod sweep;
+pub mod text;
 pub mod train;
 pub mod weights;
 

@@ -19,6 +19,7 @@ use tinylm::kernels::cpu::memory::zeroed;
 use tinylm::kernels::{profile::Kind, AdamWParams, Backend, BatchPart, BufKind, Buffer};
 use tinylm::kernels::{Collective, Cpu, MatMul, Profiled};
 use tinylm::params::ParamLayout;
+use tinylm::text::byte_size;
 use tinylm::{Model, Result as LmResult};
 
 use super::flags::{show_defaults, DeviceArgs, ModelArgs};
@@ -337,7 +338,7 @@ fn bench_all_reduce(c: &ModelConfig, args: &BenchArgs, world: &World) -> Result<
         let (algbw, busbw) = bandwidths(bytes as f64, median, ranks);
         println!(
             "  {:>14} {len:>10} {:>6} {:>10.3} {:>10.3} {algbw:>11.2} {busbw:>11.2}{}",
-            byte_size(bytes),
+            byte_size(bytes as u64),
             seconds.len(),
             seconds[0] * 1e3,
             median * 1e3,
@@ -349,16 +350,6 @@ fn bench_all_reduce(c: &ModelConfig, args: &BenchArgs, world: &World) -> Result<
         );
     }
     Ok(())
-}
-
-/// `bytes` in KiB, MiB or GiB.
-fn byte_size(bytes: usize) -> String {
-    let units = [("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)];
-    match units.iter().find(|&&(_, size)| bytes >= size) {
-        Some(&(unit, size)) if bytes.is_multiple_of(size) => format!("{} {unit}", bytes / size),
-        Some(&(unit, size)) => format!("{:.1} {unit}", bytes as f64 / size as f64),
-        None => format!("{bytes} B"),
-    }
 }
 
 /// The all-reduce of each of `sizes` values on any backend, timed

@@ -2,7 +2,6 @@
 //! token ids, in files NumPy and PyTorch read — to check tinylm against another
 //! implementation of the same model.
 
-use super::info::{bytes_h, inference_line};
 use anyhow::{bail, Result};
 use clap::Args;
 use std::collections::BTreeMap;
@@ -11,6 +10,7 @@ use tinylm::accounting::{InferenceMemory, Memory};
 use tinylm::device::{run_on, BackendTask};
 use tinylm::kernels::Backend;
 use tinylm::params::{save_safetensors, ParamLayout};
+use tinylm::text::byte_size;
 use tinylm::weights::{self, OpenedWeights};
 use tinylm::ModelConfig;
 use tinylm_bpe::npy::{self, Dtype, MappedNpy};
@@ -74,12 +74,12 @@ pub fn run(args: ForwardArgs) -> Result<()> {
     };
 
     let target = args.device.target();
-    let mut said = inference_line(&InferenceMemory::forward(&config, b, t, target), target);
+    let mut said = InferenceMemory::forward(&config, b, t, target).describe(target);
     if args.grads_out.is_some() && targets.is_some() {
         let step = Memory::new(&config, b, t, target);
         said += &format!(
             "; the backward pass adds {} (gradients and its scratch)",
-            bytes_h(step.gradients + step.scratch_bytes())
+            byte_size(step.gradients + step.scratch_bytes())
         );
     }
     eprintln!("{said}");

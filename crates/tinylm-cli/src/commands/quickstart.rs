@@ -7,8 +7,9 @@
 //! over a step count planned up front: however the machine's speed changes during
 //! the run, training ends and the schedule reaches its end when the budget does.
 
+use super::continuation::write_continuation;
 use super::flags::DeviceArgs;
-use super::generate::{load_with_end_of_text, write_continuation, END_OF_TEXT};
+use super::tokenizer::{load_with_end_of_text, END_OF_TEXT};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
