@@ -12,6 +12,7 @@ use clap::Args;
 use std::time::Instant;
 use tinylm::accounting::training_flops;
 use tinylm::config::ModelConfig;
+use tinylm::data::SplitMix64;
 use tinylm::device::{rank_device, run_on, BackendTask, Device};
 use tinylm::distributed::{Reduce, World};
 use tinylm::kernels::cpu::linear::{matmul, matmul_isa};
@@ -115,16 +116,10 @@ fn bench(c: &ModelConfig, b: usize, t: usize, args: &BenchArgs, world: &World) -
     let (ranks, root) = (world.ranks(), world.is_root());
     let n = b * t;
     // Uniform random tokens: the step's cost does not depend on them.
-    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut rng = SplitMix64::new(0x2545_f491_4f6c_dd1d);
     let mut tokens = |len: usize| -> Vec<u32> {
-        (0..len)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                (state % c.vocab_size as u64) as u32
-            })
-            .collect()
+        let vocab = c.vocab_size as u64;
+        (0..len).map(|_| rng.below(vocab) as u32).collect()
     };
     // The whole batch on every rank, each taking its share.
     let (ids, targets) = (tokens(n), tokens(n));

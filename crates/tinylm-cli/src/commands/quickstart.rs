@@ -15,7 +15,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 use tinylm::checkpoint::{self, CheckpointFile};
 use tinylm::data::TokenDataset;
 use tinylm::device::{resolve, run_on, BackendTask, Device};
@@ -123,7 +123,7 @@ pub fn run(args: QuickstartArgs) -> Result<()> {
     }
     let out = args
         .out
-        .unwrap_or_else(|| PathBuf::from("runs").join(timestamp(now_s())));
+        .unwrap_or_else(|| PathBuf::from("runs").join(timestamp(jiff::Timestamp::now())));
     if out.read_dir().is_ok_and(|mut d| d.next().is_some()) {
         bail!(
             "{} already exists and is not empty: choose another --out",
@@ -524,31 +524,9 @@ fn absolute(path: &Path) -> PathBuf {
     std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
 }
 
-fn now_s() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64)
-}
-
-/// Seconds since 1970-01-01 UTC as `YYYYMMDD-HHMMSS`.
-fn timestamp(secs: i64) -> String {
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}{month:02}{day:02}-{:02}{:02}{:02}",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+/// A moment as `YYYYMMDD-HHMMSS` in UTC.
+fn timestamp(at: jiff::Timestamp) -> String {
+    at.strftime("%Y%m%d-%H%M%S").to_string()
 }
 
 #[cfg(test)]
@@ -577,8 +555,9 @@ mod tests {
 
     #[test]
     fn timestamps_are_utc_dates() {
-        assert_eq!(timestamp(0), "19700101-000000");
-        assert_eq!(timestamp(951_782_400), "20000229-000000");
-        assert_eq!(timestamp(1_700_000_000), "20231114-221320");
+        let at = |s| timestamp(jiff::Timestamp::from_second(s).unwrap());
+        assert_eq!(at(0), "19700101-000000");
+        assert_eq!(at(951_782_400), "20000229-000000");
+        assert_eq!(at(1_700_000_000), "20231114-221320");
     }
 }
