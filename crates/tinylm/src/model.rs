@@ -3,8 +3,9 @@
 //! the [`ParamLayout`], owned by the backend (host memory on the CPU, device memory
 //! on a GPU) for the model's whole life; activations are allocated once per `(B, T)`
 //! and reused. Only token ids go in and logits or the loss come out: a training
-//! step ([`Model::train_step`]) is queued whole, and its loss and gradient norm are
-//! read later ([`Model::step_stats`]), so a GPU never waits for the host.
+//! step is queued whole — [`Model::accumulate_gradient`] for each micro-batch, then
+//! [`Model::optimizer_step`] — and its loss and gradient norm are read later
+//! ([`Model::step_stats`]), so a GPU never waits for the host.
 //!
 //! Shapes: `B` sequences of `T` tokens, `N = B·T` rows, `C = d_model`, `F = d_ff`,
 //! `H` heads of `D` channels, `V = vocab_size`. One block (pre-norm, the default):
@@ -57,12 +58,11 @@ pub struct Model<F: Float = f32, B: Backend<F> = Cpu> {
     /// Statistics of the training steps in flight, slot `k % 2` for step `k`, so
     /// step `k + 1` can be queued while step `k`'s are on their way to the host.
     step_stats: [B::Stats; 2],
-    /// Training steps queued by [`Model::train_step`], and of those, read by
+    /// Training steps queued by [`Model::optimizer_step`], and of those, read by
     /// [`Model::step_stats`].
     steps_launched: u64,
     steps_read: u64,
-    /// Statistics read at once: [`Model::forward_loss`], [`Model::grad_norm`] and
-    /// the clipping of [`Model::adamw_step`].
+    /// Statistics read at once: the loss of [`Model::forward_loss`].
     stats: B::Stats,
     backend: B,
 }
@@ -564,56 +564,12 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
         Ok(host)
     }
 
-    /// The global L2 norm of the gradient of the last [`Model::backward`].
-    pub fn grad_norm(&mut self) -> Result<f64> {
-        self.allocate_grads()?;
-        self.backend.sum_squares(self.grads.all(), &mut self.stats);
-        self.backend.send_stats(&mut self.stats);
-        Ok(self.backend.read_stats(&self.stats)?.grad_norm())
-    }
-
-    /// One AdamW update (SPEC §3) of every parameter from the last gradient,
-    /// clipped first to the global norm `max_norm` when given.
-    pub fn adamw_step(
-        &mut self,
-        opt: &mut AdamW<B::Buf>,
-        lr: f64,
-        max_norm: Option<f64>,
-    ) -> Result<()> {
-        self.allocate_grads()?;
-        if max_norm.is_some() {
-            self.backend.sum_squares(self.grads.all(), &mut self.stats);
-        }
-        self.queue_adamw(opt, lr, max_norm, None);
-        Ok(())
-    }
-
     /// The gradient buffer at its full size (zeros), unless it is already.
     fn allocate_grads(&mut self) -> Result<()> {
         if self.grads.len() != self.layout.total {
             self.grads = self.backend.alloc(self.layout.total, BufKind::Full)?;
         }
         Ok(())
-    }
-
-    /// Queues one whole training step on token ids and `targets (B, T)` — forward,
-    /// loss, backward, the gradient's sum of squares, AdamW with learning rate `lr`
-    /// and clipping to `max_norm` computed by the backend — and returns without
-    /// waiting for it. [`Model::step_stats`] reads its loss and gradient norm later;
-    /// at most two steps are in flight.
-    #[allow(clippy::too_many_arguments)]
-    pub fn train_step(
-        &mut self,
-        ids: &[u32],
-        targets: &[u32],
-        b: usize,
-        t: usize,
-        opt: &mut AdamW<B::Buf>,
-        lr: f64,
-        max_norm: Option<f64>,
-    ) -> Result<()> {
-        self.accumulate_gradient(ids, targets, b, t, BatchPart::whole(b * t))?;
-        self.optimizer_step(opt, lr, max_norm, None)
     }
 
     /// Queues one micro-batch `(B, T)` of the training step being built — forward,
@@ -670,7 +626,7 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
         if let (Some(ranks), true) = (ranks, sharded) {
             ranks.all_reduce_sum_squares(stats)?;
         }
-        self.queue_adamw(opt, lr, max_norm, Some(slot));
+        self.queue_adamw(opt, lr, max_norm, slot);
         if let (Some(ranks), true) = (ranks, sharded) {
             ranks.all_gather(self.params.all_mut())?;
         }
@@ -679,8 +635,9 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
         Ok(())
     }
 
-    /// The statistics of the oldest training step in flight ([`Model::train_step`]),
-    /// when they reach the host (this waits for that step only).
+    /// The statistics of the oldest training step in flight
+    /// ([`Model::optimizer_step`]), when they reach the host (this waits for that
+    /// step only).
     pub fn step_stats(&mut self) -> Result<StepStats> {
         if self.steps_read == self.steps_launched {
             return Err(Error::Invalid("no training step in flight".into()));
@@ -691,13 +648,13 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
     }
 
     /// Queues AdamW step `opt.step + 1`, clipping by the sum of squares in the
-    /// statistics of step slot `slot` (`None`: the ones read at once).
+    /// statistics of step slot `slot`.
     fn queue_adamw(
         &mut self,
         opt: &mut AdamW<B::Buf>,
         lr: f64,
         max_norm: Option<f64>,
-        slot: Option<usize>,
+        slot: usize,
     ) {
         opt.step += 1;
         let step = AdamWStep {
@@ -706,7 +663,7 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
             hp: opt.hp,
             max_norm,
         };
-        let stats = slot.map_or(&self.stats, |k| &self.step_stats[k]);
+        let stats = &self.step_stats[slot];
         self.backend.adamw(
             self.params.at_mut(opt.covers.clone()),
             self.grads.at(opt.covers.clone()),
@@ -1393,9 +1350,12 @@ mod tests {
             let ids: Vec<u32> = (0..3 * 16).map(|i| i % 32).collect();
             let mut opt = model.new_adamw(Default::default()).unwrap();
             let mut step = |model: &mut Model| {
-                model.forward_loss(&ids, &ids, 3, 16).unwrap();
-                model.backward().unwrap();
-                model.adamw_step(&mut opt, 0.01, None).unwrap();
+                let part = BatchPart::whole(3 * 16);
+                model.accumulate_gradient(&ids, &ids, 3, 16, part).unwrap();
+                model
+                    .optimizer_step(&mut opt, 0.01, Some(1.0), None)
+                    .unwrap();
+                model.step_stats().unwrap();
             };
             step(&mut model);
             let before = buffers(&model);

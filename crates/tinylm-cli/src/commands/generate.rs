@@ -5,14 +5,12 @@ use super::continuation::{is_broken_pipe, write_continuation};
 use super::tokenizer::{load_with_end_of_text, tokenizer_dir};
 use anyhow::{bail, Result};
 use clap::Args;
-use std::io::Write;
 use std::path::PathBuf;
 use tinylm::accounting::InferenceMemory;
-use tinylm::device::{run_on, BackendTask};
+use tinylm::device::AnyBackend;
 use tinylm::generate::Sampler;
-use tinylm::kernels::Backend;
-use tinylm::weights::{self, OpenedWeights};
-use tinylm_bpe::encode::Tokenizer;
+use tinylm::on_backend;
+use tinylm::weights;
 
 #[derive(Args)]
 pub struct GenerateArgs {
@@ -77,45 +75,14 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         "{}",
         InferenceMemory::generation(&ckpt.config, target).describe(target)
     );
-    let stdout = std::io::stdout();
-    let task = Continuation {
-        weights: ckpt,
-        tokenizer: &tokenizer,
-        eos,
-        prompt: &args.prompt,
-        max_tokens: args.max_tokens,
-        sampler: &mut sampler,
-        out: &mut stdout.lock(),
-    };
-    match run_on(args.device.device, args.device.precision, task)? {
+    let backend = AnyBackend::open(args.device.device, args.device.precision)?;
+    let written = on_backend!(backend, backend => {
+        let mut model = ckpt.model(backend)?;
+        let (prompt, out) = (&args.prompt, &mut std::io::stdout().lock());
+        write_continuation(&mut model, &tokenizer, eos, prompt, args.max_tokens, &mut sampler, out)
+    });
+    match written {
         Err(e) if is_broken_pipe(&e) => Ok(()),
         other => other.map(drop),
-    }
-}
-
-/// [`write_continuation`] on whichever backend `--device` names.
-struct Continuation<'a> {
-    weights: OpenedWeights,
-    tokenizer: &'a Tokenizer,
-    eos: u32,
-    prompt: &'a str,
-    max_tokens: usize,
-    sampler: &'a mut Sampler,
-    out: &'a mut dyn Write,
-}
-
-impl BackendTask for Continuation<'_> {
-    type Output = Result<String>;
-    fn run<B: Backend<f32>>(self, backend: B) -> tinylm::Result<Result<String>> {
-        let mut model = self.weights.model(backend)?;
-        Ok(write_continuation(
-            &mut model,
-            self.tokenizer,
-            self.eos,
-            self.prompt,
-            self.max_tokens,
-            self.sampler,
-            self.out,
-        ))
     }
 }
