@@ -77,7 +77,7 @@ impl From<Device> for String {
 pub enum AnyBackend {
     Cpu(Cpu),
     #[cfg(feature = "cuda")]
-    Cuda(crate::kernels::cuda::Cuda),
+    Cuda(Box<crate::kernels::cuda::Cuda>),
 }
 
 impl AnyBackend {
@@ -101,7 +101,10 @@ macro_rules! on_backend {
     ($any:expr, $backend:ident => $body:expr) => {
         match $any {
             $crate::device::AnyBackend::Cpu($backend) => $body,
-            $crate::device::AnyBackend::Cuda($backend) => $body,
+            $crate::device::AnyBackend::Cuda(cuda) => {
+                let $backend = *cuda;
+                $body
+            }
         }
     };
 }
@@ -226,7 +229,7 @@ fn cuda_available() -> bool {
 #[cfg(feature = "cuda")]
 fn open_cuda(ordinal: usize, precision: Precision) -> Result<AnyBackend> {
     let cuda = crate::kernels::cuda::Cuda::new(ordinal, precision)?;
-    Ok(AnyBackend::Cuda(cuda))
+    Ok(AnyBackend::Cuda(Box::new(cuda)))
 }
 
 #[cfg(not(feature = "cuda"))]

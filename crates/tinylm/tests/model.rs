@@ -351,8 +351,7 @@ fn queued_training_steps_read_in_order_and_at_most_two_in_flight() {
     let mut sync = Model::new(c.clone(), 0).unwrap();
     let mut opt = sync.new_adamw(Default::default()).unwrap();
     let mut want = Vec::new();
-    for k in 0..batches.len() {
-        let (ids, targets) = &batches[k];
+    for (k, (ids, targets)) in batches.iter().enumerate() {
         let loss = sync.forward_loss(ids, targets, b, t).unwrap();
         sync.backward().unwrap();
         let norm = sync
