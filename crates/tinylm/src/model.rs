@@ -24,7 +24,8 @@
 //! `x`) and `Norm::Post` (what follows a residual add: `ln(r)` or `r`) — and its
 //! backward counterparts. [`transformer_block`] runs one block on its own.
 
-use crate::config::{Ffn, ModelConfig, Norm, Positional};
+use crate::buffers::{self, Activations, GradActivations, LayerActs};
+use crate::config::{ModelConfig, Norm, Positional};
 use crate::kernels::cpu::rope::rope_tables;
 use crate::kernels::{
     AdamWParams, AdamWStep, AttnShape, Backend, BatchPart, BufKind, Buffer, Collective, Cpu, Float,
@@ -91,14 +92,11 @@ impl<Buf: Buffer> KvCache<Buf> {
         backend: &B,
         config: &ModelConfig,
     ) -> Result<Self> {
-        let size = config.context_length * 3 * config.d_model;
         Ok(KvCache {
             len: 0,
             context_length: config.context_length,
             d_model: config.d_model,
-            qkv: (0..config.num_layers)
-                .map(|_| backend.alloc(size, BufKind::Activations))
-                .collect::<Result<_>>()?,
+            qkv: buffers::kv_cache(backend, config)?,
         })
     }
 
@@ -119,156 +117,6 @@ impl<Buf: Buffer> KvCache<Buf> {
     /// Forgets every position (keeps the memory).
     pub fn clear(&mut self) {
         self.len = 0;
-    }
-}
-
-/// One block's activations, `N` rows. Buffers an ablation does not use are empty.
-struct LayerActs<Buf> {
-    /// `(N, C)`, `(N)`: pre-norm `ln1(x)`; post-norm `ln1(r1)` (= the FFN input).
-    ln1: Buf,
-    rstd1: Buf,
-    /// `(N, 3C)` queries (after RoPE), keys (after RoPE), values; empty when decoding
-    /// (they live in the [`KvCache`]).
-    qkv: Buf,
-    /// `(B, H, Tq, T)` attention probabilities.
-    att: Buf,
-    /// `(N, C)` attention output before `output_proj`.
-    atty: Buf,
-    /// `(N, C)` first residual sum `x + attn`.
-    r1: Buf,
-    /// `(N, C)`, `(N)`: pre-norm `ln2(r1)`; post-norm keeps only `rstd2` of `ln2(r2)`.
-    ln2: Buf,
-    rstd2: Buf,
-    /// `(N, F)` `W1 x`, `W3 x` (SwiGLU only), and the gated product.
-    h1: Buf,
-    h3: Buf,
-    gate: Buf,
-    /// `(N, C)` second residual sum before post-norm's `ln2` (post-norm only).
-    r2: Buf,
-}
-
-/// Everything a forward pass writes, for one `(B, T)`.
-struct Activations<Buf, Ids> {
-    b: usize,
-    t: usize,
-    /// `(B, T)` input and target token ids.
-    ids: Ids,
-    targets: Ids,
-    /// `num_layers + 1` of `(N, C)`: the embedding output and every block's output.
-    resid: Vec<Buf>,
-    layers: Vec<LayerActs<Buf>>,
-    /// `(N, C)`, `(N)`: `ln_final` (pre-norm only).
-    lnf: Buf,
-    lnf_rstd: Buf,
-    /// `(N, V)` logits, or their gradient after `forward_loss`.
-    logits: Buf,
-}
-
-/// Backward scratch for one `(B, T)`.
-struct GradActivations<Buf> {
-    /// `(N, C)` gradient flowing down the residual stream, and a second `(N, C)`.
-    dresid: Buf,
-    dtmp: Buf,
-    /// `(N, 3C)`, `(B, H, T, T)`, `(N, C)`.
-    dqkv: Buf,
-    datt: Buf,
-    datty: Buf,
-    /// `(N, F)` each (`dh3` empty for SiLU).
-    dh1: Buf,
-    dh3: Buf,
-    dgate: Buf,
-}
-
-impl<Buf: Buffer> LayerActs<Buf> {
-    /// One block's buffers for `b` sequences of `t` queries attending `keys`
-    /// positions (`keys = t` for a full pass, `context_length` for decoding, whose
-    /// `qkv` rows live in the [`KvCache`]).
-    fn new<F: Float, B: Backend<F, Buf = Buf>>(
-        be: &B,
-        c: &ModelConfig,
-        b: usize,
-        t: usize,
-        keys: usize,
-        decode: bool,
-    ) -> Result<Self> {
-        let n = b * t;
-        let (d, f) = (c.d_model, c.d_ff);
-        let pre = c.norm == Norm::Pre;
-        let post = c.norm == Norm::Post;
-        let has_norm = c.norm != Norm::None;
-        let act = |len: usize| be.alloc(len, BufKind::Activations);
-        let act_if = |cond: bool, len: usize| act(if cond { len } else { 0 });
-        let stat_if = |cond: bool, len: usize| be.alloc(if cond { len } else { 0 }, BufKind::Full);
-        Ok(LayerActs {
-            ln1: act_if(has_norm, n * d)?,
-            rstd1: stat_if(has_norm, n)?,
-            qkv: act_if(!decode, n * 3 * d)?,
-            att: act(b * c.num_heads * t * keys)?,
-            atty: act(n * d)?,
-            r1: act(n * d)?,
-            ln2: act_if(pre, n * d)?,
-            rstd2: stat_if(has_norm, n)?,
-            h1: act(n * f)?,
-            h3: act_if(c.ffn == Ffn::Swiglu, n * f)?,
-            gate: act(n * f)?,
-            r2: act_if(post, n * d)?,
-        })
-    }
-}
-
-impl<Buf: Buffer, Ids> Activations<Buf, Ids> {
-    /// Buffers for `b` sequences of `t` queries attending `keys` positions (see
-    /// [`LayerActs::new`]).
-    fn new<F: Float, B: Backend<F, Buf = Buf, Ids = Ids>>(
-        be: &B,
-        c: &ModelConfig,
-        b: usize,
-        t: usize,
-        keys: usize,
-        decode: bool,
-    ) -> Result<Self> {
-        let (n, d) = (b * t, c.d_model);
-        let pre = c.norm == Norm::Pre;
-        let act = |len: usize| be.alloc(len, BufKind::Activations);
-        let layers = (0..c.num_layers)
-            .map(|_| LayerActs::new(be, c, b, t, keys, decode))
-            .collect::<Result<_>>()?;
-        Ok(Activations {
-            b,
-            t,
-            ids: be.alloc_ids(n)?,
-            targets: be.alloc_ids(n)?,
-            resid: (0..=c.num_layers)
-                .map(|_| act(n * d))
-                .collect::<Result<_>>()?,
-            layers,
-            lnf: act(if pre { n * d } else { 0 })?,
-            lnf_rstd: be.alloc(if pre { n } else { 0 }, BufKind::Full)?,
-            logits: act(n * c.vocab_size)?,
-        })
-    }
-}
-
-impl<Buf: Buffer> GradActivations<Buf> {
-    fn new<F: Float, B: Backend<F, Buf = Buf>>(
-        be: &B,
-        c: &ModelConfig,
-        b: usize,
-        t: usize,
-    ) -> Result<Self> {
-        let n = b * t;
-        let (d, f) = (c.d_model, c.d_ff);
-        let act = |len: usize| be.alloc(len, BufKind::Activations);
-        Ok(GradActivations {
-            dresid: act(n * d)?,
-            dtmp: act(n * d)?,
-            dqkv: act(n * 3 * d)?,
-            datt: act(b * c.num_heads * t * t)?,
-            datty: act(n * d)?,
-            dh1: act(n * f)?,
-            dh3: act(if c.ffn == Ffn::Swiglu { n * f } else { 0 })?,
-            dgate: act(n * f)?,
-        })
     }
 }
 
@@ -417,12 +265,12 @@ impl<B: Backend<f32>> Model<f32, B> {
 
     /// Zero AdamW moments for the parameters `covers` (a ZeRO-1 shard).
     pub fn new_adamw_for(&self, hp: AdamWParams, covers: Range<usize>) -> Result<AdamW<B::Buf>> {
-        let n = covers.len();
+        let [m, v] = buffers::moments(&self.backend, covers.len())?;
         Ok(AdamW {
             hp,
             covers,
-            m: self.backend.alloc(n, BufKind::Full)?,
-            v: self.backend.alloc(n, BufKind::Full)?,
+            m,
+            v,
             step: 0,
         })
     }
@@ -485,25 +333,23 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
                 layer.k_proj.start == layer.q_proj.end && layer.v_proj.start == layer.k_proj.end
             );
         }
-        let (cos, sin) = if config.positional == Positional::Rope {
-            rope_tables(config.context_length, config.head_dim(), config.rope_theta)
-        } else {
-            (Vec::new(), Vec::new())
-        };
-        let upload = |values: &[F], kind: BufKind| -> Result<B::Buf> {
-            let mut buf = backend.alloc(values.len(), kind)?;
-            backend.upload(buf.all_mut(), values)?;
-            Ok(buf)
-        };
-        let mut params = backend.alloc(layout.total, BufKind::Params)?;
+        let mut params = buffers::parameters(&backend, &layout)?;
         fill(&backend, &mut params)?;
+        let [mut rope_cos, mut rope_sin] = buffers::rope_tables(&backend, &config)?;
+        if config.positional == Positional::Rope {
+            let (cos, sin) =
+                rope_tables(config.context_length, config.head_dim(), config.rope_theta);
+            backend.upload(rope_cos.all_mut(), &cos)?;
+            backend.upload(rope_sin.all_mut(), &sin)?;
+        }
+        let [first, second, stats] = buffers::statistics(&backend)?;
         Ok(Model {
             params,
             // Allocated by the first backward pass: a model that only runs forward
             // (generation, evaluation) holds no gradient.
-            grads: backend.alloc(0, BufKind::Full)?,
-            rope_cos: upload(&cos, BufKind::Full)?,
-            rope_sin: upload(&sin, BufKind::Full)?,
+            grads: backend.alloc(buffers::GRADIENTS, 0, BufKind::Full)?,
+            rope_cos,
+            rope_sin,
             config,
             layout,
             acts: None,
@@ -511,10 +357,10 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
             decode_acts: None,
             host_logits: Vec::new(),
             loss_ready: false,
-            step_stats: [backend.alloc_stats()?, backend.alloc_stats()?],
+            step_stats: [first, second],
             steps_launched: 0,
             steps_read: 0,
-            stats: backend.alloc_stats()?,
+            stats,
             backend,
         })
     }
@@ -567,7 +413,7 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
     /// The gradient buffer at its full size (zeros), unless it is already.
     fn allocate_grads(&mut self) -> Result<()> {
         if self.grads.len() != self.layout.total {
-            self.grads = self.backend.alloc(self.layout.total, BufKind::Full)?;
+            self.grads = buffers::gradients(&self.backend, &self.layout)?;
         }
         Ok(())
     }
@@ -1306,6 +1152,7 @@ pub fn transformer_block(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Ffn;
 
     /// Address and capacity of every buffer a training step touches.
     fn buffers(m: &Model) -> Vec<(usize, usize)> {

@@ -6,7 +6,7 @@ use anyhow::{bail, Result};
 use clap::Args;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use tinylm::accounting::{InferenceMemory, Memory};
+use tinylm::accounting::{InferenceMemory, Memory, Part};
 use tinylm::device::AnyBackend;
 use tinylm::on_backend;
 use tinylm::params::{save_safetensors, ParamLayout};
@@ -79,7 +79,7 @@ pub fn run(args: ForwardArgs) -> Result<()> {
         let step = Memory::new(&config, b, t, target);
         said += &format!(
             "; the backward pass adds {} (gradients and its scratch)",
-            byte_size(step.gradients + step.scratch_bytes())
+            byte_size(step.bytes(Part::Gradients) + step.bytes(Part::BackwardScratch))
         );
     }
     eprintln!("{said}");

@@ -3,10 +3,7 @@
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use std::path::PathBuf;
-use tinylm::accounting::{
-    forward_flops, forward_matmuls, largest_fitting, largest_micro_batch, Memory, ParamCounts,
-    RunMemory, RunShape, Target,
-};
+use tinylm::accounting::{forward_flops, forward_matmuls, ParamCounts, RunShape};
 use tinylm::config::Ffn;
 use tinylm::device::Device;
 use tinylm::kernels::Precision;
@@ -14,7 +11,10 @@ use tinylm::train::TrainConfig;
 use tinylm::ModelConfig;
 
 use super::flags::{flag, flag_values, ModelArgs};
-use tinylm::text::{byte_size, count, flop_count, parse_byte_size, row, table, thousands};
+use memory::{fit_report, peak_report, step_report, Launch};
+use tinylm::text::{count, flop_count, parse_byte_size, row, table, thousands};
+
+mod memory;
 
 /// The keys a model needs when neither `--model-config` nor `--preset` gives it
 /// (the others have defaults).
@@ -133,7 +133,8 @@ pub fn run(args: InfoArgs) -> Result<()> {
         micro: split.micro,
         zero: args.zero,
     };
-    print!("{}", report(&c, b, t, &memory.step, &launch));
+    print!("{}", model_report(&c));
+    print!("\n{}", step_report(b, t, &memory.step, &launch));
     print!("\n{}", peak_report(&memory, args.train_data.is_some()));
     if let Some(limit) = args.memory {
         print!("\n{}", fit_report(&c, &shape, split.share, limit));
@@ -142,105 +143,8 @@ pub fn run(args: InfoArgs) -> Result<()> {
     Ok(())
 }
 
-/// Where a run's memory goes beyond the step's buffers, and its peak.
-fn peak_report(m: &RunMemory, files_given: bool) -> String {
-    let on_gpu = matches!(m.step.target, Target::Cuda(_));
-    let (device, host) = (if on_gpu { "GPU" } else { "host" }, "host");
-    let files = match files_given {
-        true => byte_size(m.token_files),
-        false => "-".to_string(),
-    };
-    let checkpoint = match on_gpu {
-        true => "pinned staging, the largest tensor",
-        false => "written from and read into the buffers",
-    };
-    let rows = vec![
-        row(["", "memory", "bytes"]),
-        row(["training step (above)", device, &byte_size(m.step.total())]),
-        row(["evaluation: in the step's buffers", device, "0 B"]),
-        row([
-            &format!("checkpoints: {checkpoint}"),
-            host,
-            &byte_size(m.checkpoint_staging),
-        ]),
-        row(["token ids of a step", host, &byte_size(m.batch)]),
-        row(["token files, memory-mapped (evictable)", host, &files]),
-    ];
-    let mut out = format!("Peak memory of the run, per rank\n{}", table(&rows, 2, 1));
-    if !files_given {
-        out += "  (token files not counted: give --train-data and --val-data)\n";
-    }
-    match on_gpu {
-        true => {
-            out += &format!(
-                "  GPU memory needed: {} (plus the CUDA context); host: {} and the token files' pages\n",
-                byte_size(m.required()),
-                byte_size(m.host_extra())
-            );
-        }
-        false => {
-            out += &format!(
-                "  memory needed: {}; peak resident with the token files' pages: {}\n",
-                byte_size(m.required()),
-                byte_size(m.peak_resident())
-            );
-        }
-    }
-    out
-}
-
-/// What fits in `limit` per rank: this batch (and in which micro-batches), and the
-/// largest batch in one pass per rank.
-fn fit_report(c: &ModelConfig, shape: &RunShape, share: usize, limit: u64) -> String {
-    let ranks = shape.ranks;
-    let needs = |share: usize, micro: usize| shape.memory(c, share, micro).required();
-    let t = shape.seq_len;
-    let mut out = format!(
-        "Fitting in {} per rank ({})\n",
-        byte_size(limit),
-        match shape.target {
-            Target::Cpu => "host memory".to_string(),
-            Target::Cuda(p) => format!("GPU memory, {p}; leave room for the CUDA context"),
-        }
-    );
-    let batch = share * ranks;
-    match largest_micro_batch(share, limit, |m| needs(share, m)) {
-        Some(m) if m == share => out += &format!(
-            "  batch {batch} fits: {} per rank\n",
-            byte_size(needs(share, share))
-        ),
-        Some(m) => out += &format!(
-            "  batch {batch} fits in micro-batches of {m} (--micro-batch-size {m}, {} per step and rank): {} per rank\n",
-            share / m,
-            byte_size(needs(share, m))
-        ),
-        None => out += &format!(
-            "  batch {batch} does not fit: even micro-batches of 1 need {} per rank (more ranks with --zero 1 shard the AdamW moments)\n",
-            byte_size(needs(share, 1))
-        ),
-    }
-    match largest_fitting(limit, |m| needs(m, m)) {
-        0 => out += &format!("  not even one sequence of {t} tokens per rank fits\n"),
-        m => out += &format!(
-            "  largest batch without micro-batches: {} sequences of {t} tokens ({} per rank, {} each)\n",
-            thousands((m * ranks) as u64),
-            thousands(m as u64),
-            byte_size(needs(m, m))
-        ),
-    }
-    out
-}
-
-/// How a step's batch is run: over `ranks` ranks, in micro-batches of `micro`
-/// sequences, with ZeRO stage `zero`.
-struct Launch {
-    ranks: usize,
-    micro: usize,
-    zero: u8,
-}
-
-/// The three tables as text; `m` is one rank's memory for a step launched so.
-fn report(c: &ModelConfig, b: usize, t: usize, m: &Memory, launch: &Launch) -> String {
+/// The model and its parameters by component, as text.
+fn model_report(c: &ModelConfig) -> String {
     let mut out = format!(
         "model: vocab_size {} · context_length {} · d_model {} · num_layers {} · num_heads {} (d_k {}) · d_ff {}\n       norm {} · positional {} · ffn {} · {} · rope_theta {}\n\n",
         thousands(c.vocab_size as u64),
@@ -306,74 +210,6 @@ fn report(c: &ModelConfig, b: usize, t: usize, m: &Memory, launch: &Launch) -> S
     out += "Parameters\n";
     out += &table(&rows, 2, 1);
 
-    let precision = match m.target {
-        Target::Cpu => "f32 on the CPU".to_string(),
-        Target::Cuda(Precision::Bf16) => {
-            "on a GPU: bf16 activations, f32 weights and moments".to_string()
-        }
-        Target::Cuda(p) => format!("on a GPU, {p}"),
-    };
-    out += &format!("\nMemory for a training step ({precision}, AdamW), batch {b} × {t} tokens");
-    if launch.micro < b {
-        out += &format!(" in micro-batches of {} × {t}", launch.micro);
-    }
-    if launch.ranks > 1 {
-        let zero = if launch.zero == 1 { ", ZeRO-1" } else { "" };
-        out += &format!(", one of {} ranks{zero}", launch.ranks);
-    }
-    out += "\n";
-    let mut rows = vec![row(["", "shape", "per layer", "total", "share"])];
-    let grand = m.total();
-    for (name, bytes) in [
-        ("parameters", m.parameters),
-        ("parameters' bf16 copy", m.parameter_copy),
-        ("gradients", m.gradients),
-        ("AdamW moments (m, v)", m.adamw),
-        ("collectives' scratch (MPI)", m.collective),
-    ]
-    .into_iter()
-    .filter(|&(_, bytes)| bytes > 0)
-    {
-        rows.push(row([name, "", "", &byte_size(bytes), &share(bytes, grand)]));
-    }
-    let groups = [
-        (
-            "activations kept for backward:",
-            &m.activations,
-            m.activation_bytes(),
-        ),
-        (
-            "backward scratch (one block):",
-            &m.backward_scratch,
-            m.scratch_bytes(),
-        ),
-        ("kernel work space:", &m.workspace, m.workspace_bytes()),
-    ];
-    for (title, buffers, bytes) in groups.into_iter().filter(|g| !g.1.is_empty()) {
-        rows.push(row([
-            title,
-            "",
-            "",
-            &byte_size(bytes),
-            &share(bytes, grand),
-        ]));
-        for a in buffers {
-            let per = if a.copies > 1 {
-                byte_size(a.element_bytes * a.elements)
-            } else {
-                String::new()
-            };
-            rows.push(row([
-                &format!("  {}", a.name),
-                &a.shape,
-                &per,
-                &byte_size(a.bytes()),
-                &share(a.bytes(), grand),
-            ]));
-        }
-    }
-    rows.push(row(["total", "", "", &byte_size(grand), ""]));
-    out += &table(&rows, 2, 1);
     out
 }
 
@@ -440,6 +276,7 @@ fn spelling<T: serde::Serialize>(v: &T) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tinylm::accounting::{Memory, Target};
 
     #[test]
     fn gpt2_xl_report_has_the_reference_numbers() {
@@ -449,8 +286,9 @@ mod tests {
             micro: 1,
             zero: 0,
         };
-        let text = report(&c, 1, 1024, &Memory::new(&c, 1, 1024, Target::Cpu), &single)
-            + &flops_report(&c, 1, 1024);
+        let step = Memory::new(&c, 1, 1024, Target::Cpu);
+        let text =
+            model_report(&c) + &step_report(1, 1024, &step, &single) + &flops_report(&c, 1, 1024);
         for part in [
             "2,127,057,600",
             "(2.13 B)",

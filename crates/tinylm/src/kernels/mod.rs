@@ -26,10 +26,12 @@ pub mod cpu;
 pub mod cuda;
 pub mod float;
 pub mod profile;
+pub mod workspace;
 
 pub use backend::{
-    clip_scale, AdamWParams, AdamWStep, AttnShape, Backend, BatchPart, BufKind, Buffer, Collective,
-    MatMul, Precision, Span, SpanMut, StepStats, CLIP_EPS,
+    clip_scale, AdamWParams, AdamWStep, Allocation, Allocator, AttnShape, Backend, BatchPart,
+    BufKind, Buffer, Collective, MatMul, Precision, Role, Span, SpanMut, StepStats, CLIP_EPS,
+    STATS_BYTES,
 };
 pub use cpu::Cpu;
 pub use float::Float;

@@ -50,7 +50,7 @@ use crate::checkpoint::{self, check_same_config, BackendValues, CheckpointFile, 
 use crate::data::{Batch, SplitMix64, TokenDataset};
 use crate::device::{rank_device, AnyBackend};
 use crate::distributed::{shard, Reduce, World};
-use crate::kernels::{Backend, BatchPart, StepStats};
+use crate::kernels::{Allocator, Backend, BatchPart, StepStats};
 use crate::model::Model;
 use crate::optim::AdamW;
 use crate::{Error, Result};
@@ -629,7 +629,7 @@ fn divergence(factor: f64, stats: &StepStats, start_loss: f64) -> Option<String>
 }
 
 /// A model, its optimizer state and where the run stands.
-type Resumed<B> = (Model<f32, B>, AdamW<<B as Backend<f32>>::Buf>, RunState);
+type Resumed<B> = (Model<f32, B>, AdamW<<B as Allocator<f32>>::Buf>, RunState);
 /// Loads `path` for resuming: the same model config, weights, AdamW state (this
 /// rank's shard of it under ZeRO-1) and run state. Every rank reads the file, one
 /// tensor at a time straight into its buffers.

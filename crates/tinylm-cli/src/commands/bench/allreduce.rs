@@ -8,7 +8,7 @@ use clap::Args;
 use std::time::Instant;
 use tinylm::device::{rank_device, AnyBackend};
 use tinylm::distributed::{Reduce, World};
-use tinylm::kernels::{Backend, BufKind, Buffer, Collective};
+use tinylm::kernels::{Backend, BufKind, Buffer, Collective, Role};
 use tinylm::params::ParamLayout;
 use tinylm::text::byte_size;
 use tinylm::{on_backend, Result as LmResult};
@@ -115,7 +115,11 @@ pub fn time_all_reduce<B: Backend<f32>>(
     len: usize,
     reps: usize,
 ) -> LmResult<Vec<f64>> {
-    let mut buf = backend.alloc(len, BufKind::Full)?;
+    let role = Role {
+        name: "all-reduce buffer",
+        shape: "",
+    };
+    let mut buf = backend.alloc(role, len, BufKind::Full)?;
     // Zeros: every sum stays zero (no overflow to infinities, no subnormals).
     backend.upload(buf.all_mut(), &vec![0.0; len])?;
     let mut times = Vec::with_capacity(reps);
