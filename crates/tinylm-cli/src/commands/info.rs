@@ -145,21 +145,7 @@ pub fn run(args: InfoArgs) -> Result<()> {
 
 /// The model and its parameters by component, as text.
 fn model_report(c: &ModelConfig) -> String {
-    let mut out = format!(
-        "model: vocab_size {} · context_length {} · d_model {} · num_layers {} · num_heads {} (d_k {}) · d_ff {}\n       norm {} · positional {} · ffn {} · {} · rope_theta {}\n\n",
-        thousands(c.vocab_size as u64),
-        thousands(c.context_length as u64),
-        thousands(c.d_model as u64),
-        c.num_layers,
-        c.num_heads,
-        c.head_dim(),
-        thousands(c.d_ff as u64),
-        spelling(&c.norm),
-        spelling(&c.positional),
-        spelling(&c.ffn),
-        if c.tie_embeddings { "tied embeddings" } else { "untied" },
-        c.rope_theta,
-    );
+    let mut out = c.describe() + "\n\n";
 
     let p = ParamCounts::new(c);
     let total = p.total();
@@ -263,14 +249,6 @@ fn flops_report(c: &ModelConfig, b: usize, t: usize) -> String {
         format_args!("{:.1}", 3.0 * fwd as f64 / tokens as f64 / total as f64),
     );
     out
-}
-
-/// An ablation switch's JSON spelling (`pre`, `rope`, `swiglu`, ...).
-fn spelling<T: serde::Serialize>(v: &T) -> String {
-    serde_json::to_value(v)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -156,18 +156,7 @@ fn print_setup(
     flags: &DeviceArgs,
     ranks: usize,
 ) {
-    println!(
-        "model: vocab {} · ctx {} · d_model {} · {} layers · {} heads · d_ff {} · {:?}/{:?}/{:?}",
-        c.vocab_size,
-        c.context_length,
-        c.d_model,
-        c.num_layers,
-        c.num_heads,
-        c.d_ff,
-        c.norm,
-        c.positional,
-        c.ffn
-    );
+    println!("{}", c.describe());
     let gflop = flops * 1e-9;
     match ranks {
         1 => println!(
