@@ -19,7 +19,7 @@ const fn role(name: &'static str, shape: &'static str) -> Role {
     Role { name, shape }
 }
 
-/// The parameters' roles, in [`ParamLayout`] order.
+/// The roles of what a model holds for its life.
 pub const PARAMETERS: Role = role("parameters", "");
 pub const GRADIENTS: Role = role("gradients", "");
 pub const ADAMW_M: Role = role("AdamW m", "");

@@ -69,7 +69,7 @@ pub enum Part {
     /// AdamW's moments `m` and `v`.
     Moments,
     /// The RoPE tables.
-    Tables,
+    RopeTables,
     /// The step statistics' buffers.
     Statistics,
     /// What a forward pass keeps (for the backward pass, or its output).
@@ -209,7 +209,7 @@ impl<F: Float, A: Allocator<F>> Allocator<F> for Recorder<'_, A> {
 /// What a model holds for its life: its parameters, RoPE tables and statistics.
 fn model_buffers<F: Float, A: Allocator<F>>(r: &Recorder<A>, c: &ModelConfig) -> Result<()> {
     buffers::parameters(r.part(Part::Parameters), &ParamLayout::new(c))?;
-    buffers::rope_tables(r.part(Part::Tables), c)?;
+    buffers::rope_tables(r.part(Part::RopeTables), c)?;
     buffers::statistics(r.part(Part::Statistics))?;
     Ok(())
 }
@@ -498,7 +498,7 @@ impl InferenceMemory {
 
     /// The model's own buffers: its parameters, RoPE tables and statistics.
     pub fn parameters(&self) -> u64 {
-        [Part::Parameters, Part::Tables, Part::Statistics]
+        [Part::Parameters, Part::RopeTables, Part::Statistics]
             .map(|part| part_bytes(&self.buffers, part))
             .iter()
             .sum()
@@ -685,7 +685,7 @@ mod tests {
         let step = Memory::new(&c, 1, 1, Target::Cpu);
         assert_eq!(
             g.parameters(),
-            step.bytes(Part::Parameters) + step.bytes(Part::Tables)
+            step.bytes(Part::Parameters) + step.bytes(Part::RopeTables)
         );
         let parts = |m: &InferenceMemory| m.buffers.iter().map(|e| e.part).collect::<Vec<_>>();
         assert!(!parts(&g).contains(&Part::Gradients));

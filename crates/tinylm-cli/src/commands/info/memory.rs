@@ -20,7 +20,7 @@ const WHOLE: [(Part, &str); 5] = [
     (Part::Parameters, "parameters"),
     (Part::Gradients, "gradients"),
     (Part::Moments, "AdamW moments (m, v)"),
-    (Part::Tables, "RoPE tables (cos, sin)"),
+    (Part::RopeTables, "RoPE tables (cos, sin)"),
     (Part::Statistics, "step statistics"),
 ];
 
