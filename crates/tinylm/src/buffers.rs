@@ -78,6 +78,39 @@ pub fn kv_cache<F: Float, A: Allocator<F>>(a: &A, c: &ModelConfig) -> Result<Vec
         .collect()
 }
 
+/// The shape of a forward pass: `b` sequences of `t` new positions attending
+/// `keys` positions — `keys = t` for a full pass; when decoding one position
+/// against a KV cache, `keys = context_length` and the `qkv` rows live in the cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct PassShape {
+    pub b: usize,
+    pub t: usize,
+    pub keys: usize,
+    pub decode: bool,
+}
+
+impl PassShape {
+    /// A full pass over `b` sequences of `t` tokens.
+    pub fn full(b: usize, t: usize) -> Self {
+        PassShape {
+            b,
+            t,
+            keys: t,
+            decode: false,
+        }
+    }
+
+    /// One position decoded against a KV cache of `context_length` positions.
+    pub fn decode(context_length: usize) -> Self {
+        PassShape {
+            b: 1,
+            t: 1,
+            keys: context_length,
+            decode: true,
+        }
+    }
+}
+
 /// One block's activations, `N` rows.
 pub(crate) struct LayerActs<Buf> {
     /// `(N, C)`, `(N)`: pre-norm `ln1(x)`; post-norm `ln1(r1)` (= the FFN input).
@@ -136,17 +169,13 @@ pub(crate) struct GradActivations<Buf> {
 }
 
 impl<Buf> LayerActs<Buf> {
-    /// One block's buffers for `b` sequences of `t` queries attending `keys`
-    /// positions (`keys = t` for a full pass, `context_length` for decoding, whose
-    /// `qkv` rows live in the KV cache).
+    /// One block's buffers for a pass of `shape`.
     pub fn new<F: Float, A: Allocator<F, Buf = Buf>>(
         a: &A,
         c: &ModelConfig,
-        b: usize,
-        t: usize,
-        keys: usize,
-        decode: bool,
+        shape: PassShape,
     ) -> Result<Self> {
+        let PassShape { b, t, keys, decode } = shape;
         let n = b * t;
         let (d, f) = (c.d_model, c.d_ff);
         let (pre, post, norms) = (
@@ -191,16 +220,13 @@ impl<Buf> LayerActs<Buf> {
 }
 
 impl<Buf, Ids> Activations<Buf, Ids> {
-    /// Buffers for `b` sequences of `t` queries attending `keys` positions (see
-    /// [`LayerActs::new`]).
+    /// Buffers for a pass of `shape`.
     pub fn new<F: Float, A: Allocator<F, Buf = Buf, Ids = Ids>>(
         a: &A,
         c: &ModelConfig,
-        b: usize,
-        t: usize,
-        keys: usize,
-        decode: bool,
+        shape: PassShape,
     ) -> Result<Self> {
+        let PassShape { b, t, .. } = shape;
         let (n, d) = (b * t, c.d_model);
         let pre = c.norm == Norm::Pre;
         let ids = |name| a.alloc_ids(role(name, "(B, T)"), n);
@@ -210,7 +236,7 @@ impl<Buf, Ids> Activations<Buf, Ids> {
         let mut resid = vec![stream("embedding output")?];
         let mut layers = Vec::with_capacity(c.num_layers);
         for _ in 0..c.num_layers {
-            layers.push(LayerActs::new(a, c, b, t, keys, decode)?);
+            layers.push(LayerActs::new(a, c, shape)?);
             resid.push(stream("block output")?);
         }
         Ok(Activations {

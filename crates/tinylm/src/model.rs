@@ -24,7 +24,7 @@
 //! `x`) and `Norm::Post` (what follows a residual add: `ln(r)` or `r`) — and its
 //! backward counterparts. [`transformer_block`] runs one block on its own.
 
-use crate::buffers::{self, Activations, GradActivations, LayerActs};
+use crate::buffers::{self, Activations, GradActivations, LayerActs, PassShape};
 use crate::config::{ModelConfig, Norm, Positional};
 use crate::kernels::cpu::rope::rope_tables;
 use crate::kernels::{
@@ -641,7 +641,7 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
             )));
         }
         if self.decode_acts.is_none() {
-            let acts = Activations::new(&self.backend, c, 1, 1, c.context_length, true)
+            let acts = Activations::new(&self.backend, c, PassShape::decode(c.context_length))
                 .map_err(|e| for_shape(e, "decoding activations", 1, 1))?;
             self.decode_acts = Some(acts);
         }
@@ -683,7 +683,7 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
         if self.acts.as_ref().is_none_or(|a| (a.b, a.t) != (b, t)) {
             // Free the old shape's buffers before allocating the new ones.
             self.acts = None;
-            let acts = Activations::new(&self.backend, &self.config, b, t, t, false)
+            let acts = Activations::new(&self.backend, &self.config, PassShape::full(b, t))
                 .map_err(|e| for_shape(e, "activations", b, t))?;
             self.acts = Some(acts);
         }
@@ -1141,7 +1141,7 @@ pub fn transformer_block(
     params[block].copy_from_slice(weights);
     let mut one_layer = Model::from_params(config, params)?;
     let (model, _) = one_layer.split();
-    let mut acts = LayerActs::new(model.backend, model.config, b, t, t, false)?;
+    let mut acts = LayerActs::new(model.backend, model.config, PassShape::full(b, t))?;
     let (x, mut out) = (x.to_vec(), vec![0.0; x.len()]);
     let layer = &model.layout.layers[0];
     let shape = model.attn_shape(b, t, 0);

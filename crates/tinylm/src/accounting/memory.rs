@@ -8,7 +8,7 @@
 //! ([`step_buffers`]), which a test compares with the planner's count, buffer by
 //! buffer.
 
-use crate::buffers::{self, Activations, GradActivations};
+use crate::buffers::{self, Activations, GradActivations, PassShape};
 use crate::config::{ModelConfig, Norm};
 use crate::device::{resolve, Device};
 use crate::distributed::MPI_CHUNK;
@@ -230,37 +230,20 @@ pub fn step_buffers<F: Float, A: Allocator<F>>(
     model_buffers(&r, c)?;
     buffers::gradients(r.part(Part::Gradients), &layout)?;
     buffers::moments(r.part(Part::Moments), layout.total)?;
-    Activations::new(r.part(Part::Activations), c, b, t, t, false)?;
+    Activations::new(r.part(Part::Activations), c, PassShape::full(b, t))?;
     GradActivations::new(r.part(Part::BackwardScratch), c, b, t)?;
     Ok(r.entries())
 }
 
-/// What the GPU kernels' work space serves.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Pass {
-    /// Training steps (and their evaluations): attention forward and backward, the
-    /// loss, the gains' gradients, the gradient's sum of squares.
-    Train,
-    /// Forward passes with their loss.
-    Forward,
-    /// Decoding one position against a KV cache.
-    Decode,
-}
-
-/// The work space of the GPU kernels (none on the CPU) for `pass` over `b`
-/// sequences of `t` new positions attending `keys`: each [`Scratch`] buffer the
-/// pass takes, at its largest, and cuBLASLt's.
-fn workspace(
-    c: &ModelConfig,
-    b: usize,
-    t: usize,
-    keys: usize,
-    pass: Pass,
-    target: Target,
-) -> Vec<Entry> {
+/// The work space of the GPU kernels (none on the CPU) for passes of `pass`, with
+/// their loss unless decoding, and for training steps (`train`) their backward pass
+/// and update too: each [`Scratch`] buffer they take, at its largest, and
+/// cuBLASLt's.
+fn workspace(c: &ModelConfig, pass: PassShape, train: bool, target: Target) -> Vec<Entry> {
     if target == Target::Cpu {
         return Vec::new();
     }
+    let PassShape { b, t, keys, decode } = pass;
     let shape = AttnShape {
         b,
         t: keys,
@@ -272,10 +255,10 @@ fn workspace(
         (Scratch::Attention, attention_scratch_len(shape)),
         (Scratch::Scores, attention_scores_len(shape)),
     ];
-    if pass != Pass::Decode {
+    if !decode {
         slots.push((Scratch::Losses, b * t));
     }
-    if pass == Pass::Train {
+    if train {
         if c.norm != Norm::None {
             slots.push((Scratch::NormGain, ROW_BLOCKS * c.d_model));
         }
@@ -332,7 +315,7 @@ impl Memory {
         let (b, t) = (batch_size, seq_len);
         let mut buffers =
             step_buffers(&Planner { target }, c, b, t).expect("planning allocates nothing");
-        buffers.extend(workspace(c, b, t, t, Pass::Train, target));
+        buffers.extend(workspace(c, PassShape::full(b, t), true, target));
         Memory {
             target,
             buffers,
@@ -468,10 +451,10 @@ impl InferenceMemory {
         let planner = Planner { target };
         let r = Recorder::new(&planner);
         model_buffers(&r, c).expect("planning allocates nothing");
-        Activations::new(r.part(Part::Activations), c, b, t, t, false)
+        Activations::new(r.part(Part::Activations), c, PassShape::full(b, t))
             .expect("planning allocates nothing");
         let mut buffers = r.entries();
-        buffers.extend(workspace(c, b, t, t, Pass::Forward, target));
+        buffers.extend(workspace(c, PassShape::full(b, t), false, target));
         InferenceMemory {
             buffers,
             host_logits: 4 * (b * t * c.vocab_size) as u64,
@@ -485,11 +468,11 @@ impl InferenceMemory {
         let r = Recorder::new(&planner);
         let ctx = c.context_length;
         model_buffers(&r, c).expect("planning allocates nothing");
-        Activations::new(r.part(Part::Activations), c, 1, 1, ctx, true)
+        Activations::new(r.part(Part::Activations), c, PassShape::decode(ctx))
             .expect("planning allocates nothing");
         buffers::kv_cache(r.part(Part::KvCache), c).expect("planning allocates nothing");
         let mut buffers = r.entries();
-        buffers.extend(workspace(c, 1, 1, ctx, Pass::Decode, target));
+        buffers.extend(workspace(c, PassShape::decode(ctx), false, target));
         InferenceMemory {
             buffers,
             host_logits: 4 * c.vocab_size as u64,
