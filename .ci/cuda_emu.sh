@@ -5,7 +5,9 @@
 #   3. trains a tiny model for a few steps with `tinylm train --device cuda`, in fp32
 #      and bf16, and in fp32 in micro-batches of 2 (the step's gradient accumulated),
 #      and compares every step's loss with the CPU run's;
-#   4. runs the numeric suite crates/tinylm/tests/cuda.rs with its assertions as on a
+#   4. checks that the memory accounting counts every buffer and work space the
+#      backend allocates, and the device's whole memory (crates/tinylm/tests/accounting.rs);
+#   5. runs the numeric suite crates/tinylm/tests/cuda.rs with its assertions as on a
 #      GPU, and prints how many kernels and cuBLASLt products the emulator executed.
 # The last line is cargo's `test result:` line of the numeric suite.
 set -euo pipefail
@@ -97,6 +99,11 @@ if CUDA_EMU_DRIVER_VERSION=12080 "$emu/run.sh" "$tinylm" train --train-data "$wo
 fi
 grep "CUDA 12.8" "$work/old.out"
 grep -q "CUDA 13.0 or newer" "$work/old.out"
+
+echo "== cuda-emu: accounted bytes are allocated bytes (crates/tinylm/tests/accounting.rs)"
+CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="$PWD/$emu/run.sh" \
+CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="$PWD/$emu/run.sh" \
+    cargo test --release -p tinylm --features cuda --test accounting
 
 echo "== cuda-emu: the numeric suite (crates/tinylm/tests/cuda.rs)"
 export CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="$PWD/$emu/run.sh"

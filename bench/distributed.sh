@@ -80,4 +80,4 @@ PY
 
 echo
 echo "all-reduce alone, $RANKS ranks:"
-"${launch[@]}" "$TINYLM" bench --threads 1 --allreduce-only
+"${launch[@]}" "$TINYLM" bench-allreduce --threads 1

@@ -8,7 +8,10 @@
 //! - [`files`]: a tokenizer's definition ([`files::Bpe`]) and its files: GPT-2
 //!   `vocab.json` / `merges.txt`, Hugging Face `tokenizer.json`, tiktoken rank files.
 //! - [`npy`]: NumPy `.npy` token files.
+//! - [`atomic`]: files and directories written whole or not at all (every crate's
+//!   outputs).
 
+pub mod atomic;
 pub mod encode;
 pub mod error;
 pub mod files;

@@ -2,12 +2,13 @@
 //!
 //! Token files are 1-D `uint16` (when the vocabulary has at most 65,536 entries)
 //! or `uint32` arrays that `np.load(path, mmap_mode="r")` reads. [`NpyWriter`]
-//! streams values of unknown count to a temporary file and renames it into place;
-//! [`MappedNpy`] memory-maps an array of any integer or `float32` dtype.
+//! streams values of unknown count into a file written whole or not at all
+//! ([`AtomicFile`]); [`MappedNpy`] memory-maps an array of any integer or `float32` dtype.
 
+use crate::atomic::AtomicFile;
 use crate::{invalid, Error, Result};
 use std::fs::File;
-use std::io::{BufWriter, Seek, SeekFrom, Write};
+use std::io::{Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 const MAGIC: &[u8] = b"\x93NUMPY";
@@ -109,7 +110,7 @@ fn header_bytes(dtype: Dtype, shape: &[usize], total: usize) -> Option<Vec<u8>> 
     Some(out)
 }
 
-/// Writes a whole array to `path` (through a temporary file and a rename).
+/// Writes a whole array to `path` (whole or not at all).
 pub fn write<T: NpyElement>(path: &Path, shape: &[usize], data: &[T]) -> Result<()> {
     assert_eq!(shape.iter().product::<usize>(), data.len());
     let mut w = NpyWriter::create(path, T::DTYPE)?;
@@ -140,14 +141,12 @@ npy_element!(i32, Dtype::I32);
 npy_element!(i64, Dtype::I64);
 npy_element!(f32, Dtype::F32);
 
-/// Streams elements to a `.npy` whose length is known only at the end.
-/// Data go to `PATH.tmp`; [`NpyWriter::finish`] writes the header and renames.
-/// A writer dropped unfinished (an error midway) removes its temporary file.
+/// Streams elements to a `.npy` whose length is known only at the end: they go
+/// to an [`AtomicFile`] after room for the header, which [`NpyWriter::finish`]
+/// writes before committing the file. A writer dropped unfinished (an error midway)
+/// leaves nothing behind.
 pub struct NpyWriter {
-    path: PathBuf,
-    tmp: PathBuf,
-    /// `None` once finished.
-    file: Option<BufWriter<File>>,
+    file: AtomicFile,
     dtype: Dtype,
     count: usize,
     shape: Option<Vec<usize>>,
@@ -156,17 +155,11 @@ pub struct NpyWriter {
 
 impl NpyWriter {
     pub fn create(path: &Path, dtype: Dtype) -> Result<Self> {
-        let mut tmp = path.as_os_str().to_owned();
-        tmp.push(".tmp");
-        let tmp = PathBuf::from(tmp);
-        let file = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
-        let mut file = BufWriter::with_capacity(1 << 20, file);
+        let mut file = AtomicFile::create(path)?;
         file.write_all(&[0u8; WRITER_HEADER_LEN])
-            .map_err(|e| Error::io(&tmp, e))?;
+            .map_err(|e| Error::io(path, e))?;
         Ok(NpyWriter {
-            path: path.to_path_buf(),
-            tmp,
-            file: Some(file),
+            file,
             dtype,
             count: 0,
             shape: None,
@@ -191,10 +184,8 @@ impl NpyWriter {
             v.write_le(&mut self.scratch);
         }
         self.file
-            .as_mut()
-            .expect("writer is not finished")
             .write_all(&self.scratch)
-            .map_err(|e| Error::io(&self.tmp, e))?;
+            .map_err(|e| Error::io(self.file.target(), e))?;
         self.count += values.len();
         Ok(())
     }
@@ -207,7 +198,7 @@ impl NpyWriter {
                 if let Some(&bad) = ids.iter().find(|&&id| id > u16::MAX as u32) {
                     return Err(invalid!(
                         "{}: token id {bad} does not fit the file's uint16 dtype",
-                        self.path.display()
+                        self.file.target().display()
                     ));
                 }
                 let narrow: Vec<u16> = ids.iter().map(|&id| id as u16).collect();
@@ -221,39 +212,27 @@ impl NpyWriter {
         self.count
     }
 
-    /// Writes the header and renames the temporary file into place.
+    /// Writes the header and commits the file.
     pub fn finish(mut self) -> Result<()> {
+        let path = self.file.target().to_path_buf();
         let shape = self.shape.take().unwrap_or_else(|| vec![self.count]);
         if shape.iter().product::<usize>() != self.count {
             return Err(invalid!(
                 "{}: shape {shape:?} does not hold the {} elements written",
-                self.path.display(),
+                path.display(),
                 self.count
             ));
         }
         let header = header_bytes(self.dtype, &shape, WRITER_HEADER_LEN).ok_or_else(|| {
             invalid!(
                 "{}: shape {shape:?} has too many dimensions for the .npy writer",
-                self.path.display()
+                path.display()
             )
         })?;
-        let tmp = self.tmp.clone();
-        let io = |e| Error::io(&tmp, e);
-        let mut file = self.file.take().expect("writer is not finished");
-        file.flush().map_err(io)?;
-        let mut file = file.into_inner().map_err(|e| io(e.into_error()))?;
-        file.seek(SeekFrom::Start(0)).map_err(io)?;
-        file.write_all(&header).map_err(io)?;
-        file.sync_all().map_err(io)?;
-        std::fs::rename(&self.tmp, &self.path).map_err(|e| Error::io(&self.path, e))
-    }
-}
-
-impl Drop for NpyWriter {
-    fn drop(&mut self) {
-        if self.file.take().is_some() {
-            let _ = std::fs::remove_file(&self.tmp);
-        }
+        (self.file.seek(SeekFrom::Start(0)))
+            .and_then(|_| self.file.write_all(&header))
+            .map_err(|e| Error::io(&path, e))?;
+        self.file.commit()
     }
 }
 
@@ -415,7 +394,8 @@ mod tests {
         let m = MappedNpy::open(&p).unwrap();
         assert_eq!((m.f32_at(0), m.f32_at(1)), (1.5, -2.0));
         assert_eq!(m.header.data_offset % 64, 0);
-        assert!(!dir.path().join("a.npy.tmp").exists());
+        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(names.len(), 1, "{names:?}");
     }
 
     #[test]
@@ -452,7 +432,7 @@ mod tests {
         w.write_ids(&[1, 2]).unwrap();
         assert!(w.write_ids(&[70_000]).is_err());
         drop(w);
-        assert!(!dir.path().join("half.npy.tmp").exists());
-        assert!(!dir.path().join("half.npy").exists());
+        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(names.len(), 1, "only bad.npy: {names:?}");
     }
 }

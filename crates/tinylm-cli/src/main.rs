@@ -23,8 +23,12 @@ enum Command {
     Info(commands::info::InfoArgs),
     /// Logits, loss and gradients for given weights and token ids (check against PyTorch).
     Forward(commands::forward::ForwardArgs),
-    /// Training-step throughput of the CPU engine and where the time goes.
-    Bench(commands::bench::BenchArgs),
+    /// Training-step throughput, where the time goes, its share of the matrix-product peak.
+    Bench(commands::bench::step::BenchArgs),
+    /// The matrix-product library alone on a training step's product shapes: its peak.
+    BenchMatmul(commands::bench::matmul::BenchMatmulArgs),
+    /// Under `mpirun -np R`: the ranks' all-reduce alone, 4 KiB to 256 MiB and the gradient.
+    BenchAllreduce(commands::bench::allreduce::BenchAllreduceArgs),
     /// Train a model: AdamW, cosine schedule, checkpoints, JSONL log and loss plot.
     Train(Box<commands::train::TrainArgs>),
     /// Train one run per point of a grid and/or list of variants; summary and plots.
@@ -51,7 +55,9 @@ fn main() {
         Command::Bpe(args) => commands::bpe::run(args),
         Command::Info(args) => commands::info::run(args),
         Command::Forward(args) => commands::forward::run(args),
-        Command::Bench(args) => commands::bench::run(args),
+        Command::Bench(args) => commands::bench::step::run(args),
+        Command::BenchMatmul(args) => commands::bench::matmul::run(args),
+        Command::BenchAllreduce(args) => commands::bench::allreduce::run(args),
         Command::Train(args) => commands::train::run(*args),
         Command::Sweep(args) => commands::sweep::run(*args),
         Command::Plot(args) => commands::plot::run(args),

@@ -1,5 +1,5 @@
-//! `tinylm bench` on a tiny model: it runs, reports every figure, and rejects bad
-//! arguments with exit code 2.
+//! `tinylm bench`, `bench-matmul` and `bench-allreduce` on a tiny model: they run,
+//! report every figure, and reject bad arguments with exit code 2.
 
 use std::process::{Command, Output};
 
@@ -101,9 +101,32 @@ fn bench_rejects_bad_arguments() {
 }
 
 #[test]
-fn bench_allreduce_only_needs_a_launcher() {
-    let mut args = TINY.to_vec();
-    args.push("--allreduce-only");
+fn bench_matmul_reports_each_product_and_the_peak() {
+    let mut args = TINY[..TINY.len() - 1].to_vec(); // without --no-peak
+    args[0] = "bench-matmul";
+    args.extend(["--batch-size", "2", "--rounds", "2", "--threads", "1"]);
+    let out = tinylm(&args);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("best of 2 rounds"), "{text}");
+    // Eight product shapes of a step over 2 x 16 positions, then the peak.
+    assert_eq!(text.matches("GFLOP/s").count(), 9, "{text}");
+    assert!(
+        text.contains("(   32 x    16 x    48)"),
+        "qkv x·Wᵀ in\n{text}"
+    );
+    assert!(
+        text.lines().last().unwrap().starts_with("  peak "),
+        "{text}"
+    );
+    args.extend(["--rounds", "0"]);
+    assert_eq!(tinylm(&args).status.code(), Some(2));
+}
+
+#[test]
+fn bench_allreduce_needs_a_launcher() {
+    let mut args = TINY[..TINY.len() - 1].to_vec();
+    args[0] = "bench-allreduce";
     let out = tinylm(&args);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("mpirun -np R"));
@@ -111,7 +134,7 @@ fn bench_allreduce_only_needs_a_launcher() {
 
 /// `tinylm bench` as 2 ranks of `mpirun` (Open MPI or MPICH; skipped where there
 /// is none): rank 0 alone reports the step over both ranks and the gradient
-/// all-reduce, `--allreduce-only` a line per buffer size, and a batch that does not
+/// all-reduce, `bench-allreduce` a line per buffer size, and a batch that does not
 /// divide over the ranks is an error that ends both.
 #[cfg(feature = "mpi")]
 #[test]
@@ -150,8 +173,9 @@ fn bench_under_mpirun_reports_the_all_reduce() {
     }
     assert!(!text.contains("where a step's time goes"), "{text}");
 
-    let mut args = TINY.to_vec();
-    args.extend(["--threads", "1", "--allreduce-only"]);
+    let mut args = TINY[..TINY.len() - 1].to_vec();
+    args[0] = "bench-allreduce";
+    args.extend(["--threads", "1"]);
     let out = mpirun(&args).expect("mpirun ran before");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");

@@ -10,7 +10,8 @@
 //!   `wallclock_s`, `rng_state`, `last_step_s`, `last_eval_s`, `train_config`,
 //!   `train_data`, `val_data`, `tokenizer`).
 //!
-//! Files are written to `<path>.tmp` and renamed, so a crash never leaves a torn file.
+//! Files are written whole or not at all ([`crate::files`]), so a crash never leaves a
+//! torn file.
 //! They are written from the buffers where the values lie and read back tensor by
 //! tensor into the buffers they go to ([`CheckpointFile`]): no copy of the whole
 //! model or its moments is made on the way, on the CPU or from and to a GPU.

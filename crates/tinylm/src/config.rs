@@ -1,5 +1,6 @@
 //! The model's shape and ablation switches, with the CS336 names.
 
+use crate::text::thousands;
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -245,6 +246,28 @@ impl ModelConfig {
 
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).expect("config serializes")
+    }
+
+    /// The configuration for people, in two lines: the shape, then the ablations
+    /// in their JSON spelling.
+    pub fn describe(&self) -> String {
+        let spelling = |value: serde_json::Value| value.as_str().unwrap_or_default().to_string();
+        let json = serde_json::to_value(self).expect("config serializes");
+        format!(
+            "model: vocab_size {} · context_length {} · d_model {} · num_layers {} · num_heads {} (d_k {}) · d_ff {}\n       norm {} · positional {} · ffn {} · {} · rope_theta {}",
+            thousands(self.vocab_size as u64),
+            thousands(self.context_length as u64),
+            thousands(self.d_model as u64),
+            self.num_layers,
+            self.num_heads,
+            self.head_dim(),
+            thousands(self.d_ff as u64),
+            spelling(json["norm"].clone()),
+            spelling(json["positional"].clone()),
+            spelling(json["ffn"].clone()),
+            if self.tie_embeddings { "tied embeddings" } else { "untied" },
+            self.rope_theta,
+        )
     }
 }
 

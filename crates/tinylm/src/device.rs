@@ -1,12 +1,14 @@
 //! Where a model runs: `cpu`, `cuda`, `cuda:N` or `auto`, and in which precision.
 //!
-//! Every command that runs a model is written once, generic over the [`Backend`],
-//! as a [`BackendTask`]; [`run_on`] builds the backend the device names and runs
-//! the task on it. The CUDA backend exists in builds with the cargo feature `cuda`;
-//! other builds refuse `cuda` with a line that says how to get it.
+//! Every command that runs a model is written once, generic over the
+//! [`Backend`](crate::kernels::Backend): [`AnyBackend::open`] opens the backend a
+//! device names, and [`on_backend!`](crate::on_backend) runs
+//! the generic code on whichever it is (compiled for each backend, chosen at run
+//! time). The CUDA backend exists in builds with the cargo feature `cuda`; other
+//! builds refuse `cuda` with a line that says how to get it.
 
 use crate::distributed::World;
-use crate::kernels::{Backend, Cpu, Precision};
+use crate::kernels::{Cpu, Precision};
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -69,19 +71,54 @@ impl From<Device> for String {
     }
 }
 
-/// Work that runs on any backend (a training run, a forward pass, generation).
-pub trait BackendTask {
-    type Output;
-    fn run<B: Backend<f32>>(self, backend: B) -> Result<Self::Output>;
+/// A backend chosen at run time: the CPU, or a GPU in builds with the cargo
+/// feature `cuda`. [`on_backend!`](crate::on_backend) runs generic code on the one
+/// it holds.
+pub enum AnyBackend {
+    Cpu(Cpu),
+    #[cfg(feature = "cuda")]
+    Cuda(Box<crate::kernels::cuda::Cuda>),
 }
 
-/// Runs `task` on the backend `device` names, in `precision` on a GPU.
-pub fn run_on<T: BackendTask>(device: Device, precision: Precision, task: T) -> Result<T::Output> {
-    match resolve(device)? {
-        Device::Cpu => task.run(Cpu),
-        Device::Cuda(ordinal) => run_on_cuda(ordinal, precision, task),
-        Device::Auto => unreachable!("resolved above"),
+impl AnyBackend {
+    /// The backend `device` names, in `precision` on a GPU.
+    pub fn open(device: Device, precision: Precision) -> Result<Self> {
+        match resolve(device)? {
+            Device::Cpu => Ok(AnyBackend::Cpu(Cpu)),
+            Device::Cuda(ordinal) => open_cuda(ordinal, precision),
+            Device::Auto => unreachable!("resolved above"),
+        }
     }
+}
+
+/// `on_backend!(any, backend => body)`: `body` with `backend` bound to the backend
+/// the [`AnyBackend`] `any` holds. The body is generic code compiled once per
+/// backend (a [`Model`](crate::Model)`<f32, B>` of either); the match picks one at
+/// run time.
+#[cfg(feature = "cuda")]
+#[macro_export]
+macro_rules! on_backend {
+    ($any:expr, $backend:ident => $body:expr) => {
+        match $any {
+            $crate::device::AnyBackend::Cpu($backend) => $body,
+            $crate::device::AnyBackend::Cuda(cuda) => {
+                let $backend = *cuda;
+                $body
+            }
+        }
+    };
+}
+
+/// `on_backend!(any, backend => body)`: `body` with `backend` bound to the backend
+/// the [`AnyBackend`] `any` holds (the CPU: this build has no other).
+#[cfg(not(feature = "cuda"))]
+#[macro_export]
+macro_rules! on_backend {
+    ($any:expr, $backend:ident => $body:expr) => {
+        match $any {
+            $crate::device::AnyBackend::Cpu($backend) => $body,
+        }
+    };
 }
 
 /// The device of this process as one rank of `world`: `device` resolved, and with
@@ -190,12 +227,13 @@ fn cuda_available() -> bool {
 }
 
 #[cfg(feature = "cuda")]
-fn run_on_cuda<T: BackendTask>(ordinal: usize, precision: Precision, task: T) -> Result<T::Output> {
-    task.run(crate::kernels::cuda::Cuda::new(ordinal, precision)?)
+fn open_cuda(ordinal: usize, precision: Precision) -> Result<AnyBackend> {
+    let cuda = crate::kernels::cuda::Cuda::new(ordinal, precision)?;
+    Ok(AnyBackend::Cuda(Box::new(cuda)))
 }
 
 #[cfg(not(feature = "cuda"))]
-fn run_on_cuda<T: BackendTask>(ordinal: usize, _: Precision, _: T) -> Result<T::Output> {
+fn open_cuda(ordinal: usize, _: Precision) -> Result<AnyBackend> {
     Err(no_cuda(ordinal))
 }
 
@@ -225,15 +263,26 @@ mod tests {
     #[cfg(not(feature = "cuda"))]
     #[test]
     fn cuda_without_the_feature_is_a_clear_error() {
-        struct Nothing;
-        impl BackendTask for Nothing {
-            type Output = ();
-            fn run<B: Backend<f32>>(self, _: B) -> Result<()> {
-                Ok(())
-            }
-        }
-        let err = run_on(Device::Cuda(1), Precision::Bf16, Nothing).unwrap_err();
+        let err = AnyBackend::open(Device::Cuda(1), Precision::Bf16)
+            .err()
+            .unwrap();
         assert!(err.to_string().contains("--features cuda"), "{err}");
-        assert!(run_on(Device::Auto, Precision::Bf16, Nothing).is_ok());
+        let auto = AnyBackend::open(Device::Auto, Precision::Bf16).unwrap();
+        let (b, t) = (2, 4);
+        let config = crate::ModelConfig {
+            vocab_size: 16,
+            context_length: t,
+            d_model: 8,
+            num_layers: 1,
+            num_heads: 2,
+            d_ff: 16,
+            ..crate::ModelConfig::tinystories()
+        };
+        let ids = vec![1; b * t];
+        let logits = crate::on_backend!(auto, backend => {
+            let mut model = crate::Model::init_with_backend(config, 0, backend).unwrap();
+            model.forward(&ids, b, t).unwrap().len()
+        });
+        assert_eq!(logits, b * t * 16);
     }
 }

@@ -2,6 +2,7 @@
 //! hand-written forward and backward kernels, its training loop and generation.
 
 pub mod accounting;
+pub mod buffers;
 pub mod checkpoint;
 pub mod config;
 pub mod data;
@@ -17,6 +18,7 @@ pub mod optim;
 pub mod params;
 pub mod plot;
 pub mod sweep;
+pub mod text;
 pub mod train;
 pub mod weights;
 

@@ -3,8 +3,9 @@
 //! the [`ParamLayout`], owned by the backend (host memory on the CPU, device memory
 //! on a GPU) for the model's whole life; activations are allocated once per `(B, T)`
 //! and reused. Only token ids go in and logits or the loss come out: a training
-//! step ([`Model::train_step`]) is queued whole, and its loss and gradient norm are
-//! read later ([`Model::step_stats`]), so a GPU never waits for the host.
+//! step is queued whole — [`Model::accumulate_gradient`] for each micro-batch, then
+//! [`Model::optimizer_step`] — and its loss and gradient norm are read later
+//! ([`Model::step_stats`]), so a GPU never waits for the host.
 //!
 //! Shapes: `B` sequences of `T` tokens, `N = B·T` rows, `C = d_model`, `F = d_ff`,
 //! `H` heads of `D` channels, `V = vocab_size`. One block (pre-norm, the default):
@@ -23,7 +24,8 @@
 //! `x`) and `Norm::Post` (what follows a residual add: `ln(r)` or `r`) — and its
 //! backward counterparts. [`transformer_block`] runs one block on its own.
 
-use crate::config::{Ffn, ModelConfig, Norm, Positional};
+use crate::buffers::{self, Activations, GradActivations, LayerActs, PassShape};
+use crate::config::{ModelConfig, Norm, Positional};
 use crate::kernels::cpu::rope::rope_tables;
 use crate::kernels::{
     AdamWParams, AdamWStep, AttnShape, Backend, BatchPart, BufKind, Buffer, Collective, Cpu, Float,
@@ -57,12 +59,11 @@ pub struct Model<F: Float = f32, B: Backend<F> = Cpu> {
     /// Statistics of the training steps in flight, slot `k % 2` for step `k`, so
     /// step `k + 1` can be queued while step `k`'s are on their way to the host.
     step_stats: [B::Stats; 2],
-    /// Training steps queued by [`Model::train_step`], and of those, read by
+    /// Training steps queued by [`Model::optimizer_step`], and of those, read by
     /// [`Model::step_stats`].
     steps_launched: u64,
     steps_read: u64,
-    /// Statistics read at once: [`Model::forward_loss`], [`Model::grad_norm`] and
-    /// the clipping of [`Model::adamw_step`].
+    /// Statistics read at once: the loss of [`Model::forward_loss`].
     stats: B::Stats,
     backend: B,
 }
@@ -91,14 +92,11 @@ impl<Buf: Buffer> KvCache<Buf> {
         backend: &B,
         config: &ModelConfig,
     ) -> Result<Self> {
-        let size = config.context_length * 3 * config.d_model;
         Ok(KvCache {
             len: 0,
             context_length: config.context_length,
             d_model: config.d_model,
-            qkv: (0..config.num_layers)
-                .map(|_| backend.alloc(size, BufKind::Activations))
-                .collect::<Result<_>>()?,
+            qkv: buffers::kv_cache(backend, config)?,
         })
     }
 
@@ -119,156 +117,6 @@ impl<Buf: Buffer> KvCache<Buf> {
     /// Forgets every position (keeps the memory).
     pub fn clear(&mut self) {
         self.len = 0;
-    }
-}
-
-/// One block's activations, `N` rows. Buffers an ablation does not use are empty.
-struct LayerActs<Buf> {
-    /// `(N, C)`, `(N)`: pre-norm `ln1(x)`; post-norm `ln1(r1)` (= the FFN input).
-    ln1: Buf,
-    rstd1: Buf,
-    /// `(N, 3C)` queries (after RoPE), keys (after RoPE), values; empty when decoding
-    /// (they live in the [`KvCache`]).
-    qkv: Buf,
-    /// `(B, H, Tq, T)` attention probabilities.
-    att: Buf,
-    /// `(N, C)` attention output before `output_proj`.
-    atty: Buf,
-    /// `(N, C)` first residual sum `x + attn`.
-    r1: Buf,
-    /// `(N, C)`, `(N)`: pre-norm `ln2(r1)`; post-norm keeps only `rstd2` of `ln2(r2)`.
-    ln2: Buf,
-    rstd2: Buf,
-    /// `(N, F)` `W1 x`, `W3 x` (SwiGLU only), and the gated product.
-    h1: Buf,
-    h3: Buf,
-    gate: Buf,
-    /// `(N, C)` second residual sum before post-norm's `ln2` (post-norm only).
-    r2: Buf,
-}
-
-/// Everything a forward pass writes, for one `(B, T)`.
-struct Activations<Buf, Ids> {
-    b: usize,
-    t: usize,
-    /// `(B, T)` input and target token ids.
-    ids: Ids,
-    targets: Ids,
-    /// `num_layers + 1` of `(N, C)`: the embedding output and every block's output.
-    resid: Vec<Buf>,
-    layers: Vec<LayerActs<Buf>>,
-    /// `(N, C)`, `(N)`: `ln_final` (pre-norm only).
-    lnf: Buf,
-    lnf_rstd: Buf,
-    /// `(N, V)` logits, or their gradient after `forward_loss`.
-    logits: Buf,
-}
-
-/// Backward scratch for one `(B, T)`.
-struct GradActivations<Buf> {
-    /// `(N, C)` gradient flowing down the residual stream, and a second `(N, C)`.
-    dresid: Buf,
-    dtmp: Buf,
-    /// `(N, 3C)`, `(B, H, T, T)`, `(N, C)`.
-    dqkv: Buf,
-    datt: Buf,
-    datty: Buf,
-    /// `(N, F)` each (`dh3` empty for SiLU).
-    dh1: Buf,
-    dh3: Buf,
-    dgate: Buf,
-}
-
-impl<Buf: Buffer> LayerActs<Buf> {
-    /// One block's buffers for `b` sequences of `t` queries attending `keys`
-    /// positions (`keys = t` for a full pass, `context_length` for decoding, whose
-    /// `qkv` rows live in the [`KvCache`]).
-    fn new<F: Float, B: Backend<F, Buf = Buf>>(
-        be: &B,
-        c: &ModelConfig,
-        b: usize,
-        t: usize,
-        keys: usize,
-        decode: bool,
-    ) -> Result<Self> {
-        let n = b * t;
-        let (d, f) = (c.d_model, c.d_ff);
-        let pre = c.norm == Norm::Pre;
-        let post = c.norm == Norm::Post;
-        let has_norm = c.norm != Norm::None;
-        let act = |len: usize| be.alloc(len, BufKind::Activations);
-        let act_if = |cond: bool, len: usize| act(if cond { len } else { 0 });
-        let stat_if = |cond: bool, len: usize| be.alloc(if cond { len } else { 0 }, BufKind::Full);
-        Ok(LayerActs {
-            ln1: act_if(has_norm, n * d)?,
-            rstd1: stat_if(has_norm, n)?,
-            qkv: act_if(!decode, n * 3 * d)?,
-            att: act(b * c.num_heads * t * keys)?,
-            atty: act(n * d)?,
-            r1: act(n * d)?,
-            ln2: act_if(pre, n * d)?,
-            rstd2: stat_if(has_norm, n)?,
-            h1: act(n * f)?,
-            h3: act_if(c.ffn == Ffn::Swiglu, n * f)?,
-            gate: act(n * f)?,
-            r2: act_if(post, n * d)?,
-        })
-    }
-}
-
-impl<Buf: Buffer, Ids> Activations<Buf, Ids> {
-    /// Buffers for `b` sequences of `t` queries attending `keys` positions (see
-    /// [`LayerActs::new`]).
-    fn new<F: Float, B: Backend<F, Buf = Buf, Ids = Ids>>(
-        be: &B,
-        c: &ModelConfig,
-        b: usize,
-        t: usize,
-        keys: usize,
-        decode: bool,
-    ) -> Result<Self> {
-        let (n, d) = (b * t, c.d_model);
-        let pre = c.norm == Norm::Pre;
-        let act = |len: usize| be.alloc(len, BufKind::Activations);
-        let layers = (0..c.num_layers)
-            .map(|_| LayerActs::new(be, c, b, t, keys, decode))
-            .collect::<Result<_>>()?;
-        Ok(Activations {
-            b,
-            t,
-            ids: be.alloc_ids(n)?,
-            targets: be.alloc_ids(n)?,
-            resid: (0..=c.num_layers)
-                .map(|_| act(n * d))
-                .collect::<Result<_>>()?,
-            layers,
-            lnf: act(if pre { n * d } else { 0 })?,
-            lnf_rstd: be.alloc(if pre { n } else { 0 }, BufKind::Full)?,
-            logits: act(n * c.vocab_size)?,
-        })
-    }
-}
-
-impl<Buf: Buffer> GradActivations<Buf> {
-    fn new<F: Float, B: Backend<F, Buf = Buf>>(
-        be: &B,
-        c: &ModelConfig,
-        b: usize,
-        t: usize,
-    ) -> Result<Self> {
-        let n = b * t;
-        let (d, f) = (c.d_model, c.d_ff);
-        let act = |len: usize| be.alloc(len, BufKind::Activations);
-        Ok(GradActivations {
-            dresid: act(n * d)?,
-            dtmp: act(n * d)?,
-            dqkv: act(n * 3 * d)?,
-            datt: act(b * c.num_heads * t * t)?,
-            datty: act(n * d)?,
-            dh1: act(n * f)?,
-            dh3: act(if c.ffn == Ffn::Swiglu { n * f } else { 0 })?,
-            dgate: act(n * f)?,
-        })
     }
 }
 
@@ -417,12 +265,12 @@ impl<B: Backend<f32>> Model<f32, B> {
 
     /// Zero AdamW moments for the parameters `covers` (a ZeRO-1 shard).
     pub fn new_adamw_for(&self, hp: AdamWParams, covers: Range<usize>) -> Result<AdamW<B::Buf>> {
-        let n = covers.len();
+        let [m, v] = buffers::moments(&self.backend, covers.len())?;
         Ok(AdamW {
             hp,
             covers,
-            m: self.backend.alloc(n, BufKind::Full)?,
-            v: self.backend.alloc(n, BufKind::Full)?,
+            m,
+            v,
             step: 0,
         })
     }
@@ -485,25 +333,23 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
                 layer.k_proj.start == layer.q_proj.end && layer.v_proj.start == layer.k_proj.end
             );
         }
-        let (cos, sin) = if config.positional == Positional::Rope {
-            rope_tables(config.context_length, config.head_dim(), config.rope_theta)
-        } else {
-            (Vec::new(), Vec::new())
-        };
-        let upload = |values: &[F], kind: BufKind| -> Result<B::Buf> {
-            let mut buf = backend.alloc(values.len(), kind)?;
-            backend.upload(buf.all_mut(), values)?;
-            Ok(buf)
-        };
-        let mut params = backend.alloc(layout.total, BufKind::Params)?;
+        let mut params = buffers::parameters(&backend, &layout)?;
         fill(&backend, &mut params)?;
+        let [mut rope_cos, mut rope_sin] = buffers::rope_tables(&backend, &config)?;
+        if config.positional == Positional::Rope {
+            let (cos, sin) =
+                rope_tables(config.context_length, config.head_dim(), config.rope_theta);
+            backend.upload(rope_cos.all_mut(), &cos)?;
+            backend.upload(rope_sin.all_mut(), &sin)?;
+        }
+        let [first, second, stats] = buffers::statistics(&backend)?;
         Ok(Model {
             params,
             // Allocated by the first backward pass: a model that only runs forward
             // (generation, evaluation) holds no gradient.
-            grads: backend.alloc(0, BufKind::Full)?,
-            rope_cos: upload(&cos, BufKind::Full)?,
-            rope_sin: upload(&sin, BufKind::Full)?,
+            grads: backend.alloc(buffers::GRADIENTS, 0, BufKind::Full)?,
+            rope_cos,
+            rope_sin,
             config,
             layout,
             acts: None,
@@ -511,10 +357,10 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
             decode_acts: None,
             host_logits: Vec::new(),
             loss_ready: false,
-            step_stats: [backend.alloc_stats()?, backend.alloc_stats()?],
+            step_stats: [first, second],
             steps_launched: 0,
             steps_read: 0,
-            stats: backend.alloc_stats()?,
+            stats,
             backend,
         })
     }
@@ -564,56 +410,12 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
         Ok(host)
     }
 
-    /// The global L2 norm of the gradient of the last [`Model::backward`].
-    pub fn grad_norm(&mut self) -> Result<f64> {
-        self.allocate_grads()?;
-        self.backend.sum_squares(self.grads.all(), &mut self.stats);
-        self.backend.send_stats(&mut self.stats);
-        Ok(self.backend.read_stats(&self.stats)?.grad_norm())
-    }
-
-    /// One AdamW update (SPEC §3) of every parameter from the last gradient,
-    /// clipped first to the global norm `max_norm` when given.
-    pub fn adamw_step(
-        &mut self,
-        opt: &mut AdamW<B::Buf>,
-        lr: f64,
-        max_norm: Option<f64>,
-    ) -> Result<()> {
-        self.allocate_grads()?;
-        if max_norm.is_some() {
-            self.backend.sum_squares(self.grads.all(), &mut self.stats);
-        }
-        self.queue_adamw(opt, lr, max_norm, None);
-        Ok(())
-    }
-
     /// The gradient buffer at its full size (zeros), unless it is already.
     fn allocate_grads(&mut self) -> Result<()> {
         if self.grads.len() != self.layout.total {
-            self.grads = self.backend.alloc(self.layout.total, BufKind::Full)?;
+            self.grads = buffers::gradients(&self.backend, &self.layout)?;
         }
         Ok(())
-    }
-
-    /// Queues one whole training step on token ids and `targets (B, T)` — forward,
-    /// loss, backward, the gradient's sum of squares, AdamW with learning rate `lr`
-    /// and clipping to `max_norm` computed by the backend — and returns without
-    /// waiting for it. [`Model::step_stats`] reads its loss and gradient norm later;
-    /// at most two steps are in flight.
-    #[allow(clippy::too_many_arguments)]
-    pub fn train_step(
-        &mut self,
-        ids: &[u32],
-        targets: &[u32],
-        b: usize,
-        t: usize,
-        opt: &mut AdamW<B::Buf>,
-        lr: f64,
-        max_norm: Option<f64>,
-    ) -> Result<()> {
-        self.accumulate_gradient(ids, targets, b, t, BatchPart::whole(b * t))?;
-        self.optimizer_step(opt, lr, max_norm, None)
     }
 
     /// Queues one micro-batch `(B, T)` of the training step being built — forward,
@@ -670,7 +472,7 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
         if let (Some(ranks), true) = (ranks, sharded) {
             ranks.all_reduce_sum_squares(stats)?;
         }
-        self.queue_adamw(opt, lr, max_norm, Some(slot));
+        self.queue_adamw(opt, lr, max_norm, slot);
         if let (Some(ranks), true) = (ranks, sharded) {
             ranks.all_gather(self.params.all_mut())?;
         }
@@ -679,8 +481,9 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
         Ok(())
     }
 
-    /// The statistics of the oldest training step in flight ([`Model::train_step`]),
-    /// when they reach the host (this waits for that step only).
+    /// The statistics of the oldest training step in flight
+    /// ([`Model::optimizer_step`]), when they reach the host (this waits for that
+    /// step only).
     pub fn step_stats(&mut self) -> Result<StepStats> {
         if self.steps_read == self.steps_launched {
             return Err(Error::Invalid("no training step in flight".into()));
@@ -691,13 +494,13 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
     }
 
     /// Queues AdamW step `opt.step + 1`, clipping by the sum of squares in the
-    /// statistics of step slot `slot` (`None`: the ones read at once).
+    /// statistics of step slot `slot`.
     fn queue_adamw(
         &mut self,
         opt: &mut AdamW<B::Buf>,
         lr: f64,
         max_norm: Option<f64>,
-        slot: Option<usize>,
+        slot: usize,
     ) {
         opt.step += 1;
         let step = AdamWStep {
@@ -706,7 +509,7 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
             hp: opt.hp,
             max_norm,
         };
-        let stats = slot.map_or(&self.stats, |k| &self.step_stats[k]);
+        let stats = &self.step_stats[slot];
         self.backend.adamw(
             self.params.at_mut(opt.covers.clone()),
             self.grads.at(opt.covers.clone()),
@@ -838,7 +641,7 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
             )));
         }
         if self.decode_acts.is_none() {
-            let acts = Activations::new(&self.backend, c, 1, 1, c.context_length, true)
+            let acts = Activations::new(&self.backend, c, PassShape::decode(c.context_length))
                 .map_err(|e| for_shape(e, "decoding activations", 1, 1))?;
             self.decode_acts = Some(acts);
         }
@@ -880,7 +683,7 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
         if self.acts.as_ref().is_none_or(|a| (a.b, a.t) != (b, t)) {
             // Free the old shape's buffers before allocating the new ones.
             self.acts = None;
-            let acts = Activations::new(&self.backend, &self.config, b, t, t, false)
+            let acts = Activations::new(&self.backend, &self.config, PassShape::full(b, t))
                 .map_err(|e| for_shape(e, "activations", b, t))?;
             self.acts = Some(acts);
         }
@@ -1338,7 +1141,7 @@ pub fn transformer_block(
     params[block].copy_from_slice(weights);
     let mut one_layer = Model::from_params(config, params)?;
     let (model, _) = one_layer.split();
-    let mut acts = LayerActs::new(model.backend, model.config, b, t, t, false)?;
+    let mut acts = LayerActs::new(model.backend, model.config, PassShape::full(b, t))?;
     let (x, mut out) = (x.to_vec(), vec![0.0; x.len()]);
     let layer = &model.layout.layers[0];
     let shape = model.attn_shape(b, t, 0);
@@ -1349,6 +1152,7 @@ pub fn transformer_block(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Ffn;
 
     /// Address and capacity of every buffer a training step touches.
     fn buffers(m: &Model) -> Vec<(usize, usize)> {
@@ -1393,9 +1197,12 @@ mod tests {
             let ids: Vec<u32> = (0..3 * 16).map(|i| i % 32).collect();
             let mut opt = model.new_adamw(Default::default()).unwrap();
             let mut step = |model: &mut Model| {
-                model.forward_loss(&ids, &ids, 3, 16).unwrap();
-                model.backward().unwrap();
-                model.adamw_step(&mut opt, 0.01, None).unwrap();
+                let part = BatchPart::whole(3 * 16);
+                model.accumulate_gradient(&ids, &ids, 3, 16, part).unwrap();
+                model
+                    .optimizer_step(&mut opt, 0.01, Some(1.0), None)
+                    .unwrap();
+                model.step_stats().unwrap();
             };
             step(&mut model);
             let before = buffers(&model);

@@ -27,7 +27,7 @@ use tinylm::kernels::cuda::rmsnorm::ROW_BLOCKS;
 use tinylm::kernels::cuda::{Cuda, CudaBuf, DType, DeviceBuffer};
 use tinylm::kernels::Precision;
 use tinylm::kernels::{clip_scale, AdamWParams, CLIP_EPS};
-use tinylm::kernels::{AttnShape, Backend, BatchPart, BufKind, Buffer, MatMul};
+use tinylm::kernels::{Allocator, AttnShape, Backend, BatchPart, BufKind, Buffer, MatMul, Role};
 use tinylm::optim::global_norm;
 use tinylm::params::ParamLayout;
 use tinylm::train::{train, LogRecord, Progress, TrainConfig};
@@ -709,14 +709,16 @@ fn token_ids_uploaded_back_to_back_each_reach_their_kernel() {
     let (vocab, c, n, uploads) = (50, 8, 300, 4);
     let cuda = gpu(Precision::Fp32);
     let table = random(&mut rng, vocab * c, 1.0);
-    let mut table_d: CudaBuf = Backend::alloc(&cuda, vocab * c, BufKind::Full).unwrap();
+    let role = |name| Role { name, shape: "" };
+    let table_d = Allocator::alloc(&cuda, role("table"), vocab * c, BufKind::Full);
+    let mut table_d: CudaBuf = table_d.unwrap();
     Backend::upload(&cuda, table_d.all_mut(), &table).unwrap();
-    let mut ids_d = Backend::alloc_ids(&cuda, n).unwrap();
+    let mut ids_d = Allocator::alloc_ids(&cuda, role("ids"), n).unwrap();
     let batches: Vec<Vec<u32>> = (0..uploads)
         .map(|_| random_ids(&mut rng, n, vocab))
         .collect();
     let mut outs: Vec<CudaBuf> = (0..uploads)
-        .map(|_| Backend::alloc(&cuda, n * c, BufKind::Activations).unwrap())
+        .map(|_| Allocator::alloc(&cuda, role("out"), n * c, BufKind::Activations).unwrap())
         .collect();
     for (ids, out) in batches.iter().zip(&mut outs) {
         Backend::upload_ids(&cuda, &mut ids_d, ids).unwrap();

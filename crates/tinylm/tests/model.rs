@@ -8,6 +8,7 @@ use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tinylm::config::{Ffn, ModelConfig, Norm, Positional};
 use tinylm::kernels::BatchPart;
+use tinylm::optim::AdamW;
 use tinylm::params::ParamLayout;
 use tinylm::{KvCache, Model};
 
@@ -339,32 +340,44 @@ fn queued_training_steps_read_in_order_and_at_most_two_in_flight() {
             (ids, random_ids(&mut rng, b * t, c.vocab_size))
         })
         .collect();
-    // The synchronous steps, clipped on the host's terms.
+    // A step: the batch's gradient, then AdamW clipped to norm 0.5.
+    let step = |model: &mut Model, opt: &mut AdamW, k: usize| {
+        let (ids, targets) = &batches[k];
+        model.accumulate_gradient(ids, targets, b, t, BatchPart::whole(b * t))?;
+        model.optimizer_step(opt, 1e-2, Some(0.5), None)
+    };
+    // Each step's statistics read before the next is queued, against the loss of a
+    // forward pass and the norm of the gradient read back before the step.
     let mut sync = Model::new(c.clone(), 0).unwrap();
     let mut opt = sync.new_adamw(Default::default()).unwrap();
     let mut want = Vec::new();
-    for (ids, targets) in &batches {
+    for (k, (ids, targets)) in batches.iter().enumerate() {
         let loss = sync.forward_loss(ids, targets, b, t).unwrap();
         sync.backward().unwrap();
-        want.push((loss as f64, sync.grad_norm().unwrap()));
-        sync.adamw_step(&mut opt, 1e-2, Some(0.5)).unwrap();
+        let norm = sync
+            .grads()
+            .iter()
+            .map(|&g| g as f64 * g as f64)
+            .sum::<f64>();
+        step(&mut sync, &mut opt, k).unwrap();
+        let stats = sync.step_stats().unwrap();
+        assert_eq!(stats.loss, loss as f64);
+        assert!((stats.grad_norm() - norm.sqrt()).abs() <= 1e-6 * norm.sqrt());
+        want.push((stats.loss, stats.grad_norm()));
     }
     let mut queued = Model::new(c, 0).unwrap();
     let mut opt = queued.new_adamw(Default::default()).unwrap();
     let msg = |r: tinylm::Result<()>| r.unwrap_err().to_string();
     let e = msg(queued.step_stats().map(|_| ()));
     assert!(e.contains("no training step in flight"), "{e}");
-    let mut step = |model: &mut Model, k: usize| {
-        let (ids, targets) = &batches[k];
-        model.train_step(ids, targets, b, t, &mut opt, 1e-2, Some(0.5))
-    };
-    step(&mut queued, 0).unwrap();
-    step(&mut queued, 1).unwrap();
-    assert!(msg(step(&mut queued, 2)).contains("two training steps are in flight"));
+    step(&mut queued, &mut opt, 0).unwrap();
+    step(&mut queued, &mut opt, 1).unwrap();
+    let third = step(&mut queued, &mut opt, 2);
+    assert!(msg(third).contains("two training steps are in flight"));
     let mut got = Vec::new();
     let stats = queued.step_stats().unwrap();
     got.push((stats.loss, stats.grad_norm()));
-    step(&mut queued, 2).unwrap();
+    step(&mut queued, &mut opt, 2).unwrap();
     for _ in 0..2 {
         let stats = queued.step_stats().unwrap();
         got.push((stats.loss, stats.grad_norm()));
@@ -387,8 +400,12 @@ fn micro_batches_accumulate_the_whole_batch_step() {
         let targets = random_ids(&mut rng, b * t, c.vocab_size);
         let mut whole = Model::from_params(c.clone(), p.clone()).unwrap();
         let mut opt = whole.new_adamw(Default::default()).unwrap();
+        let part = BatchPart::whole(b * t);
         whole
-            .train_step(&ids, &targets, b, t, &mut opt, 1e-2, Some(0.5))
+            .accumulate_gradient(&ids, &targets, b, t, part)
+            .unwrap();
+        whole
+            .optimizer_step(&mut opt, 1e-2, Some(0.5), None)
             .unwrap();
         let want = whole.step_stats().unwrap();
 

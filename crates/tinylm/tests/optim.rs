@@ -2,6 +2,7 @@
 
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use tinylm::buffers::STATISTICS;
 use tinylm::kernels::cpu::adamw::adamw_step;
 use tinylm::kernels::{clip_scale, AdamWParams, CLIP_EPS};
 use tinylm::optim::*;
@@ -181,7 +182,7 @@ fn clipping_scales_to_the_limit_across_arrays() {
 
 #[test]
 fn backend_clipping_equals_clip_scale_bit_for_bit() {
-    use tinylm::kernels::{AdamWStep, Backend, Buffer, Cpu};
+    use tinylm::kernels::{AdamWStep, Allocator, Backend, Buffer, Cpu};
     let mut rng = ChaCha8Rng::seed_from_u64(5);
     let n = 100_003;
     let grads = random(&mut rng, n);
@@ -202,7 +203,7 @@ fn backend_clipping_equals_clip_scale_bit_for_bit() {
         let (mut want, mut m, mut v) = (random(&mut rng, n), vec![0f32; n], vec![0f32; n]);
         let mut params = want.clone();
         let (mut got_m, mut got_v) = (m.clone(), v.clone());
-        let mut stats = Backend::<f32>::alloc_stats(&Cpu).unwrap();
+        let mut stats = Allocator::<f32>::alloc_stats(&Cpu, STATISTICS).unwrap();
         Backend::<f32>::sum_squares(&Cpu, grads.all(), &mut stats);
         assert_eq!(stats.grad_norm(), norm);
         for t in 1..=3 {

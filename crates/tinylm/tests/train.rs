@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use tinylm::data::{Batch, SplitMix64, TokenDataset};
 use tinylm::distributed::World;
+use tinylm::kernels::{BatchPart, StepStats};
+use tinylm::optim::AdamW;
 use tinylm::train::{
     evaluate, resolve_config, train, LogRecord, Progress, RunDir, Schedule, Status, TrainConfig,
 };
@@ -526,13 +528,29 @@ fn loss_falls_on_real_text() {
     assert_eq!(s.val_loss, None);
 }
 
+/// One training step of the whole `batch` at learning rate `lr`, clipped to
+/// `clip`, its statistics read at once.
+fn queue_step(
+    model: &mut Model,
+    opt: &mut AdamW,
+    batch: &Batch,
+    lr: f64,
+    clip: Option<f64>,
+) -> StepStats {
+    let (b, t) = (batch.b, batch.t);
+    let part = BatchPart::whole(b * t);
+    (model.accumulate_gradient(&batch.inputs, &batch.targets, b, t, part)).unwrap();
+    model.optimizer_step(opt, lr, clip, None).unwrap();
+    model.step_stats().unwrap()
+}
+
 /// A logged step, exactly: step, learning rate, and the bits of the training loss,
 /// gradient norm and validation loss.
 type StepBits = (u64, f64, u64, u64, Option<u64>);
 
-/// The same run as a synchronous hand loop of the model's public steps (forward and
-/// loss, backward, gradient norm, clipped AdamW, evaluation): each step's record, the
-/// validation losses and the final parameters.
+/// The same run as a synchronous hand loop of the model's public steps (the
+/// gradient, clipped AdamW, the step's statistics read at once, evaluation): each
+/// step's record, the validation losses and the final parameters.
 fn hand_loop(cfg: &TrainConfig) -> (Vec<StepBits>, Vec<f32>) {
     let (b, t) = (cfg.batch_size, cfg.model.context_length);
     let train_data = TokenDataset::open(&cfg.train_data, cfg.model.vocab_size).unwrap();
@@ -545,12 +563,7 @@ fn hand_loop(cfg: &TrainConfig) -> (Vec<StepBits>, Vec<f32>) {
     for step in 0..cfg.steps {
         let lr = cfg.learning_rate(step, 0.0);
         train_data.fill_random(&mut batch, &mut rng);
-        let loss = model
-            .forward_loss(&batch.inputs, &batch.targets, b, t)
-            .unwrap();
-        model.backward().unwrap();
-        let grad_norm = model.grad_norm().unwrap();
-        model.adamw_step(&mut opt, lr, Some(cfg.grad_clip)).unwrap();
+        let stats = queue_step(&mut model, &mut opt, &batch, lr, Some(cfg.grad_clip));
         let done = step + 1;
         let val_loss = (done % cfg.eval_interval == 0 || done == cfg.steps).then(|| {
             evaluate(&mut model, &val_data, b, cfg.eval_batches)
@@ -561,8 +574,8 @@ fn hand_loop(cfg: &TrainConfig) -> (Vec<StepBits>, Vec<f32>) {
         records.push((
             done,
             lr,
-            (loss as f64).to_bits(),
-            grad_norm.to_bits(),
+            stats.loss.to_bits(),
+            stats.grad_norm().to_bits(),
             val_loss,
         ));
     }
@@ -624,23 +637,17 @@ fn divergence_found_a_step_late_names_its_step_and_keeps_the_last_good_checkpoin
     let mut model = Model::new(cfg.model.clone(), cfg.seed).unwrap();
     let mut opt = model.new_adamw(cfg.adamw()).unwrap();
     let (mut rng, mut batch) = (SplitMix64::new(cfg.seed), Batch::new(b, t));
-    let stats: Vec<(f32, f64)> = (0..cfg.steps)
+    let stats: Vec<(f64, f64)> = (0..cfg.steps)
         .map(|step| {
             data.fill_random(&mut batch, &mut rng);
-            let loss = model
-                .forward_loss(&batch.inputs, &batch.targets, b, t)
-                .unwrap();
-            model.backward().unwrap();
-            let norm = model.grad_norm().unwrap();
-            model
-                .adamw_step(&mut opt, cfg.learning_rate(step, 0.0), None)
-                .unwrap();
-            (loss, norm)
+            let lr = cfg.learning_rate(step, 0.0);
+            let stats = queue_step(&mut model, &mut opt, &batch, lr, None);
+            (stats.loss, stats.grad_norm())
         })
         .collect();
     // The first step (from 1) that is not finite, and the first whose loss is also
     // above twice the first step's.
-    let first = |bad: &dyn Fn(f32, f64) -> bool| {
+    let first = |bad: &dyn Fn(f64, f64) -> bool| {
         1 + stats
             .iter()
             .position(|&(l, n)| bad(l, n))

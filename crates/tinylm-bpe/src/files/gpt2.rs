@@ -10,7 +10,8 @@ use std::path::Path;
 use serde::de::{Deserializer, MapAccess, Visitor};
 
 use super::byte_table::{bytes_to_unicode, spell, unicode_to_bytes, unspell};
-use super::io::{read, write_atomic};
+use super::io::read;
+use crate::atomic::write_bytes;
 use crate::encode::Tokenizer;
 use crate::{invalid, Error, Merges, Result, Vocab};
 
@@ -48,7 +49,7 @@ pub fn save_vocab(path: &Path, vocab: &Vocab) -> Result<()> {
         out.push_str(&format!("{key}: {id}"));
     }
     out.push_str("}\n");
-    write_atomic(path, out.as_bytes())
+    write_bytes(path, out.as_bytes())
 }
 
 /// The `(key, id)` entries of a JSON object in file order, repeated keys included.
@@ -114,7 +115,7 @@ pub fn save_merges(path: &Path, merges: &Merges) -> Result<()> {
         out.push_str(&spell(table, right));
         out.push('\n');
     }
-    write_atomic(path, out.as_bytes())
+    write_bytes(path, out.as_bytes())
 }
 
 /// Reads a GPT-2 `merges.txt` (an optional `#version` first line, then `left right` lines).

@@ -32,8 +32,9 @@ use std::path::Path;
 use serde_json::{json, Map, Value};
 
 use super::byte_table::unicode_to_bytes;
-use super::io::{read, write_atomic};
+use super::io::read;
 use super::Bpe;
+use crate::atomic::write_bytes;
 use crate::pretokenize::{Pattern, GPT4_PATTERN};
 use crate::{invalid, Error, Result};
 
@@ -141,11 +142,11 @@ pub fn to_json(bpe: &Bpe) -> Result<Value> {
     }))
 }
 
-/// Writes `bpe` as the `tokenizer.json` at `path` (through a temporary file and a rename).
+/// Writes `bpe` as the `tokenizer.json` at `path` (whole or not at all).
 pub fn save(path: &Path, bpe: &Bpe) -> Result<()> {
     let json = to_json(bpe).map_err(|e| invalid!("{}: {e}", path.display()))?;
     let text = serde_json::to_string_pretty(&json).expect("serializes") + "\n";
-    write_atomic(path, text.as_bytes())
+    write_bytes(path, text.as_bytes())
 }
 
 /// Reads a byte-level BPE `tokenizer.json` (see the module's documentation).

@@ -6,8 +6,8 @@
 //!
 //! [`Bpe`] is a tokenizer's whole definition (vocabulary, merges, special tokens and
 //! split pattern); [`Bpe::load`] and [`Bpe::save`] read and write a directory.
-//! Every file is written through a temporary file and a rename ([`write_atomic`]), and
-//! every error names the file and the entry at fault.
+//! Every file is written whole or not at all ([`crate::atomic`]), and every error
+//! names the file and the entry at fault.
 
 mod byte_table;
 pub mod gpt2;
@@ -17,7 +17,6 @@ pub mod tiktoken;
 
 pub use byte_table::bytes_to_unicode;
 pub use gpt2::{load_merges, load_vocab, save_merges, save_vocab};
-pub use io::write_atomic;
 
 use std::collections::HashSet;
 use std::fs;
@@ -122,8 +121,8 @@ impl Bpe {
         })
     }
 
-    /// Writes `dir/vocab.json`, `dir/merges.txt` and `dir/tokenizer.json` (each through
-    /// a temporary file and a rename), creating `dir` if needed. `tokenizer.json` maps
+    /// Writes `dir/vocab.json`, `dir/merges.txt` and `dir/tokenizer.json` (each whole
+    /// or not at all), creating `dir` if needed. `tokenizer.json` maps
     /// each token to one id, so a vocabulary where two ids have the same bytes is
     /// refused (naming both) before anything is written.
     pub fn save(&self, dir: &Path) -> Result<()> {

@@ -13,8 +13,9 @@ use base64::Engine;
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
 
-use super::io::{read, write_atomic};
+use super::io::read;
 use super::Bpe;
+use crate::atomic::write_bytes;
 use crate::pretokenize::Pattern;
 use crate::{invalid, Merges, Result, Vocab};
 
@@ -43,7 +44,7 @@ pub fn save(path: &Path, bpe: &Bpe) -> Result<()> {
             out.push('\n');
         }
     }
-    write_atomic(path, out.as_bytes())
+    write_bytes(path, out.as_bytes())
 }
 
 /// `text` as a Python string literal: raw (`r"..."`, `r'...'` or triple-quoted) when

@@ -16,7 +16,7 @@ use hf_hub::{Cache, Repo, RepoType};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::bpe;
-use super::generate::END_OF_TEXT;
+use super::tokenizer::END_OF_TEXT;
 
 #[derive(Args)]
 pub struct DataArgs {

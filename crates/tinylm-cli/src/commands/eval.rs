@@ -4,10 +4,10 @@ use anyhow::{Context, Result};
 use clap::Args;
 use std::path::PathBuf;
 use tinylm::data::TokenDataset;
-use tinylm::device::{run_on, BackendTask};
-use tinylm::kernels::Backend;
-use tinylm::train::{evaluate, EvalResult};
-use tinylm::weights::{self, OpenedWeights};
+use tinylm::device::AnyBackend;
+use tinylm::on_backend;
+use tinylm::train::evaluate;
+use tinylm::weights;
 
 #[derive(Args, Debug)]
 pub struct EvalArgs {
@@ -41,13 +41,11 @@ pub fn run(args: EvalArgs) -> Result<()> {
     let ckpt = weights::open(&args.checkpoint, None)?;
     let data = TokenDataset::open(&args.data, ckpt.config.vocab_size)?;
     let t = ckpt.config.context_length;
-    let task = Evaluation {
-        weights: ckpt,
-        data: &data,
-        batch_size: args.batch_size,
-        max_batches: args.max_batches,
-    };
-    let r = run_on(args.device.device, args.device.precision, task)?;
+    let backend = AnyBackend::open(args.device.device, args.device.precision)?;
+    let r = on_backend!(backend, backend => {
+        let mut model = ckpt.model(backend)?;
+        evaluate(&mut model, &data, args.batch_size, args.max_batches)?
+    });
     println!(
         "val_loss {:.4}  perplexity {:.3}  ({} windows of {t} tokens from {})",
         r.loss,
@@ -56,20 +54,4 @@ pub fn run(args: EvalArgs) -> Result<()> {
         args.data.display()
     );
     Ok(())
-}
-
-/// The evaluation, on whichever backend `--device` names.
-struct Evaluation<'a> {
-    weights: OpenedWeights,
-    data: &'a TokenDataset,
-    batch_size: usize,
-    max_batches: usize,
-}
-
-impl BackendTask for Evaluation<'_> {
-    type Output = EvalResult;
-    fn run<B: Backend<f32>>(self, backend: B) -> tinylm::Result<EvalResult> {
-        let mut model = self.weights.model(backend)?;
-        evaluate(&mut model, self.data, self.batch_size, self.max_batches)
-    }
 }

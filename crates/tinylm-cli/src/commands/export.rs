@@ -1,9 +1,10 @@
 //! `tinylm export hf|gguf`: a trained model for Hugging Face `transformers` or for
 //! llama.cpp (see `tinylm::export`).
 
+use super::tokenizer::tokenizer_dir;
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use tinylm::export::gguf::{self, GgufDtype};
 use tinylm::export::{check_llama, hf};
 use tinylm::weights::{self, Weights};
@@ -94,18 +95,4 @@ fn load(source: &Source) -> Result<(Weights, Bpe)> {
     let tokenizer =
         Bpe::load(&dir).with_context(|| format!("loading the tokenizer in {}", dir.display()))?;
     Ok((w, tokenizer))
-}
-
-/// `--tokenizer`, or else the tokenizer the weights record; an error when neither.
-pub fn tokenizer_dir(
-    given: Option<&Path>,
-    recorded: Option<&Path>,
-    weights_path: &Path,
-) -> Result<PathBuf> {
-    given.or(recorded).map(Path::to_path_buf).with_context(|| {
-        format!(
-            "{} records no tokenizer: pass --tokenizer DIR",
-            weights_path.display()
-        )
-    })
 }

@@ -2,16 +2,16 @@
 //! token ids, in files NumPy and PyTorch read — to check tinylm against another
 //! implementation of the same model.
 
-use super::info::{bytes_h, inference_line};
 use anyhow::{bail, Result};
 use clap::Args;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use tinylm::accounting::{InferenceMemory, Memory};
-use tinylm::device::{run_on, BackendTask};
-use tinylm::kernels::Backend;
+use tinylm::accounting::{InferenceMemory, Memory, Part};
+use tinylm::device::AnyBackend;
+use tinylm::on_backend;
 use tinylm::params::{save_safetensors, ParamLayout};
-use tinylm::weights::{self, OpenedWeights};
+use tinylm::text::byte_size;
+use tinylm::weights;
 use tinylm::ModelConfig;
 use tinylm_bpe::npy::{self, Dtype, MappedNpy};
 
@@ -74,27 +74,34 @@ pub fn run(args: ForwardArgs) -> Result<()> {
     };
 
     let target = args.device.target();
-    let mut said = inference_line(&InferenceMemory::forward(&config, b, t, target), target);
+    let mut said = InferenceMemory::forward(&config, b, t, target).describe(target);
     if args.grads_out.is_some() && targets.is_some() {
         let step = Memory::new(&config, b, t, target);
         said += &format!(
             "; the backward pass adds {} (gradients and its scratch)",
-            bytes_h(step.gradients + step.scratch_bytes())
+            byte_size(step.bytes(Part::Gradients) + step.bytes(Part::BackwardScratch))
         );
     }
     eprintln!("{said}");
     let mut logits_shape = shape.clone();
     logits_shape.push(config.vocab_size);
     let layout = ParamLayout::new(&config);
-    let task = Pass {
-        weights,
-        ids: &ids,
-        targets: targets.as_deref(),
-        grads: args.grads_out.is_some(),
-        b,
-        t,
-    };
-    let (logits, loss, grads) = run_on(args.device.device, args.device.precision, task)?;
+    let backend = AnyBackend::open(args.device.device, args.device.precision)?;
+    let (logits, loss, grads) = on_backend!(backend, backend => {
+        let mut model = weights.model(backend)?;
+        let logits = model.forward(&ids, b, t)?.to_vec();
+        match &targets {
+            None => (logits, None, None),
+            Some(targets) => {
+                let loss = model.forward_loss(&ids, targets, b, t)?;
+                let grads = match args.grads_out.is_some() {
+                    true => Some(model.backward().and_then(|()| model.download_grads())?),
+                    false => None,
+                };
+                (logits, Some(loss), grads)
+            }
+        }
+    });
     npy::write(&args.logits_out, &logits_shape, &logits)?;
     if let Some(loss) = loss {
         println!("loss {loss}");
@@ -108,36 +115,6 @@ pub fn run(args: ForwardArgs) -> Result<()> {
         save_safetensors(path, &layout.tensors(&grads), &meta)?;
     }
     Ok(())
-}
-
-/// The logits, and with targets the loss and (when asked) every parameter's
-/// gradient, on whichever backend `--device` names.
-struct Pass<'a> {
-    weights: OpenedWeights,
-    ids: &'a [u32],
-    targets: Option<&'a [u32]>,
-    grads: bool,
-    b: usize,
-    t: usize,
-}
-
-impl BackendTask for Pass<'_> {
-    type Output = (Vec<f32>, Option<f32>, Option<Vec<f32>>);
-    fn run<B: Backend<f32>>(self, backend: B) -> tinylm::Result<Self::Output> {
-        let mut model = self.weights.model(backend)?;
-        let logits = model.forward(self.ids, self.b, self.t)?.to_vec();
-        let Some(targets) = self.targets else {
-            return Ok((logits, None, None));
-        };
-        let loss = model.forward_loss(self.ids, targets, self.b, self.t)?;
-        let grads = if self.grads {
-            model.backward()?;
-            Some(model.download_grads()?)
-        } else {
-            None
-        };
-        Ok((logits, Some(loss), grads))
-    }
 }
 
 /// Token ids of a `(B, T)` or `(T,)` integer `.npy`, checked against the model:

@@ -1,23 +1,16 @@
 //! `tinylm generate`: continue a prompt with a trained model, streaming the text to
 //! stdout as it is produced.
 
-use super::info::inference_line;
-use anyhow::{bail, Context, Result};
+use super::continuation::{is_broken_pipe, write_continuation};
+use super::tokenizer::{load_with_end_of_text, tokenizer_dir};
+use anyhow::{bail, Result};
 use clap::Args;
-use std::io::Write;
-use std::ops::ControlFlow;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use tinylm::accounting::InferenceMemory;
-use tinylm::device::{run_on, BackendTask};
-use tinylm::generate::{generate, Sampler, TextStream};
-use tinylm::kernels::Backend;
-use tinylm::weights::{self, OpenedWeights};
-use tinylm::Model;
-use tinylm_bpe::encode::Tokenizer;
-use tinylm_bpe::files::Bpe;
-
-/// The special token that ends a document; generation stops there.
-pub const END_OF_TEXT: &str = "<|endoftext|>";
+use tinylm::device::AnyBackend;
+use tinylm::generate::Sampler;
+use tinylm::on_backend;
+use tinylm::weights;
 
 #[derive(Args)]
 pub struct GenerateArgs {
@@ -59,7 +52,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     super::set_threads(args.threads)?;
     let sampler = Sampler::new(args.temperature, args.top_p, args.top_k, args.seed)?;
     let ckpt = weights::open(&args.checkpoint, None)?;
-    let tokenizer_dir = super::export::tokenizer_dir(
+    let tokenizer_dir = tokenizer_dir(
         args.tokenizer.as_deref(),
         ckpt.tokenizer.as_deref(),
         &args.checkpoint,
@@ -80,115 +73,16 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let target = args.device.target();
     eprintln!(
         "{}",
-        inference_line(&InferenceMemory::generation(&ckpt.config, target), target)
+        InferenceMemory::generation(&ckpt.config, target).describe(target)
     );
-    let stdout = std::io::stdout();
-    let task = Continuation {
-        weights: ckpt,
-        tokenizer: &tokenizer,
-        eos,
-        prompt: &args.prompt,
-        max_tokens: args.max_tokens,
-        sampler: &mut sampler,
-        out: &mut stdout.lock(),
-    };
-    match run_on(args.device.device, args.device.precision, task)? {
+    let backend = AnyBackend::open(args.device.device, args.device.precision)?;
+    let written = on_backend!(backend, backend => {
+        let mut model = ckpt.model(backend)?;
+        let (prompt, out) = (&args.prompt, &mut std::io::stdout().lock());
+        write_continuation(&mut model, &tokenizer, eos, prompt, args.max_tokens, &mut sampler, out)
+    });
+    match written {
         Err(e) if is_broken_pipe(&e) => Ok(()),
         other => other.map(drop),
     }
-}
-
-/// The tokenizer in `dir` (its special tokens and split pattern) with `<|endoftext|>`
-/// among its special tokens, and that token's id.
-pub fn load_with_end_of_text(dir: &Path) -> Result<(Tokenizer, u32)> {
-    let bpe =
-        Bpe::load(dir).with_context(|| format!("loading the tokenizer in {}", dir.display()))?;
-    let mut specials = bpe.special_tokens();
-    if !specials.iter().any(|s| s == END_OF_TEXT) {
-        specials.push(END_OF_TEXT.to_string());
-    }
-    let tokenizer = Tokenizer::new(bpe.vocab, &bpe.merges, &specials)?.with_pattern(bpe.pattern);
-    let eos = tokenizer.encode(END_OF_TEXT);
-    debug_assert_eq!(eos.len(), 1, "a special token is one id");
-    Ok((tokenizer, eos[0]))
-}
-
-/// Writes `prompt` and then its continuation to `out` token by token (flushed as
-/// each character completes), up to `max_tokens` or `<|endoftext|>`; an empty
-/// prompt starts a new document. Returns the whole text.
-pub fn write_continuation<B: Backend<f32>>(
-    model: &mut Model<f32, B>,
-    tokenizer: &Tokenizer,
-    eos: u32,
-    prompt: &str,
-    max_tokens: usize,
-    sampler: &mut Sampler,
-    out: &mut dyn Write,
-) -> Result<String> {
-    let mut text = String::new();
-    let mut emit = |piece: &str| -> Result<()> {
-        text.push_str(piece);
-        out.write_all(piece.as_bytes())?;
-        Ok(out.flush()?)
-    };
-    emit(prompt)?;
-    let mut stream = TextStream::new(tokenizer);
-    let mut failure = None;
-    let ids = tokenizer.encode(prompt);
-    generate(
-        model,
-        &ids,
-        max_tokens,
-        sampler,
-        Some(eos),
-        |id| match stream
-            .push(id)
-            .map_err(anyhow::Error::from)
-            .and_then(|piece| emit(&piece))
-        {
-            Ok(()) => ControlFlow::Continue(()),
-            Err(e) => {
-                failure = Some(e);
-                ControlFlow::Break(())
-            }
-        },
-    )?;
-    if let Some(e) = failure {
-        return Err(e);
-    }
-    emit(&(stream.finish() + "\n"))?;
-    Ok(text)
-}
-
-/// [`write_continuation`] on whichever backend `--device` names.
-struct Continuation<'a> {
-    weights: OpenedWeights,
-    tokenizer: &'a Tokenizer,
-    eos: u32,
-    prompt: &'a str,
-    max_tokens: usize,
-    sampler: &'a mut Sampler,
-    out: &'a mut dyn Write,
-}
-
-impl BackendTask for Continuation<'_> {
-    type Output = Result<String>;
-    fn run<B: Backend<f32>>(self, backend: B) -> tinylm::Result<Result<String>> {
-        let mut model = self.weights.model(backend)?;
-        Ok(write_continuation(
-            &mut model,
-            self.tokenizer,
-            self.eos,
-            self.prompt,
-            self.max_tokens,
-            self.sampler,
-            self.out,
-        ))
-    }
-}
-
-/// Whether `err` is a write into a closed pipe (`tinylm generate … | head`).
-pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
-    err.downcast_ref::<std::io::Error>()
-        .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
 }

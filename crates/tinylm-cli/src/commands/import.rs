@@ -48,7 +48,7 @@ pub fn run(args: ImportArgs) -> Result<()> {
                 let parent = a.out.parent().filter(|p| !p.as_os_str().is_empty());
                 parent.map_or_else(|| PathBuf::from("tokenizer"), |p| p.join("tokenizer"))
             });
-            write_dir(&dir, |tmp| Ok(t.save(tmp)?))?;
+            write_dir(&dir, |tmp| t.save(tmp))?;
             metadata.insert(
                 "tokenizer".into(),
                 serde_json::to_string(&dir).expect("serializes"),

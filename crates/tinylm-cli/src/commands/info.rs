@@ -3,10 +3,7 @@
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use std::path::PathBuf;
-use tinylm::accounting::{
-    forward_flops, forward_matmuls, largest_fitting, largest_micro_batch, InferenceMemory, Memory,
-    ParamCounts, RunMemory, RunShape, Target,
-};
+use tinylm::accounting::{forward_flops, forward_matmuls, ParamCounts, RunShape};
 use tinylm::config::Ffn;
 use tinylm::device::Device;
 use tinylm::kernels::Precision;
@@ -14,6 +11,10 @@ use tinylm::train::TrainConfig;
 use tinylm::ModelConfig;
 
 use super::flags::{flag, flag_values, ModelArgs};
+use memory::{fit_report, peak_report, step_report, Launch};
+use tinylm::text::{count, flop_count, parse_byte_size, row, table, thousands};
+
+mod memory;
 
 /// The keys a model needs when neither `--model-config` nor `--preset` gives it
 /// (the others have defaults).
@@ -63,34 +64,8 @@ pub struct InfoArgs {
     /// Also say what fits in this much memory per rank (`16GiB`, `512MiB`, or
     /// bytes; a GPU's with --device cuda): the largest batch, and the largest
     /// micro-batch for --batch-size.
-    #[arg(long, alias = "fit-memory", value_parser = parse_bytes)]
+    #[arg(long, alias = "fit-memory", value_parser = parse_byte_size)]
     memory: Option<u64>,
-}
-
-/// `24GiB`, `24G`, `512MiB`, `512M`, `64KiB` or plain bytes.
-fn parse_bytes(text: &str) -> std::result::Result<u64, String> {
-    let units = [
-        ("GiB", 1u64 << 30),
-        ("G", 1 << 30),
-        ("MiB", 1 << 20),
-        ("M", 1 << 20),
-        ("KiB", 1 << 10),
-        ("K", 1 << 10),
-        ("B", 1),
-        ("", 1),
-    ];
-    let (number, unit) = units
-        .iter()
-        .find_map(|&(suffix, unit)| Some((text.trim().strip_suffix(suffix)?, unit)))
-        .expect("the empty suffix matches");
-    let value: f64 = number
-        .trim()
-        .parse()
-        .map_err(|_| format!("{text:?} is not a size such as 24GiB, 512MiB or 1000000"))?;
-    if !(value > 0.0 && value.is_finite()) {
-        return Err(format!("{text:?} is not a positive size"));
-    }
-    Ok((value * unit as f64) as u64)
 }
 
 /// The model of `--model-config` or `--preset`, else of the shape flags alone
@@ -158,7 +133,8 @@ pub fn run(args: InfoArgs) -> Result<()> {
         micro: split.micro,
         zero: args.zero,
     };
-    print!("{}", report(&c, b, t, &memory.step, &launch));
+    print!("{}", model_report(&c));
+    print!("\n{}", step_report(b, t, &memory.step, &launch));
     print!("\n{}", peak_report(&memory, args.train_data.is_some()));
     if let Some(limit) = args.memory {
         print!("\n{}", fit_report(&c, &shape, split.share, limit));
@@ -167,140 +143,9 @@ pub fn run(args: InfoArgs) -> Result<()> {
     Ok(())
 }
 
-/// Where a run's memory goes beyond the step's buffers, and its peak.
-fn peak_report(m: &RunMemory, files_given: bool) -> String {
-    let on_gpu = matches!(m.step.target, Target::Cuda(_));
-    let (device, host) = (if on_gpu { "GPU" } else { "host" }, "host");
-    let files = match files_given {
-        true => bytes_h(m.token_files),
-        false => "-".to_string(),
-    };
-    let checkpoint = match on_gpu {
-        true => "pinned staging, the largest tensor",
-        false => "written from and read into the buffers",
-    };
-    let rows = vec![
-        row(["", "memory", "bytes"]),
-        row(["training step (above)", device, &bytes_h(m.step.total())]),
-        row(["evaluation: in the step's buffers", device, "0 B"]),
-        row([
-            &format!("checkpoints: {checkpoint}"),
-            host,
-            &bytes_h(m.checkpoint_staging),
-        ]),
-        row(["token ids of a step", host, &bytes_h(m.batch)]),
-        row(["token files, memory-mapped (evictable)", host, &files]),
-    ];
-    let mut out = format!("Peak memory of the run, per rank\n{}", table(&rows));
-    if !files_given {
-        out += "  (token files not counted: give --train-data and --val-data)\n";
-    }
-    match on_gpu {
-        true => {
-            out += &format!(
-                "  GPU memory needed: {} (plus the CUDA context); host: {} and the token files' pages\n",
-                bytes_h(m.required()),
-                bytes_h(m.host_extra())
-            );
-        }
-        false => {
-            out += &format!(
-                "  memory needed: {}; peak resident with the token files' pages: {}\n",
-                bytes_h(m.required()),
-                bytes_h(m.peak_resident())
-            );
-        }
-    }
-    out
-}
-
-/// One line saying what a model that only runs forward holds (`tinylm generate`,
-/// `tinylm forward`).
-pub(super) fn inference_line(m: &InferenceMemory, target: Target) -> String {
-    let place = match target {
-        Target::Cpu => "host memory".to_string(),
-        Target::Cuda(p) => format!("GPU memory ({p})"),
-    };
-    let mut parts = vec![format!("parameters {}", bytes_h(m.parameters))];
-    if m.kv_cache > 0 {
-        parts.push(format!("KV cache {}", bytes_h(m.kv_cache)));
-    }
-    parts.push(format!("activations {}", bytes_h(m.activations)));
-    format!(
-        "memory: {} of {place} ({}), and {} of logits on the host",
-        bytes_h(m.total() - m.host_logits),
-        parts.join(", "),
-        bytes_h(m.host_logits)
-    )
-}
-
-/// What fits in `limit` per rank: this batch (and in which micro-batches), and the
-/// largest batch in one pass per rank.
-fn fit_report(c: &ModelConfig, shape: &RunShape, share: usize, limit: u64) -> String {
-    let ranks = shape.ranks;
-    let needs = |share: usize, micro: usize| shape.memory(c, share, micro).required();
-    let t = shape.seq_len;
-    let mut out = format!(
-        "Fitting in {} per rank ({})\n",
-        bytes_h(limit),
-        match shape.target {
-            Target::Cpu => "host memory".to_string(),
-            Target::Cuda(p) => format!("GPU memory, {p}; leave room for the CUDA context"),
-        }
-    );
-    let batch = share * ranks;
-    match largest_micro_batch(share, limit, |m| needs(share, m)) {
-        Some(m) if m == share => out += &format!(
-            "  batch {batch} fits: {} per rank\n",
-            bytes_h(needs(share, share))
-        ),
-        Some(m) => out += &format!(
-            "  batch {batch} fits in micro-batches of {m} (--micro-batch-size {m}, {} per step and rank): {} per rank\n",
-            share / m,
-            bytes_h(needs(share, m))
-        ),
-        None => out += &format!(
-            "  batch {batch} does not fit: even micro-batches of 1 need {} per rank (more ranks with --zero 1 shard the AdamW moments)\n",
-            bytes_h(needs(share, 1))
-        ),
-    }
-    match largest_fitting(limit, |m| needs(m, m)) {
-        0 => out += &format!("  not even one sequence of {t} tokens per rank fits\n"),
-        m => out += &format!(
-            "  largest batch without micro-batches: {} sequences of {t} tokens ({} per rank, {} each)\n",
-            group((m * ranks) as u64),
-            group(m as u64),
-            bytes_h(needs(m, m))
-        ),
-    }
-    out
-}
-
-/// How a step's batch is run: over `ranks` ranks, in micro-batches of `micro`
-/// sequences, with ZeRO stage `zero`.
-struct Launch {
-    ranks: usize,
-    micro: usize,
-    zero: u8,
-}
-
-/// The three tables as text; `m` is one rank's memory for a step launched so.
-fn report(c: &ModelConfig, b: usize, t: usize, m: &Memory, launch: &Launch) -> String {
-    let mut out = format!(
-        "model: vocab_size {} · context_length {} · d_model {} · num_layers {} · num_heads {} (d_k {}) · d_ff {}\n       norm {} · positional {} · ffn {} · {} · rope_theta {}\n\n",
-        group(c.vocab_size as u64),
-        group(c.context_length as u64),
-        group(c.d_model as u64),
-        c.num_layers,
-        c.num_heads,
-        c.head_dim(),
-        group(c.d_ff as u64),
-        spelling(&c.norm),
-        spelling(&c.positional),
-        spelling(&c.ffn),
-        if c.tie_embeddings { "tied embeddings" } else { "untied" },
-        c.rope_theta,
-    );
+/// The model and its parameters by component, as text.
+fn model_report(c: &ModelConfig) -> String {
+    let mut out = c.describe() + "\n\n";
 
     let p = ParamCounts::new(c);
     let total = p.total();
@@ -316,8 +161,8 @@ fn report(c: &ModelConfig, b: usize, t: usize, m: &Memory, launch: &Launch) -> S
         if n > 0 {
             rows.push(vec![
                 name,
-                per_layer.map_or(String::new(), group),
-                group(n),
+                per_layer.map_or(String::new(), thousands),
+                thousands(n),
                 format!("({})", count(n)),
                 share(n, total),
             ]);
@@ -336,7 +181,7 @@ fn report(c: &ModelConfig, b: usize, t: usize, m: &Memory, launch: &Launch) -> S
     rows.push(row([
         "total",
         "",
-        &group(total),
+        &thousands(total),
         &format!("({})", count(total)),
         "",
     ]));
@@ -344,75 +189,13 @@ fn report(c: &ModelConfig, b: usize, t: usize, m: &Memory, launch: &Launch) -> S
     rows.push(row([
         "non-embedding",
         "",
-        &group(non_emb),
+        &thousands(non_emb),
         &format!("({})", count(non_emb)),
         &share(non_emb, total),
     ]));
     out += "Parameters\n";
-    out += &table(&rows);
+    out += &table(&rows, 2, 1);
 
-    let precision = match m.target {
-        Target::Cpu => "f32 on the CPU".to_string(),
-        Target::Cuda(Precision::Bf16) => {
-            "on a GPU: bf16 activations, f32 weights and moments".to_string()
-        }
-        Target::Cuda(p) => format!("on a GPU, {p}"),
-    };
-    out += &format!("\nMemory for a training step ({precision}, AdamW), batch {b} × {t} tokens");
-    if launch.micro < b {
-        out += &format!(" in micro-batches of {} × {t}", launch.micro);
-    }
-    if launch.ranks > 1 {
-        let zero = if launch.zero == 1 { ", ZeRO-1" } else { "" };
-        out += &format!(", one of {} ranks{zero}", launch.ranks);
-    }
-    out += "\n";
-    let mut rows = vec![row(["", "shape", "per layer", "total", "share"])];
-    let grand = m.total();
-    for (name, bytes) in [
-        ("parameters", m.parameters),
-        ("parameters' bf16 copy", m.parameter_copy),
-        ("gradients", m.gradients),
-        ("AdamW moments (m, v)", m.adamw),
-        ("collectives' scratch (MPI)", m.collective),
-    ]
-    .into_iter()
-    .filter(|&(_, bytes)| bytes > 0)
-    {
-        rows.push(row([name, "", "", &bytes_h(bytes), &share(bytes, grand)]));
-    }
-    let groups = [
-        (
-            "activations kept for backward:",
-            &m.activations,
-            m.activation_bytes(),
-        ),
-        (
-            "backward scratch (one block):",
-            &m.backward_scratch,
-            m.scratch_bytes(),
-        ),
-        ("kernel work space:", &m.workspace, m.workspace_bytes()),
-    ];
-    for (title, buffers, bytes) in groups.into_iter().filter(|g| !g.1.is_empty()) {
-        rows.push(row([title, "", "", &bytes_h(bytes), &share(bytes, grand)]));
-        for a in buffers {
-            let per = if a.copies > 1 {
-                bytes_h(a.element_bytes * a.elements)
-            } else {
-                String::new()
-            };
-            rows.push(row([
-                &format!("  {}", a.name),
-                &a.shape,
-                &per,
-                &bytes_h(a.bytes()),
-                &share(a.bytes(), grand),
-            ]));
-        }
-    }
-    rows.push(row(["total", "", "", &bytes_h(grand), ""]));
-    out += &table(&rows);
     out
 }
 
@@ -436,138 +219,42 @@ fn flops_report(c: &ModelConfig, b: usize, t: usize) -> String {
     for mm in &matmuls {
         rows.push(row([
             mm.name,
-            &format!("({}×{})({}×{})", mm.m, mm.n, mm.n, mm.p),
+            &format!(
+                "({}×{})({}×{})",
+                mm.shape.m, mm.shape.k, mm.shape.k, mm.shape.n
+            ),
             &format!("×{}", mm.count),
-            &flops_h(mm.flops()),
+            &flop_count(mm.flops()),
             &format!("×{}", mm.copies),
-            &flops_h(mm.total_flops()),
+            &flop_count(mm.total_flops()),
             &share(mm.total_flops(), fwd),
         ]));
     }
     let tokens = (b * t) as u64;
-    rows.push(row(["forward", "", "", "", "", &flops_h(fwd), ""]));
+    rows.push(row(["forward", "", "", "", "", &flop_count(fwd), ""]));
     rows.push(row([
         "training step (≈ 3× forward)",
         "",
         "",
         "",
         "",
-        &flops_h(3 * fwd),
+        &flop_count(3 * fwd),
         "",
     ]));
-    out += &table(&rows);
+    out += &table(&rows, 2, 1);
     out += &format!(
         "per token: {} forward, {} training ({} training FLOPs per parameter per token)\n",
-        flops_h(fwd / tokens),
-        flops_h(3 * fwd / tokens),
+        flop_count(fwd / tokens),
+        flop_count(3 * fwd / tokens),
         format_args!("{:.1}", 3.0 * fwd as f64 / tokens as f64 / total as f64),
     );
     out
 }
 
-/// An ablation switch's JSON spelling (`pre`, `rope`, `swiglu`, ...).
-fn spelling<T: serde::Serialize>(v: &T) -> String {
-    serde_json::to_value(v)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_default()
-}
-
-fn row<const N: usize>(cells: [&str; N]) -> Vec<String> {
-    cells.iter().map(|s| s.to_string()).collect()
-}
-
-/// Columns padded to their widest cell: the first left-aligned, the rest right.
-fn table(rows: &[Vec<String>]) -> String {
-    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
-    let width = |i: usize| {
-        rows.iter()
-            .filter_map(|r| r.get(i))
-            .map(|s| s.chars().count())
-            .max()
-            .unwrap_or(0)
-    };
-    let widths: Vec<usize> = (0..cols).map(width).collect();
-    let mut out = String::new();
-    for r in rows {
-        let mut line = String::new();
-        for (i, cell) in r.iter().enumerate() {
-            let pad = " ".repeat(widths[i] - cell.chars().count());
-            if i == 0 {
-                line += &format!("  {cell}{pad}");
-            } else {
-                line += &format!("  {pad}{cell}");
-            }
-        }
-        out += line.trim_end();
-        out.push('\n');
-    }
-    out
-}
-
-/// `1234567` → `1,234,567`.
-fn group(n: u64) -> String {
-    let s = n.to_string();
-    let mut out = String::new();
-    for (i, ch) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(ch);
-    }
-    out
-}
-
-/// `x` scaled to the largest unit it reaches (`units[k]` = `base^k`), 3 significant digits.
-fn scaled(x: f64, base: f64, units: &[&str]) -> String {
-    let mut k = 0;
-    let mut v = x;
-    while v >= base && k + 1 < units.len() {
-        v /= base;
-        k += 1;
-    }
-    let digits = match v {
-        _ if k == 0 || v >= 100.0 => 0,
-        _ if v >= 10.0 => 1,
-        _ => 2,
-    };
-    format!("{v:.digits$} {}", units[k]).trim_end().to_string()
-}
-
-fn count(n: u64) -> String {
-    scaled(n as f64, 1000.0, &["", "K", "M", "B", "T"])
-}
-
-pub(super) fn bytes_h(n: u64) -> String {
-    scaled(n as f64, 1024.0, &["B", "KiB", "MiB", "GiB", "TiB", "PiB"])
-}
-
-fn flops_h(n: u64) -> String {
-    scaled(
-        n as f64,
-        1000.0,
-        &["FLOP", "KFLOP", "MFLOP", "GFLOP", "TFLOP", "PFLOP", "EFLOP"],
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn units_and_grouping() {
-        assert_eq!(group(2_127_057_600), "2,127,057,600");
-        assert_eq!(group(999), "999");
-        assert_eq!(count(2_127_057_600), "2.13 B");
-        assert_eq!(count(512), "512");
-        assert_eq!(flops_h(4_513_336_524_800), "4.51 TFLOP");
-        assert_eq!(bytes_h(3 << 30), "3.00 GiB");
-        assert_eq!(parse_bytes("24GiB"), Ok(24 << 30));
-        assert_eq!(parse_bytes("1.5 M"), Ok(3 << 19));
-        assert_eq!(parse_bytes("1000"), Ok(1000));
-        assert!(parse_bytes("lots").unwrap_err().contains("\"lots\""));
-        assert_eq!(bytes_h(1000), "1000 B");
-    }
+    use tinylm::accounting::{Memory, Target};
 
     #[test]
     fn gpt2_xl_report_has_the_reference_numbers() {
@@ -577,8 +264,9 @@ mod tests {
             micro: 1,
             zero: 0,
         };
-        let text = report(&c, 1, 1024, &Memory::new(&c, 1, 1024, Target::Cpu), &single)
-            + &flops_report(&c, 1, 1024);
+        let step = Memory::new(&c, 1, 1024, Target::Cpu);
+        let text =
+            model_report(&c) + &step_report(1, 1024, &step, &single) + &flops_report(&c, 1, 1024);
         for part in [
             "2,127,057,600",
             "(2.13 B)",

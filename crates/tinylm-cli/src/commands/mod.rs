@@ -1,7 +1,11 @@
-//! One module per `tinylm` subcommand, and the flags several share ([`flags`]).
+//! One module per `tinylm` subcommand, and what several share: their flags
+//! ([`flags`]), the tokenizer that goes with a model ([`tokenizer`]), a prompt's
+//! continuation streamed as text ([`continuation`]), running as one of many ranks
+//! ([`ranks`]).
 
 pub mod bench;
 pub mod bpe;
+pub mod continuation;
 pub mod data;
 pub mod eval;
 pub mod export;
@@ -14,6 +18,7 @@ pub mod plot;
 pub mod quickstart;
 pub mod ranks;
 pub mod sweep;
+pub mod tokenizer;
 pub mod train;
 
 /// Set by Ctrl-C (or SIGTERM): the training going on checkpoints after its current

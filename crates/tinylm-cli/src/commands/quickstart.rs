@@ -8,22 +8,23 @@
 //! over a step count planned up front: however the machine's speed changes during
 //! the run, training ends and the schedule reaches its end when the budget does.
 
+use super::continuation::write_continuation;
 use super::flags::DeviceArgs;
-use super::generate::{load_with_end_of_text, write_continuation, END_OF_TEXT};
+use super::tokenizer::{load_with_end_of_text, END_OF_TEXT};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 use tinylm::checkpoint::{self, CheckpointFile};
 use tinylm::data::TokenDataset;
-use tinylm::device::{resolve, run_on, BackendTask, Device};
+use tinylm::device::{resolve, AnyBackend, Device};
 use tinylm::distributed::World;
 use tinylm::files::write_bytes;
 use tinylm::generate::Sampler;
-use tinylm::kernels::Backend;
-use tinylm::kernels::Precision;
+use tinylm::kernels::{Backend, BatchPart, Precision};
+use tinylm::on_backend;
 use tinylm::train::{evaluate, train, Schedule, TrainConfig, TrainSummary};
 use tinylm::{Model, ModelConfig};
 use tinylm_bpe::encode::Tokenizer;
@@ -117,7 +118,7 @@ pub fn run(args: QuickstartArgs) -> Result<()> {
     }
     let out = args
         .out
-        .unwrap_or_else(|| PathBuf::from("runs").join(timestamp(now_s())));
+        .unwrap_or_else(|| PathBuf::from("runs").join(timestamp(jiff::Timestamp::now())));
     if out.read_dir().is_ok_and(|mut d| d.next().is_some()) {
         bail!(
             "{} already exists and is not empty: choose another --out",
@@ -243,15 +244,8 @@ fn quickstart(s: &Settings) -> Result<()> {
         }
     }
     let budget_s = s.minutes * 60.0;
-    let step_s = run_on(
-        s.device,
-        s.precision,
-        TimeOneStep {
-            config: &config,
-            batch_size: s.batch_size,
-            seed: s.seed,
-        },
-    )?;
+    let backend = AnyBackend::open(s.device, s.precision)?;
+    let step_s = on_backend!(backend, b => time_one_step(b, &config, s.batch_size, s.seed)?);
     // A first estimate of the steps, for the warm-up's and the evaluations' spacing;
     // the schedule itself runs over the time, and the budget alone ends the run.
     let steps = ((budget_s / step_s) as u64).max(1);
@@ -301,17 +295,10 @@ fn quickstart(s: &Settings) -> Result<()> {
     );
 
     let ckpt = CheckpointFile::open(&summary.checkpoint)?;
-    let samples = run_on(
-        s.device,
-        s.precision,
-        EvaluateAndSample {
-            s,
-            ckpt: &ckpt,
-            val_npy: &val_npy,
-            tokenizer_dir: &tokenizer_dir,
-            summary: &summary,
-        },
-    )?;
+    let backend = AnyBackend::open(s.device, s.precision)?;
+    let samples = on_backend!(backend, b => {
+        evaluate_and_sample(b, s, &ckpt, &val_npy, &tokenizer_dir, &summary)?
+    });
     let samples_path = out.join("samples.txt");
     write_bytes(&samples_path, samples.as_bytes())?;
     println!(
@@ -385,92 +372,83 @@ fn bytes_bar(total: usize) -> ProgressBar {
     )
 }
 
-/// Seconds of one training step (forward, backward, update) of `config`, measured on
-/// random tokens after a warm-up step.
-struct TimeOneStep<'a> {
-    config: &'a ModelConfig,
+/// Seconds of one training step (forward, backward, clipped update) of `config`
+/// on `backend`, measured on made-up tokens after a warm-up step.
+fn time_one_step<B: Backend<f32>>(
+    backend: B,
+    config: &ModelConfig,
     batch_size: usize,
     seed: u64,
-}
-
-impl BackendTask for TimeOneStep<'_> {
-    type Output = f64;
-    fn run<B: Backend<f32>>(self, backend: B) -> tinylm::Result<f64> {
-        let (config, batch_size) = (self.config, self.batch_size);
-        let mut model = Model::init_with_backend(config.clone(), self.seed, backend)?;
-        let n = batch_size * config.context_length;
-        let ids: Vec<u32> = (0..n)
-            .map(|i| ((i * 7919) % config.vocab_size) as u32)
-            .collect();
-        let mut opt = model.new_adamw(Default::default())?;
-        let t = config.context_length;
-        let mut step = |model: &mut Model<f32, B>| -> tinylm::Result<()> {
-            model.train_step(&ids, &ids, batch_size, t, &mut opt, 1e-3, Some(1.0))?;
-            model.step_stats().map(|_| ())
-        };
-        step(&mut model)?;
-        let t0 = Instant::now();
-        step(&mut model)?;
-        step(&mut model)?;
-        model.backend().sync()?;
-        Ok(t0.elapsed().as_secs_f64() / 2.0)
-    }
+) -> tinylm::Result<f64> {
+    let mut model = Model::init_with_backend(config.clone(), seed, backend)?;
+    let (b, t) = (batch_size, config.context_length);
+    let ids: Vec<u32> = (0..b * t)
+        .map(|i| ((i * 7919) % config.vocab_size) as u32)
+        .collect();
+    let mut opt = model.new_adamw(Default::default())?;
+    let mut step = |model: &mut Model<f32, B>| -> tinylm::Result<()> {
+        model.accumulate_gradient(&ids, &ids, b, t, BatchPart::whole(b * t))?;
+        model.optimizer_step(&mut opt, 1e-3, Some(1.0), None)?;
+        model.step_stats().map(drop)
+    };
+    step(&mut model)?;
+    let t0 = Instant::now();
+    step(&mut model)?;
+    step(&mut model)?;
+    model.backend().sync()?;
+    Ok(t0.elapsed().as_secs_f64() / 2.0)
 }
 
 /// Stages 5 and 6 on the run's device: the validation loss over every validation
 /// token, then the samples (printed as they come); returns the samples' text.
-struct EvaluateAndSample<'a> {
-    s: &'a Settings,
-    ckpt: &'a CheckpointFile,
-    val_npy: &'a Path,
-    tokenizer_dir: &'a Path,
-    summary: &'a TrainSummary,
-}
+fn evaluate_and_sample<B: Backend<f32>>(
+    backend: B,
+    s: &Settings,
+    ckpt: &CheckpointFile,
+    val_npy: &Path,
+    tokenizer_dir: &Path,
+    summary: &TrainSummary,
+) -> tinylm::Result<String> {
+    let out = &s.out;
+    let t = ckpt.config().context_length;
+    stage(5, "evaluating on all validation tokens");
+    let mut model = ckpt.model(backend)?;
+    let val = TokenDataset::open(val_npy, ckpt.config().vocab_size)?;
+    let eval = evaluate(&mut model, &val, s.batch_size, 0)?;
+    println!(
+        "  validation loss {:.4}, perplexity {:.2} ({} windows of {t} tokens)",
+        eval.loss,
+        eval.perplexity(),
+        eval.windows
+    );
+    println!(
+        "  log {}, plot {}, checkpoint {}",
+        out.join("log.jsonl").display(),
+        out.join("loss.svg").display(),
+        summary.checkpoint.display()
+    );
 
-impl BackendTask for EvaluateAndSample<'_> {
-    type Output = String;
-    fn run<B: Backend<f32>>(self, backend: B) -> tinylm::Result<String> {
-        let (s, ckpt, out) = (self.s, self.ckpt, &self.s.out);
-        let t = ckpt.config().context_length;
-        stage(5, "evaluating on all validation tokens");
-        let mut model = ckpt.model(backend)?;
-        let val = TokenDataset::open(self.val_npy, ckpt.config().vocab_size)?;
-        let eval = evaluate(&mut model, &val, s.batch_size, 0)?;
-        println!(
-            "  validation loss {:.4}, perplexity {:.2} ({} windows of {t} tokens)",
-            eval.loss,
-            eval.perplexity(),
-            eval.windows
-        );
-        println!(
-            "  log {}, plot {}, checkpoint {}",
-            out.join("log.jsonl").display(),
-            out.join("loss.svg").display(),
-            self.summary.checkpoint.display()
-        );
-
-        stage(6, "samples (temperature 0.8, top-p 0.95)");
-        let failed = |e: anyhow::Error| tinylm::Error::Invalid(format!("{e:#}"));
-        let (tokenizer, eos) = load_with_end_of_text(self.tokenizer_dir).map_err(failed)?;
-        let mut samples = String::new();
-        let stdout = std::io::stdout();
-        for (i, prompt) in PROMPTS.iter().enumerate() {
-            let mut sampler = Sampler::new(0.8, 0.95, None, s.seed + i as u64)?;
-            println!("--- sample {} ---", i + 1);
-            let text = write_continuation(
-                &mut model,
-                &tokenizer,
-                eos,
-                prompt,
-                200,
-                &mut sampler,
-                &mut stdout.lock(),
-            )
-            .map_err(failed)?;
-            samples += &format!("--- sample {} ---\n{text}", i + 1);
-        }
-        Ok(samples)
+    stage(6, "samples (temperature 0.8, top-p 0.95)");
+    let failed = |e: anyhow::Error| tinylm::Error::Invalid(format!("{e:#}"));
+    let (tokenizer, eos) = load_with_end_of_text(tokenizer_dir).map_err(failed)?;
+    let mut samples = String::new();
+    let stdout = std::io::stdout();
+    for (i, prompt) in PROMPTS.iter().enumerate() {
+        let mut sampler = Sampler::new(0.8, 0.95, None, s.seed + i as u64)?;
+        println!("--- sample {} ---", i + 1);
+        let text = write_continuation(
+            &mut model,
+            &tokenizer,
+            eos,
+            prompt,
+            200,
+            &mut sampler,
+            &mut stdout.lock(),
+        )
+        .map_err(failed)?;
+        samples += &format!("--- sample {} ---\n{text}", i + 1);
     }
+    Ok(samples)
 }
 
 /// Trains with a progress bar.
@@ -514,31 +492,9 @@ fn absolute(path: &Path) -> PathBuf {
     std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
 }
 
-fn now_s() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64)
-}
-
-/// Seconds since 1970-01-01 UTC as `YYYYMMDD-HHMMSS`.
-fn timestamp(secs: i64) -> String {
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}{month:02}{day:02}-{:02}{:02}{:02}",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+/// A moment as `YYYYMMDD-HHMMSS` in UTC.
+fn timestamp(at: jiff::Timestamp) -> String {
+    at.strftime("%Y%m%d-%H%M%S").to_string()
 }
 
 #[cfg(test)]
@@ -567,8 +523,9 @@ mod tests {
 
     #[test]
     fn timestamps_are_utc_dates() {
-        assert_eq!(timestamp(0), "19700101-000000");
-        assert_eq!(timestamp(951_782_400), "20000229-000000");
-        assert_eq!(timestamp(1_700_000_000), "20231114-221320");
+        let at = |s| timestamp(jiff::Timestamp::from_second(s).unwrap());
+        assert_eq!(at(0), "19700101-000000");
+        assert_eq!(at(951_782_400), "20000229-000000");
+        assert_eq!(at(1_700_000_000), "20231114-221320");
     }
 }

@@ -9,7 +9,6 @@
 //! [`TrainConfig::default`]'s.
 
 use super::flags::{flag, flag_values, parse_spelling, show_defaults, ModelArgs};
-use super::info::bytes_h;
 use super::ranks::as_rank;
 use super::stop_on_ctrl_c;
 use anyhow::{anyhow, ensure, Context, Result};
@@ -22,6 +21,7 @@ use tinylm::accounting::{largest_micro_batch, RunShape};
 use tinylm::device::{self, rank_device, Device, DeviceMemory};
 use tinylm::distributed::World;
 use tinylm::kernels::Precision;
+use tinylm::text::byte_size;
 use tinylm::train::{resolve_config, train, Progress, ResolvedConfig, Schedule, TrainConfig};
 
 #[derive(Args, Debug)]
@@ -275,9 +275,9 @@ fn warning_for(
     };
     Some(format!(
         "this run needs about {}{ranks_note} (see `tinylm info`), more than the {} available of {} on {device}: it may be killed; {hint}",
-        bytes_h(needed),
-        bytes_h(memory.available),
-        bytes_h(memory.total),
+        byte_size(needed),
+        byte_size(memory.available),
+        byte_size(memory.total),
     ))
 }
 
@@ -427,8 +427,8 @@ mod tests {
         );
         let w = warning_for(&cfg, 1, 1, Device::Cpu, memory(needs(16))).unwrap();
         assert!(
-            w.contains(&bytes_h(needs(64)))
-                && w.contains(&bytes_h(needs(16)))
+            w.contains(&byte_size(needs(64)))
+                && w.contains(&byte_size(needs(16)))
                 && w.contains("--micro-batch-size 16 fits"),
             "{w}"
         );

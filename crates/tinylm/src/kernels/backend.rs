@@ -1,5 +1,6 @@
 //! The kernel interface: [`Backend`], the kernels one backend provides over buffers
-//! it owns, and the types its methods take — spans of buffers ([`Buffer`],
+//! it owns ([`Allocator`]: buffers by [`Role`], holding their [`Allocation`]), and
+//! the types its methods take — spans of buffers ([`Buffer`],
 //! [`Span`], [`SpanMut`]), product and attention shapes ([`MatMul`],
 //! [`AttnShape`]), a step's statistics ([`StepStats`]) and AdamW's scalars
 //! ([`AdamWParams`], [`AdamWStep`], the clipping factor [`clip_scale`]), and the
@@ -152,8 +153,43 @@ pub enum BufKind {
     Full,
 }
 
+/// What a buffer is: its name and its shape in the letters of the model's doc
+/// (`"(B, T, C)"`), for the memory accounting's table and an allocation's error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Role {
+    pub name: &'static str,
+    pub shape: &'static str,
+}
+
+/// Memory an allocation holds where its backend keeps it: host memory on the CPU,
+/// device memory on a GPU.
+pub trait Allocation {
+    fn bytes(&self) -> u64;
+}
+
+/// Where buffers come from: a backend allocates them in its memory; the memory
+/// accounting's planner only sizes them ([`crate::accounting`]), running the very
+/// declarations the model allocates with ([`crate::buffers`]).
+pub trait Allocator<F: Float> {
+    /// A buffer of `F` values (in the precision its [`BufKind`] says).
+    type Buf: Buffer;
+    /// A buffer of token ids.
+    type Ids: Allocation + Send + Sync;
+    /// One step's statistics (loss and gradient sum of squares) where the kernels
+    /// write them, and their host copy: [`StepStats`] on the CPU, a device buffer
+    /// and pinned host memory on a GPU.
+    type Stats: Allocation + Send + Sync;
+
+    /// A zeroed buffer of `len` values for `role`.
+    fn alloc(&self, role: Role, len: usize, kind: BufKind) -> Result<Self::Buf>;
+    /// A buffer of `len` token ids for `role`.
+    fn alloc_ids(&self, role: Role, len: usize) -> Result<Self::Ids>;
+    /// A buffer for one step's statistics.
+    fn alloc_stats(&self, role: Role) -> Result<Self::Stats>;
+}
+
 /// A buffer a backend owns: a host `Vec` on the CPU, device memory on a GPU.
-pub trait Buffer: Send + Sync {
+pub trait Buffer: Allocation + Send + Sync {
     /// Number of values.
     fn len(&self) -> usize;
 
@@ -202,6 +238,12 @@ pub trait Buffer: Send + Sync {
 impl<T: Send + Sync> Buffer for Vec<T> {
     fn len(&self) -> usize {
         Vec::len(self)
+    }
+}
+
+impl<T> Allocation for Vec<T> {
+    fn bytes(&self) -> u64 {
+        (self.capacity() * size_of::<T>()) as u64
     }
 }
 
@@ -329,6 +371,7 @@ impl BatchPart {
 }
 
 /// A training step's statistics as they reach the host ([`Backend::read_stats`]).
+/// The CPU backend's statistics buffer is one (held inline: no allocation).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StepStats {
     /// Mean cross-entropy of the step's batch ([`Backend::cross_entropy`]).
@@ -338,6 +381,16 @@ pub struct StepStats {
     /// When they were ready: when the CPU wrote them, or when the host saw a GPU's
     /// copy complete.
     pub ready: Instant,
+}
+
+/// Bytes of a step's statistics on a device: the loss (f32, then 4 bytes of
+/// padding) and the gradient's sum of squares (f64).
+pub const STATS_BYTES: usize = 16;
+
+impl Allocation for StepStats {
+    fn bytes(&self) -> u64 {
+        0
+    }
 }
 
 impl StepStats {
@@ -386,27 +439,13 @@ pub trait Collective<Buf, Stats> {
 /// stay in a small buffer of the backend's ([`Backend::Stats`]) until
 /// [`Backend::send_stats`] queues their copy to the host, and only reading them
 /// waits — for that copy alone, so the next step can be queued meanwhile.
-pub trait Backend<F: Float>: Sync {
-    /// A buffer of `F` values (in the precision its [`BufKind`] says).
-    type Buf: Buffer;
+pub trait Backend<F: Float>: Allocator<F> + Sync {
     /// Host memory that values cross in between the host and the buffers, one
     /// piece at a time (a checkpoint's tensors): a `Vec` on the CPU; page-locked
     /// memory on a GPU, which the device copies directly where pageable memory
     /// would be staged by the driver.
     type Staging: Send;
-    /// A buffer of token ids.
-    type Ids: Send + Sync;
-    /// One step's statistics (loss and gradient sum of squares) where the kernels
-    /// write them, and their host copy: [`StepStats`] on the CPU, a device buffer
-    /// and pinned host memory on a GPU.
-    type Stats: Send + Sync;
 
-    /// A zeroed buffer of `len` values.
-    fn alloc(&self, len: usize, kind: BufKind) -> Result<Self::Buf>;
-    /// A buffer of `len` token ids.
-    fn alloc_ids(&self, len: usize) -> Result<Self::Ids>;
-    /// A buffer for one step's statistics.
-    fn alloc_stats(&self) -> Result<Self::Stats>;
     /// Queues the copy of `stats` to the host; returns without waiting.
     fn send_stats(&self, stats: &mut Self::Stats);
     /// The statistics [`Backend::send_stats`] sent, when their copy is done (waits

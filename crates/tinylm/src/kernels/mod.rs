@@ -16,9 +16,10 @@
 //! buffers the backend owns ([`Backend::Buf`]: a `Vec` on the CPU, device memory on
 //! a GPU), so the orchestration is written once for every backend.
 //!
-//! The kernel layer is a leaf: it imports nothing of the crate above it (only the
-//! error type and the RMSNorm ε of [`config`](crate::config)); the model, the
-//! optimizer's host API and the training loop use it, never the reverse.
+//! The kernel layer is a leaf: of the crate above it, it imports only the error
+//! type, the RMSNorm ε of [`config`](crate::config) and the ranks
+//! ([`World`](crate::distributed::World)) the backends' collectives run over; the
+//! model, the optimizer's host API and the training loop use it, never the reverse.
 
 pub mod backend;
 pub mod cpu;
@@ -26,10 +27,12 @@ pub mod cpu;
 pub mod cuda;
 pub mod float;
 pub mod profile;
+pub mod workspace;
 
 pub use backend::{
-    clip_scale, AdamWParams, AdamWStep, AttnShape, Backend, BatchPart, BufKind, Buffer, Collective,
-    MatMul, Precision, Span, SpanMut, StepStats, CLIP_EPS,
+    clip_scale, AdamWParams, AdamWStep, Allocation, Allocator, AttnShape, Backend, BatchPart,
+    BufKind, Buffer, Collective, MatMul, Precision, Role, Span, SpanMut, StepStats, CLIP_EPS,
+    STATS_BYTES,
 };
 pub use cpu::Cpu;
 pub use float::Float;

@@ -1,8 +1,8 @@
 //! A backend wrapper that times every kernel call by kind: where a step's time goes.
 
 use super::{
-    AdamWStep, AttnShape, Backend, BatchPart, BufKind, Collective, Float, MatMul, Span, SpanMut,
-    StepStats,
+    AdamWStep, Allocator, AttnShape, Backend, BatchPart, BufKind, Collective, Float, MatMul, Role,
+    Span, SpanMut, StepStats,
 };
 use crate::distributed::World;
 use crate::Result;
@@ -103,23 +103,26 @@ impl<B> Profiled<B> {
     }
 }
 
-impl<F: Float, B: Backend<F>> Backend<F> for Profiled<B> {
+impl<F: Float, B: Backend<F>> Allocator<F> for Profiled<B> {
     type Buf = B::Buf;
-    type Staging = B::Staging;
     type Ids = B::Ids;
     type Stats = B::Stats;
 
-    fn alloc(&self, len: usize, kind: BufKind) -> Result<B::Buf> {
-        self.inner.alloc(len, kind)
+    fn alloc(&self, role: Role, len: usize, kind: BufKind) -> Result<B::Buf> {
+        self.inner.alloc(role, len, kind)
     }
 
-    fn alloc_ids(&self, len: usize) -> Result<B::Ids> {
-        self.inner.alloc_ids(len)
+    fn alloc_ids(&self, role: Role, len: usize) -> Result<B::Ids> {
+        self.inner.alloc_ids(role, len)
     }
 
-    fn alloc_stats(&self) -> Result<B::Stats> {
-        self.inner.alloc_stats()
+    fn alloc_stats(&self, role: Role) -> Result<B::Stats> {
+        self.inner.alloc_stats(role)
     }
+}
+
+impl<F: Float, B: Backend<F>> Backend<F> for Profiled<B> {
+    type Staging = B::Staging;
 
     fn send_stats(&self, stats: &mut B::Stats) {
         self.inner.send_stats(stats)

@@ -620,7 +620,9 @@ mod tests {
             !svg.contains("out_dir") && !svg.contains("seed="),
             "only differing keys"
         );
-        assert!(!out.with_extension("svg.tmp").exists());
+        let files = std::fs::read_dir(tmp.path()).unwrap().flatten();
+        let files: Vec<_> = files.filter(|e| e.path().is_file()).collect();
+        assert_eq!(files.len(), 1, "nothing beside the figure: {files:?}");
     }
 
     #[test]

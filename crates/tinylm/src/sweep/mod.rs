@@ -231,30 +231,9 @@ impl Sweep {
 
     /// The summary as an aligned text table.
     pub fn table(&self, results: &[RunResult]) -> String {
-        let header = self.columns();
-        let rows = self.rows(results);
-        let widths: Vec<usize> = (0..header.len())
-            .map(|c| {
-                rows.iter()
-                    .map(|r| r[c].chars().count())
-                    .chain([header[c].chars().count()])
-                    .max()
-                    .unwrap_or(0)
-            })
-            .collect();
-        let line = |fields: &[String]| {
-            let cells: Vec<String> = fields
-                .iter()
-                .zip(&widths)
-                .map(|(f, &w)| format!("{f:<w$}"))
-                .collect();
-            cells.join("  ").trim_end().to_string() + "\n"
-        };
-        let mut text = line(&header);
-        for row in &rows {
-            text += &line(row);
-        }
-        text
+        let mut rows = vec![self.columns()];
+        rows.extend(self.rows(results));
+        crate::text::table(&rows, 0, usize::MAX)
     }
 }
 

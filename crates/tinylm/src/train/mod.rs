@@ -21,7 +21,7 @@
 //! checkpoint recorded, so on the same machine and thread count it reproduces the
 //! uninterrupted run's losses bit for bit.
 //!
-//! The loop never waits for a step it has just queued ([`Model::train_step`]): it
+//! The loop never waits for a step it has just queued ([`Model::optimizer_step`]): it
 //! logs, reports and checks step `k − 1` while step `k` runs, so a non-finite loss
 //! or gradient norm is found at most one step late (the error names its step). A
 //! step that evaluates, checkpoints or stops is read at once, before anything is
@@ -48,9 +48,9 @@ pub use run_dir::{
 
 use crate::checkpoint::{self, check_same_config, BackendValues, CheckpointFile, Moments};
 use crate::data::{Batch, SplitMix64, TokenDataset};
-use crate::device::{rank_device, run_on, BackendTask};
+use crate::device::{rank_device, AnyBackend};
 use crate::distributed::{shard, Reduce, World};
-use crate::kernels::{Backend, BatchPart, StepStats};
+use crate::kernels::{Allocator, Backend, BatchPart, StepStats};
 use crate::model::Model;
 use crate::optim::AdamW;
 use crate::{Error, Result};
@@ -180,35 +180,18 @@ pub fn train(
     cfg.validate()?;
     cfg.batch_split(world.ranks())?;
     let device = rank_device(cfg.device, world)?;
-    let task = TrainTask {
-        cfg,
-        world,
-        stop,
-        on_step,
+    let mut train = || {
+        let backend = AnyBackend::open(device, cfg.precision)?;
+        crate::on_backend!(backend, backend => run(cfg, backend, world, stop, on_step))
     };
     if cfg.threads == 0 {
-        return run_on(device, cfg.precision, task);
+        return train();
     }
     rayon::ThreadPoolBuilder::new()
         .num_threads(cfg.threads)
         .build()
         .map_err(|e| Error::Config(format!("cannot start {} threads: {e}", cfg.threads)))?
-        .install(|| run_on(device, cfg.precision, task))
-}
-
-/// A training run, on whichever backend its device names.
-struct TrainTask<'a, 'f> {
-    cfg: &'a TrainConfig,
-    world: &'a World,
-    stop: &'a AtomicBool,
-    on_step: &'a mut (dyn FnMut(&Progress) + Send + 'f),
-}
-
-impl BackendTask for TrainTask<'_, '_> {
-    type Output = TrainSummary;
-    fn run<B: Backend<f32>>(self, backend: B) -> Result<TrainSummary> {
-        run(self.cfg, backend, self.world, self.stop, self.on_step)
-    }
+        .install(train)
 }
 
 fn run<B: Backend<f32>>(
@@ -646,7 +629,7 @@ fn divergence(factor: f64, stats: &StepStats, start_loss: f64) -> Option<String>
 }
 
 /// A model, its optimizer state and where the run stands.
-type Resumed<B> = (Model<f32, B>, AdamW<<B as Backend<f32>>::Buf>, RunState);
+type Resumed<B> = (Model<f32, B>, AdamW<<B as Allocator<f32>>::Buf>, RunState);
 /// Loads `path` for resuming: the same model config, weights, AdamW state (this
 /// rank's shard of it under ZeRO-1) and run state. Every rank reads the file, one
 /// tensor at a time straight into its buffers.

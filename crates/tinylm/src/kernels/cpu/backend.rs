@@ -8,8 +8,8 @@ use super::{
 use crate::config::RMS_NORM_EPS;
 use crate::distributed::World;
 use crate::kernels::{
-    AdamWStep, AttnShape, Backend, BatchPart, BufKind, Collective, Float, MatMul, Span, SpanMut,
-    StepStats,
+    AdamWStep, Allocator, AttnShape, Backend, BatchPart, BufKind, Collective, Float, MatMul, Role,
+    Span, SpanMut, StepStats,
 };
 use crate::{Error, Result};
 use rayon::prelude::*;
@@ -19,23 +19,26 @@ use std::time::Instant;
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Cpu;
 
-impl<F: Float> Backend<F> for Cpu {
+impl<F: Float> Allocator<F> for Cpu {
     type Buf = Vec<F>;
-    type Staging = Vec<F>;
     type Ids = Vec<u32>;
     type Stats = StepStats;
 
-    fn alloc(&self, len: usize, _kind: BufKind) -> Result<Vec<F>> {
+    fn alloc(&self, _role: Role, len: usize, _kind: BufKind) -> Result<Vec<F>> {
         Ok(memory::zeroed(len))
     }
 
-    fn alloc_ids(&self, len: usize) -> Result<Vec<u32>> {
+    fn alloc_ids(&self, _role: Role, len: usize) -> Result<Vec<u32>> {
         Ok(vec![0; len])
     }
 
-    fn alloc_stats(&self) -> Result<StepStats> {
+    fn alloc_stats(&self, _role: Role) -> Result<StepStats> {
         Ok(StepStats::unset())
     }
+}
+
+impl<F: Float> Backend<F> for Cpu {
+    type Staging = Vec<F>;
 
     /// The kernels have run: the statistics are ready now.
     fn send_stats(&self, stats: &mut StepStats) {

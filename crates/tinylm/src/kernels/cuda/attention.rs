@@ -8,18 +8,7 @@ use super::launch::{expect, expect_u32, int, per_element, per_row_warp};
 use crate::kernels::{AttnShape, MatMul};
 use cudarc::driver::PushKernelArg;
 
-/// Scratch `floatX` elements attention needs for shape `s`: the heads of `q`, `k`,
-/// `v` and of their gradients `(3, B, H, T, D)` each, and one `(B, H, T, D)`.
-pub fn attention_scratch_len(s: AttnShape) -> usize {
-    7 * s.b * s.t * s.c()
-}
-
-/// f32 elements of the forward's scores `(B, H, Tq, T)` for shape `s`: they stay f32
-/// up to the softmax, as rounding them to bf16 (unit roundoff `u = 2⁻⁸`) would move
-/// each exponent by up to `u·|scale·S|`, a probability by 1–6% at `|scale·S|` of 3–15.
-pub fn attention_scores_len(s: AttnShape) -> usize {
-    s.b * s.h * s.tq() * s.t
-}
+pub use crate::kernels::workspace::{attention_scores_len, attention_scratch_len};
 
 impl Cuda {
     /// rows `(B, T, parts·C)` ⇄ heads `(parts, B, H, T, D)`.

@@ -6,17 +6,18 @@
 //! that copy alone. Token ids go in the other way, through pinned memory of their
 //! own ([`CudaIds`]).
 
-use super::attention::{attention_scores_len, attention_scratch_len};
 use super::buffer::{
     operand, view, view_mut, CudaBuf, CudaIds, CudaStats, DType, Dev, Pinned, STATS_BYTES,
 };
-use super::context::{driver_error, Cuda, Scratch};
-use super::global_norm::NORM_BLOCKS;
-use super::rmsnorm::ROW_BLOCKS;
+use super::context::{driver_error, Cuda};
 use crate::config::RMS_NORM_EPS;
 use crate::distributed::World;
+use crate::kernels::workspace::{
+    attention_scores_len, attention_scratch_len, Scratch, ScratchType, NORM_BLOCKS, ROW_BLOCKS,
+};
 use crate::kernels::{
-    AdamWStep, AttnShape, Backend, BatchPart, BufKind, Collective, MatMul, Span, SpanMut, StepStats,
+    AdamWStep, Allocation, Allocator, AttnShape, Backend, BatchPart, BufKind, Collective, MatMul,
+    Role, Span, SpanMut, StepStats,
 };
 #[cfg(not(feature = "nccl"))]
 use crate::Error;
@@ -28,7 +29,12 @@ impl Cuda {
     /// Scratch `slot` of at least `len` values, or `None` (the error recorded) when
     /// it cannot be allocated. A buffer replaced by a larger one is freed in
     /// stream order, after the kernels queued on it.
-    fn scratch(&self, slot: Scratch, len: usize, dtype: DType) -> Option<Dev> {
+    fn scratch(&self, slot: Scratch, len: usize) -> Option<Dev> {
+        let dtype = match slot.holds() {
+            ScratchType::Activations => self.float_x(),
+            ScratchType::F32 => DType::F32,
+            ScratchType::F64 => DType::F64,
+        };
         let mut scratch = self.scratch.lock().expect("scratch lock");
         if scratch
             .get(&slot)
@@ -46,6 +52,17 @@ impl Cuda {
             }
         }
         Some(scratch[&slot].slice(0..len))
+    }
+
+    /// The bytes of the kernels' work space as it stands: each [`Scratch`] buffer
+    /// allocated so far, and cuBLASLt's workspace.
+    pub fn workspace_bytes(&self) -> (Vec<(Scratch, u64)>, u64) {
+        let scratch = self.scratch.lock().expect("scratch lock");
+        let slots = Scratch::ALL.iter().filter_map(|&slot| {
+            let buf = scratch.get(&slot)?;
+            Some((slot, buf.bytes()))
+        });
+        (slots.collect(), self.blas.workspace_bytes())
     }
 
     /// `len` elements of pinned host memory (at least one: the driver allocates no
@@ -95,46 +112,47 @@ impl Cuda {
     }
 }
 
-impl Backend<f32> for Cuda {
+impl Allocator<f32> for Cuda {
     type Buf = CudaBuf;
-    /// Copied to and from synchronously ([`Backend::upload`] and
-    /// [`Backend::download`] wait), so no event guards it.
-    type Staging = PinnedHostSlice<f32>;
     type Ids = CudaIds;
     type Stats = CudaStats;
 
-    fn alloc(&self, len: usize, kind: BufKind) -> Result<CudaBuf> {
-        let what = match kind {
-            BufKind::Params => "parameters",
-            BufKind::Activations => "activations",
-            BufKind::Full => "gradients, moments or statistics (f32)",
-        };
-        let data = Cuda::alloc(self, len, self.dtype_of(kind), what)?;
+    fn alloc(&self, role: Role, len: usize, kind: BufKind) -> Result<CudaBuf> {
+        let data = Cuda::alloc(self, len, self.dtype_of(kind), role.name)?;
         let shadow = (kind == BufKind::Params && self.float_x() != DType::F32)
             .then(|| Cuda::alloc(self, len, self.float_x(), "parameters (bf16 copy)"))
             .transpose()?;
         Ok(CudaBuf { data, shadow })
     }
 
-    fn alloc_ids(&self, len: usize) -> Result<CudaIds> {
+    fn alloc_ids(&self, role: Role, len: usize) -> Result<CudaIds> {
         Ok(CudaIds {
-            device: Cuda::alloc(self, len, DType::U32, "token ids")?,
-            staging: self.alloc_pinned(len, "token ids")?,
+            device: Cuda::alloc(self, len, DType::U32, role.name)?,
+            staging: self.alloc_pinned(len, role.name)?,
         })
     }
 
-    fn alloc_stats(&self) -> Result<CudaStats> {
+    fn alloc_stats(&self, role: Role) -> Result<CudaStats> {
         Ok(CudaStats {
-            device: Cuda::alloc(self, STATS_BYTES / 8, DType::F64, "step statistics")?,
-            host: self.alloc_pinned(STATS_BYTES, "step statistics")?,
+            device: Cuda::alloc(self, STATS_BYTES / 8, DType::F64, role.name)?,
+            host: self.alloc_pinned(STATS_BYTES, role.name)?,
         })
     }
+}
+
+impl Backend<f32> for Cuda {
+    /// Copied to and from synchronously ([`Backend::upload`] and
+    /// [`Backend::download`] wait), so no event guards it.
+    type Staging = PinnedHostSlice<f32>;
 
     fn send_stats(&self, stats: &mut CudaStats) {
         self.bind();
-        let copied = self
-            .stream()
-            .memcpy_dtoh(&stats.device.memory, &mut stats.host.memory);
+        let device = stats
+            .device
+            .memory
+            .as_ref()
+            .expect("statistics are never empty");
+        let copied = self.stream().memcpy_dtoh(device, &mut stats.host.memory);
         self.check("copy of the step statistics", copied);
         // `read_stats` waits for this event: the copy and every kernel before it.
         let recorded = stats.host.copied.record(self.stream());
@@ -282,7 +300,7 @@ impl Backend<f32> for Cuda {
         rstd: Span<CudaBuf>,
         accumulate: bool,
     ) {
-        let Some(scratch) = self.scratch(Scratch::NormGain, ROW_BLOCKS * g.len, DType::F32) else {
+        let Some(scratch) = self.scratch(Scratch::NormGain, ROW_BLOCKS * g.len) else {
             return;
         };
         let (dx, dg) = (view_mut(dx), view_mut(dg));
@@ -325,11 +343,11 @@ impl Backend<f32> for Cuda {
         shape: AttnShape,
     ) {
         let len = attention_scratch_len(shape);
-        let Some(scratch) = self.scratch(Scratch::Attention, len, self.float_x()) else {
+        let Some(scratch) = self.scratch(Scratch::Attention, len) else {
             return;
         };
         let scores_len = attention_scores_len(shape);
-        let Some(scores) = self.scratch(Scratch::Scores, scores_len, DType::F32) else {
+        let Some(scores) = self.scratch(Scratch::Scores, scores_len) else {
             return;
         };
         let (out, att) = (view_mut(out), view_mut(att));
@@ -346,7 +364,7 @@ impl Backend<f32> for Cuda {
         shape: AttnShape,
     ) {
         let len = attention_scratch_len(shape);
-        let Some(scratch) = self.scratch(Scratch::Attention, len, self.float_x()) else {
+        let Some(scratch) = self.scratch(Scratch::Attention, len) else {
             return;
         };
         let (dqkv, datt) = (view_mut(dqkv), view_mut(datt));
@@ -363,7 +381,7 @@ impl Backend<f32> for Cuda {
         stats: &mut CudaStats,
     ) {
         let targets = targets.view();
-        let Some(losses) = self.scratch(Scratch::Losses, targets.len, DType::F32) else {
+        let Some(losses) = self.scratch(Scratch::Losses, targets.len) else {
             return;
         };
         let logits = view_mut(logits);
@@ -390,7 +408,7 @@ impl Backend<f32> for Cuda {
     }
 
     fn sum_squares(&self, x: Span<CudaBuf>, stats: &mut CudaStats) {
-        let Some(partial) = self.scratch(Scratch::Squares, NORM_BLOCKS, DType::F64) else {
+        let Some(partial) = self.scratch(Scratch::Squares, NORM_BLOCKS) else {
             return;
         };
         Cuda::sum_squares(self, stats.sum_squares(), view(x), partial);

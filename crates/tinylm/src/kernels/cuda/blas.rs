@@ -7,6 +7,7 @@
 //! a stored transpose is an `op = T` at no cost.
 
 use super::buffer::{DType, Dev};
+use crate::kernels::workspace::cublaslt_workspace_bytes;
 use crate::kernels::MatMul;
 use crate::{Error, Result};
 use cudarc::cublaslt::result as lt;
@@ -163,10 +164,10 @@ impl Drop for Desc {
 }
 
 impl Blas {
-    /// A handle and NVIDIA's recommended workspace: 32 MiB on Hopper, 4 MiB before.
+    /// A handle and NVIDIA's recommended workspace ([`cublaslt_workspace_bytes`]).
     pub fn new(stream: &Arc<CudaStream>, capability: (i32, i32)) -> Result<Blas> {
         let handle = lt::create_handle().map_err(|e| blas_error("creating a handle", e))?;
-        let size = if capability.0 >= 9 { 32 << 20 } else { 4 << 20 };
+        let size = cublaslt_workspace_bytes(capability.0);
         let workspace = stream
             .alloc_zeros::<u8>(size)
             .map_err(|e| Error::Device(format!("cuBLASLt workspace of {} MiB: {e}", size >> 20)))?;
@@ -175,6 +176,11 @@ impl Blas {
             workspace,
             algos: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Bytes of the workspace.
+    pub fn workspace_bytes(&self) -> u64 {
+        self.workspace.len() as u64
     }
 
     /// Queues `out (+)= alpha · a · b` for each of `batch.count` entries (see

@@ -4,7 +4,7 @@
 //! [`Backend`](crate::kernels::Backend) sees them ([`CudaBuf`], [`CudaIds`],
 //! [`CudaStats`]).
 
-use crate::kernels::{Buffer, Span, SpanMut};
+use crate::kernels::{Allocation, Buffer, Span, SpanMut};
 use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::{CudaEvent, CudaSlice, PinnedHostSlice};
 
@@ -31,8 +31,9 @@ impl DType {
 
 /// A device allocation of `len` elements of `dtype`, freed on drop.
 pub struct DeviceBuffer {
-    /// The allocation, freed (stream-ordered) when the buffer is dropped.
-    pub(super) memory: CudaSlice<u8>,
+    /// The allocation, freed (stream-ordered) when the buffer is dropped; none for
+    /// an empty buffer (whose pointer is null).
+    pub(super) memory: Option<CudaSlice<u8>>,
     pub(super) ptr: CUdeviceptr,
     pub(super) len: usize,
     pub(super) dtype: DType,
@@ -127,6 +128,19 @@ impl Buffer for CudaBuf {
     }
 }
 
+impl Allocation for DeviceBuffer {
+    fn bytes(&self) -> u64 {
+        (self.len * self.dtype.size()) as u64
+    }
+}
+
+/// The values and, under bf16, their copy.
+impl Allocation for CudaBuf {
+    fn bytes(&self) -> u64 {
+        self.data.bytes() + self.shadow.as_ref().map_or(0, Allocation::bytes)
+    }
+}
+
 /// Page-locked host memory that the stream copies to or from asynchronously, and
 /// the event recorded after the last such copy. The context runs without cudarc's
 /// own event tracking, so the slice's accessors do not wait: whoever reads or
@@ -151,6 +165,13 @@ pub struct CudaIds {
     pub(super) staging: Pinned<u32>,
 }
 
+/// The ids on the device (their pinned staging is host memory).
+impl Allocation for CudaIds {
+    fn bytes(&self) -> u64 {
+        self.device.bytes()
+    }
+}
+
 impl CudaIds {
     /// The ids as a kernel argument.
     pub fn view(&self) -> Dev {
@@ -168,8 +189,14 @@ pub struct CudaStats {
     pub(super) host: Pinned<u8>,
 }
 
-/// Bytes of [`CudaStats`].
-pub(super) const STATS_BYTES: usize = 16;
+pub(super) use crate::kernels::backend::STATS_BYTES;
+
+/// The statistics on the device (their pinned host copy is host memory).
+impl Allocation for CudaStats {
+    fn bytes(&self) -> u64 {
+        self.device.bytes()
+    }
+}
 
 impl CudaStats {
     pub(super) fn loss(&self) -> Dev {

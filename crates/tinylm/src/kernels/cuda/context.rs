@@ -4,6 +4,7 @@
 use super::blas::Blas;
 use super::buffer::{DType, Dev, DeviceBuffer, HostElement};
 use super::nvrtc::{self, FAMILIES};
+use crate::kernels::workspace::Scratch;
 use crate::kernels::Precision;
 use crate::{Error, Result};
 use cudarc::driver::{
@@ -20,24 +21,6 @@ pub const CUBLASLT_LIBRARY: &str = "libcublasLt.so.13";
 /// it (`1000·major + 10·minor`): NVRTC and cuBLASLt are CUDA 13's.
 const MIN_DRIVER_CUDA: i32 = 13000;
 
-/// The kernels' work space, one buffer per use, grown to the largest request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Scratch {
-    /// Heads of q, k, v and their gradients
-    /// ([`attention_scratch_len`](super::attention::attention_scratch_len)).
-    Attention,
-    /// Attention scores `(B, H, Tq, T)` f32 before the softmax
-    /// ([`attention_scores_len`](super::attention::attention_scores_len)).
-    Scores,
-    /// RMSNorm gain-gradient partial sums `(ROW_BLOCKS, C)` f32
-    /// ([`ROW_BLOCKS`](super::rmsnorm::ROW_BLOCKS)).
-    NormGain,
-    /// Per-row losses `(N)` f32.
-    Losses,
-    /// Sum-of-squares partials, f64.
-    Squares,
-}
-
 /// The CUDA backend on one device: context and stream, the compiled kernels, the
 /// cuBLASLt handle and workspace, and the first error of queued work (sticky:
 /// kernels return nothing, the first failure is kept and reported by
@@ -49,7 +32,7 @@ pub struct Cuda {
     kernels: HashMap<&'static str, CudaFunction>,
     pub(super) blas: Blas,
     error: Mutex<Option<Error>>,
-    /// Work space of the kernels that need it, grown on first use.
+    /// Work space of the kernels that need it ([`Scratch`]), grown on first use.
     pub(super) scratch: Mutex<HashMap<Scratch, DeviceBuffer>>,
     device_name: String,
     capability: (i32, i32),
@@ -186,9 +169,18 @@ impl Cuda {
 
     /// A zeroed buffer of `len` elements; `what` names it in an out-of-memory error
     /// ("activations for batch 64 x 256: logits").
+    /// An empty buffer holds no memory.
     pub fn alloc(&self, len: usize, dtype: DType, what: &str) -> Result<DeviceBuffer> {
         let size = len * dtype.size();
-        let bytes = self.stream.alloc_zeros::<u8>(size.max(1)).map_err(|e| {
+        if size == 0 {
+            return Ok(DeviceBuffer {
+                memory: None,
+                ptr: 0,
+                len,
+                dtype,
+            });
+        }
+        let bytes = self.stream.alloc_zeros::<u8>(size).map_err(|e| {
             let free = self.ctx.mem_get_info().map(|(free, _)| free).unwrap_or(0);
             Error::Device(format!(
                 "{what}: could not allocate {:.1} MiB on {} ({} MiB free): {e}",
@@ -200,7 +192,7 @@ impl Cuda {
         let ptr = bytes.device_ptr(&self.stream).0;
         Ok(DeviceBuffer {
             ptr,
-            memory: bytes,
+            memory: Some(bytes),
             len,
             dtype,
         })

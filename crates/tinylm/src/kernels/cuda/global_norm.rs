@@ -5,9 +5,7 @@ use super::context::Cuda;
 use super::launch::expect;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
-/// Blocks of the first stage: fixed, so the summation order (and the result) is the
-/// same every step. Its scratch is `NORM_BLOCKS` f64.
-pub const NORM_BLOCKS: usize = 264;
+pub use crate::kernels::workspace::NORM_BLOCKS;
 /// Threads per block of the first stage: its grid-stride loop covers
 /// `NORM_BLOCKS · NORM_THREADS` elements a pass.
 pub const NORM_THREADS: u32 = 512;

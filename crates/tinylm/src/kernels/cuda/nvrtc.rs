@@ -4,6 +4,7 @@
 use crate::kernels::Precision;
 use crate::{Error, Result};
 use std::path::{Path, PathBuf};
+use tinylm_bpe::atomic::write_bytes;
 
 /// The header prepended to every family: `floatX`, conversions, reductions.
 pub const COMMON: &str = include_str!("common.cuh");
@@ -160,9 +161,9 @@ pub fn cache_dir() -> Option<PathBuf> {
 /// backend passes [`cache_dir`]): the PTX of a family is stored under a key of its
 /// full source, the architecture, the precision and the NVRTC version, so an edit
 /// or another toolkit recompiles. The cache is best-effort: when it cannot be read
-/// or written, the source is compiled. Concurrent writers (threads or processes)
-/// each write a file of their own ([`temp_path`]) and rename it into place, so a
-/// reader sees a whole file or none.
+/// or written, the source is compiled. Each writer (thread or process) writes a
+/// file of its own and renames it into place ([`write_bytes`]), so a reader sees a
+/// whole file or none.
 pub fn compile_cached(
     family: &str,
     source: &str,
@@ -195,25 +196,13 @@ pub fn compile_cached(
     }
     let ptx = compile(family, source, arch, precision)?;
     if let Some(path) = path {
-        let tmp = temp_path(&path);
-        let written = path
+        if path
             .parent()
-            .map_or(Ok(()), std::fs::create_dir_all)
-            .and_then(|()| std::fs::write(&tmp, &ptx))
-            .and_then(|()| std::fs::rename(&tmp, &path));
-        if written.is_err() {
-            let _ = std::fs::remove_file(&tmp);
+            .is_none_or(|dir| std::fs::create_dir_all(dir).is_ok())
+        {
+            // Best-effort: a cache that cannot be written is compiled into next time.
+            let _ = write_bytes(&path, ptx.as_bytes());
         }
     }
     Ok(ptx)
-}
-
-/// A temporary name beside `path` that no other writer uses: `path` with extension
-/// `tmp<pid>-<n>`, `n` counting this process's calls (so two threads compiling one
-/// family write two files, and the rename publishes only whole ones).
-pub fn temp_path(path: &Path) -> PathBuf {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static WRITERS: AtomicU64 = AtomicU64::new(0);
-    let n = WRITERS.fetch_add(1, Ordering::Relaxed);
-    path.with_extension(format!("tmp{}-{n}", std::process::id()))
 }

@@ -5,8 +5,7 @@ use super::context::Cuda;
 use super::launch::{expect, int, per_element, per_row_warp};
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
-/// Row blocks of the gain gradient's first stage (its scratch is `(ROW_BLOCKS, C)` f32).
-pub const ROW_BLOCKS: usize = 128;
+pub use crate::kernels::workspace::ROW_BLOCKS;
 
 impl Cuda {
     /// `out (N, C) = x / sqrt(mean(x²) + eps) ⊙ g`, `rstd (N)` f32; `g (C)` f32.

@@ -1,0 +1,121 @@
+//! What the bench commands measure: the benchmark model (or another the flags
+//! name), on a number of threads, and a training step — the training loop's own,
+//! on this rank's share of a batch.
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use tinylm::kernels::{AdamWParams, Backend, BatchPart, Collective};
+use tinylm::optim::AdamW;
+use tinylm::{Model, ModelConfig, Result as LmResult};
+
+use crate::commands::flags::{show_defaults, ModelArgs};
+
+/// The model and the threads of a bench command; `--config` is the old spelling of
+/// `--model-config`.
+#[derive(Args, Debug)]
+#[command(mut_args = show_defaults(&benchmark_model()))]
+#[command(mut_arg("model_config", |arg| arg.alias("config")))]
+pub struct BenchModel {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Worker threads (per rank).
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+}
+
+/// The sequences of a step.
+#[derive(Args, Debug)]
+pub struct StepBatch {
+    /// Sequences per step, over all ranks.
+    #[arg(long, default_value_t = 16)]
+    pub batch_size: usize,
+    /// Tokens per sequence (default: the context length).
+    #[arg(long)]
+    pub seq_len: Option<usize>,
+}
+
+/// The model timed unless `--model-config` or `--preset` names another: the
+/// benchmark model of bench/configs/bench-small.json (4 layers, d_model 256, a
+/// vocabulary of 4,096 and a context of 128 tokens), the CS336 architecture.
+fn benchmark_model() -> ModelConfig {
+    ModelConfig {
+        vocab_size: 4096,
+        context_length: 128,
+        d_model: 256,
+        num_layers: 4,
+        num_heads: 8,
+        d_ff: 704,
+        ..ModelConfig::tinystories()
+    }
+}
+
+impl BenchModel {
+    /// The model the flags give.
+    pub fn config(&self) -> Result<ModelConfig> {
+        let base = self.model.base()?.unwrap_or_else(benchmark_model);
+        self.model.apply(base).context("model configuration")
+    }
+
+    /// Runs `work` on a pool of `--threads` threads.
+    pub fn on_threads<R: Send>(&self, work: impl FnOnce() -> Result<R> + Send) -> Result<R> {
+        if self.threads == 0 {
+            bail!("--threads must be at least 1");
+        }
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(self.threads)
+            .build()
+            .context("cannot start the thread pool")?
+            .install(work)
+    }
+}
+
+impl StepBatch {
+    /// `(B, T)`: `--batch-size` sequences of `--seq-len` tokens, checked against the
+    /// model's context.
+    pub fn shape(&self, c: &ModelConfig) -> Result<(usize, usize)> {
+        let (b, t) = (self.batch_size, self.seq_len.unwrap_or(c.context_length));
+        if b == 0 || t == 0 || t > c.context_length {
+            bail!(
+                "--batch-size must be positive and --seq-len in 1..={}",
+                c.context_length
+            );
+        }
+        Ok((b, t))
+    }
+}
+
+/// This rank's share of a step's batch.
+pub struct Step<'a> {
+    pub ids: &'a [u32],
+    pub targets: &'a [u32],
+    pub b: usize,
+    pub t: usize,
+    /// Positions of the whole step's batch, over all ranks.
+    pub rows: usize,
+}
+
+impl Step<'_> {
+    /// The training loop's step — forward, backward, the gradient summed over
+    /// `ranks`, AdamW clipped to norm 1 — until its statistics reach the host; its
+    /// loss.
+    pub fn run<B: Backend<f32>>(
+        &self,
+        model: &mut Model<f32, B>,
+        opt: &mut AdamW<B::Buf>,
+        ranks: Option<&dyn Collective<B::Buf, B::Stats>>,
+    ) -> LmResult<f64> {
+        let part = BatchPart::whole(self.rows);
+        model.accumulate_gradient(self.ids, self.targets, self.b, self.t, part)?;
+        model.optimizer_step(opt, 1e-3, Some(1.0), ranks)?;
+        Ok(model.step_stats()?.loss)
+    }
+}
+
+/// The AdamW settings of the timed steps (TinyStories training's).
+pub fn adamw() -> AdamWParams {
+    AdamWParams {
+        beta2: 0.95,
+        weight_decay: 0.1,
+        ..AdamWParams::default()
+    }
+}

@@ -1,0 +1,39 @@
+//! The tokenizer that goes with a model, for the commands that turn its ids into
+//! text: the one `--tokenizer` names or the weights record, with `<|endoftext|>`.
+
+use anyhow::{Context, Result};
+use std::path::{Path, PathBuf};
+use tinylm_bpe::encode::Tokenizer;
+use tinylm_bpe::files::Bpe;
+
+/// The special token that ends a document; generation stops there.
+pub const END_OF_TEXT: &str = "<|endoftext|>";
+
+/// `--tokenizer`, or else the tokenizer the weights record; an error when neither.
+pub fn tokenizer_dir(
+    given: Option<&Path>,
+    recorded: Option<&Path>,
+    weights_path: &Path,
+) -> Result<PathBuf> {
+    given.or(recorded).map(Path::to_path_buf).with_context(|| {
+        format!(
+            "{} records no tokenizer: pass --tokenizer DIR",
+            weights_path.display()
+        )
+    })
+}
+
+/// The tokenizer in `dir` (its special tokens and split pattern) with `<|endoftext|>`
+/// among its special tokens, and that token's id.
+pub fn load_with_end_of_text(dir: &Path) -> Result<(Tokenizer, u32)> {
+    let bpe =
+        Bpe::load(dir).with_context(|| format!("loading the tokenizer in {}", dir.display()))?;
+    let mut specials = bpe.special_tokens();
+    if !specials.iter().any(|s| s == END_OF_TEXT) {
+        specials.push(END_OF_TEXT.to_string());
+    }
+    let tokenizer = Tokenizer::new(bpe.vocab, &bpe.merges, &specials)?.with_pattern(bpe.pattern);
+    let eos = tokenizer.encode(END_OF_TEXT);
+    debug_assert_eq!(eos.len(), 1, "a special token is one id");
+    Ok((tokenizer, eos[0]))
+}

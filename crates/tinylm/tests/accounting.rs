@@ -1,0 +1,238 @@
+//! Accounted bytes are allocated bytes. The memory accounting (`tinylm info`, the
+//! batch `--fit-memory` picks) and the model run the same buffer declarations
+//! (`tinylm::buffers`): here the accounting's count of every buffer of a training
+//! step is compared with what the CPU backend — and, with the feature `cuda`, the
+//! GPU backend in both precisions — allocates for it, buffer by buffer, in every
+//! ablation. And a real training step (the optimizer, forward, backward, the update,
+//! an evaluation pass) holds exactly the accounted bytes and nothing more: the
+//! process's heap allocations of 1 KiB and more on the CPU; on the GPU, every work
+//! space buffer of the kernels and the device's whole memory, as the emulated GPU
+//! counts it (`.ci/cuda_emu.sh` runs this file under tools/cuda-emu, whose driver
+//! allocates exactly the bytes asked for).
+
+// Each test file uses some of the shared helpers.
+#[allow(dead_code)]
+mod common;
+
+use common::ablations;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Mutex;
+use tinylm::accounting::{step_buffers, Entry, Memory, Part, Planner, Target};
+use tinylm::config::{Ffn, ModelConfig, Norm, Positional};
+use tinylm::kernels::{Backend, BatchPart, Cpu};
+use tinylm::optim::AdamW;
+use tinylm::Model;
+
+/// The heap, counting the bytes of its live allocations of [`LARGE`] bytes and
+/// more: every buffer of the test's steps is, and the small allocations around
+/// them (the vectors of buffers, rayon's jobs) are not counted.
+struct Counting;
+
+/// The smallest allocation counted.
+const LARGE: usize = 1024;
+
+static LIVE: AtomicI64 = AtomicI64::new(0);
+
+fn count(size: usize, sign: i64) {
+    if size >= LARGE {
+        LIVE.fetch_add(sign * size as i64, Ordering::Relaxed);
+    }
+}
+
+// SAFETY: every call is passed on to the system allocator unchanged.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            count(layout.size(), 1);
+        }
+        p
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        let p = unsafe { System.alloc_zeroed(layout) };
+        if !p.is_null() {
+            count(layout.size(), 1);
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        count(layout.size(), -1);
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        if !p.is_null() {
+            count(layout.size(), -1);
+            count(new_size, 1);
+        }
+        p
+    }
+}
+
+#[global_allocator]
+static HEAP: Counting = Counting;
+
+/// The tests one at a time: the heap's count is the whole process's.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn config(norm: Norm, positional: Positional, ffn: Ffn, tie_embeddings: bool) -> ModelConfig {
+    ModelConfig {
+        vocab_size: 96,
+        context_length: 64,
+        d_model: 32,
+        num_layers: 2,
+        num_heads: 4,
+        d_ff: 48,
+        norm,
+        positional,
+        ffn,
+        tie_embeddings,
+        ..ModelConfig::tinystories()
+    }
+}
+
+/// A batch of `b` sequences of `t` token ids.
+fn batch(c: &ModelConfig, b: usize, t: usize) -> Vec<u32> {
+    (0..b * t).map(|i| (i * 37 % c.vocab_size) as u32).collect()
+}
+
+/// A training step as `tinylm train` runs it, its statistics read, then an
+/// evaluation pass of the same shape; returns the optimizer (its moments).
+fn step_and_evaluate<B: Backend<f32>>(
+    model: &mut Model<f32, B>,
+    b: usize,
+    t: usize,
+) -> AdamW<B::Buf> {
+    let ids = batch(model.config(), b, t);
+    let mut opt = model.new_adamw(Default::default()).unwrap();
+    let whole = BatchPart::whole(b * t);
+    model.accumulate_gradient(&ids, &ids, b, t, whole).unwrap();
+    model
+        .optimizer_step(&mut opt, 1e-3, Some(1.0), None)
+        .unwrap();
+    model.step_stats().unwrap();
+    model.forward_loss(&ids, &ids, b, t).unwrap();
+    model.backend().sync().unwrap();
+    opt
+}
+
+/// `allocated` and `planned` hold the same buffers, each of the same bytes.
+fn assert_same(allocated: &[Entry], planned: &[Entry], what: &str) {
+    for (i, (a, p)) in allocated.iter().zip(planned).enumerate() {
+        assert_eq!(a, p, "{what}: buffer {i}");
+    }
+    assert_eq!(allocated.len(), planned.len(), "{what}: buffers");
+}
+
+/// The bytes of `entries` of the parts a step allocates after the model's own.
+fn step_parts(entries: &[Entry]) -> i64 {
+    let parts = [
+        Part::Gradients,
+        Part::Moments,
+        Part::Activations,
+        Part::BackwardScratch,
+    ];
+    (entries.iter().filter(|e| parts.contains(&e.part)))
+        .map(|e| e.bytes as i64)
+        .sum()
+}
+
+#[test]
+fn every_buffer_the_cpu_allocates_is_accounted_in_every_ablation() {
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    for c in ablations(config) {
+        for (b, t) in [(1, 1), (2, 7), (3, 64)] {
+            let planned = step_buffers(
+                &Planner {
+                    target: Target::Cpu,
+                },
+                &c,
+                b,
+                t,
+            )
+            .unwrap();
+            let allocated = step_buffers::<f32, _>(&Cpu, &c, b, t).unwrap();
+            assert_same(&allocated, &planned, &format!("{c:?}, batch {b} x {t}"));
+            let memory = Memory::new(&c, b, t, Target::Cpu);
+            assert_eq!(memory.buffers, planned, "the CPU has no work space");
+        }
+    }
+}
+
+#[test]
+fn a_training_step_on_the_cpu_holds_the_accounted_bytes_in_every_ablation() {
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    // Every buffer of a step of 4 x 64 tokens holds at least 1 KiB (the norms'
+    // 1/rms and the token ids: 256 f32 or u32).
+    let (b, t) = (4, 64);
+    // One worker thread: a first step grows all that it keeps (its scratch, the
+    // product library's packing memory) to this shape.
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    for c in ablations(config) {
+        pool.install(|| step_and_evaluate(&mut Model::new(c.clone(), 0).unwrap(), b, t));
+        let mut model = Model::new(c.clone(), 0).unwrap();
+        let before = LIVE.load(Ordering::Relaxed);
+        let opt = pool.install(|| step_and_evaluate(&mut model, b, t));
+        let held = LIVE.load(Ordering::Relaxed) - before;
+        drop(opt);
+        let planned = step_buffers(
+            &Planner {
+                target: Target::Cpu,
+            },
+            &c,
+            b,
+            t,
+        )
+        .unwrap();
+        assert_eq!(held, step_parts(&planned), "{c:?}");
+    }
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn every_buffer_and_the_whole_memory_of_a_gpu_step_are_accounted_in_every_ablation() {
+    use tinylm::kernels::cuda::Cuda;
+    use tinylm::kernels::Precision;
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let device_used = || {
+        let (free, total) = Cuda::device_memory(0).unwrap();
+        total - free
+    };
+    let (b, t) = (3, 16);
+    for precision in [Precision::Fp32, Precision::Bf16] {
+        let target = Target::Cuda(precision);
+        for c in ablations(config) {
+            let what = format!("{c:?} in {precision}");
+            let before = device_used();
+            let cuda = Cuda::new(0, precision).unwrap();
+            let planned = step_buffers(&Planner { target }, &c, b, t).unwrap();
+            let allocated = step_buffers(&cuda, &c, b, t).unwrap();
+            assert_same(&allocated, &planned, &what);
+            let mut model = Model::init_with_backend(c.clone(), 0, cuda).unwrap();
+            let _opt = step_and_evaluate(&mut model, b, t);
+            let memory = Memory::new(&c, b, t, target);
+            // Each work space buffer the kernels took, then cuBLASLt's.
+            let (scratch, cublaslt) = model.backend().workspace_bytes();
+            let mut took: Vec<(&str, u64)> = (scratch.iter())
+                .map(|&(slot, bytes)| (slot.describe().0, bytes))
+                .collect();
+            took.push(("cuBLASLt work space", cublaslt));
+            let mut counted: Vec<(&str, u64)> = (memory.buffers.iter())
+                .filter(|e| e.part == Part::Workspace)
+                .map(|e| (e.role.name, e.bytes))
+                .collect();
+            took.sort();
+            counted.sort();
+            assert_eq!(took, counted, "{what}");
+            let held = device_used() - before;
+            assert_eq!(held, memory.total(), "{what}: the device's memory");
+        }
+    }
+}
