@@ -10,6 +10,8 @@
 // that reads or writes outside its buffers is reported by AddressSanitizer; a
 // pointer argument outside every live allocation is an illegal address.
 
+#include "driver.h"
+
 #include <dlfcn.h>
 
 #include <chrono>
@@ -26,8 +28,9 @@
 #include <set>
 #include <string>
 
+#include "block.h"
 #include "build.h"
-#include "runtime.h"
+#include "pool.h"
 
 typedef int CUresult;
 typedef int CUdevice;

@@ -1,4 +1,4 @@
-// What the driver and the block executor share inside libcuda.so.1.
+// The block executor: what the driver asks of it to run a launch.
 #pragma once
 
 #include <cstdint>
@@ -21,8 +21,5 @@ struct Launch {
 /// Runs every block of `launch` (blocks in parallel on the worker threads, the
 /// threads of a block as fibers); the first fault's description, or "".
 std::string execute(const Launch& launch);
-
-/// The number of worker threads (`CUDA_EMU_THREADS`, else the host's cores).
-unsigned workers();
 
 }  // namespace cuemu
