@@ -13,6 +13,7 @@
 #include "driver.h"
 
 #include <dlfcn.h>
+#include <link.h>
 
 #include <chrono>
 #include <cstdarg>
@@ -80,11 +81,13 @@ struct Region {
 
 struct Module {
     void* handle;
+    SharedMemory shared;
     std::map<std::string, cuemu_kernel_info> functions;
 };
 
 struct Function {
     cuemu_kernel_info info;
+    SharedMemory shared;
 };
 
 std::recursive_mutex g_lock;
@@ -205,6 +208,26 @@ CUresult free_device(CUdeviceptr ptr) {
     g_regions.erase(it);
     std::free(reinterpret_cast<void*>(ptr));
     return CUDA_SUCCESS;
+}
+
+/// The `__shared__` memory of the loaded module `handle`: its TLS module id and the
+/// size of its PT_TLS segment.
+SharedMemory shared_memory_of(void* handle) {
+    SharedMemory shared;
+    if (dlinfo(handle, RTLD_DI_TLS_MODID, &shared.tls_module) != 0 || shared.tls_module == 0) {
+        return {};
+    }
+    dl_iterate_phdr(
+        [](dl_phdr_info* info, size_t, void* data) {
+            auto* s = static_cast<SharedMemory*>(data);
+            if (info->dlpi_tls_modid != s->tls_module) return 0;
+            for (int i = 0; i < info->dlpi_phnum; i++) {
+                if (info->dlpi_phdr[i].p_type == PT_TLS) s->bytes = info->dlpi_phdr[i].p_memsz;
+            }
+            return 1;
+        },
+        &shared);
+    return shared;
 }
 
 CUresult check_device_range(CUdeviceptr ptr, size_t bytes) {
@@ -671,7 +694,7 @@ API CUresult cuModuleLoadData(Module** module, const void* image) {
         std::fprintf(stderr, "cuda-emu: %s\n", dlerror());
         return CUDA_ERROR_INVALID_IMAGE;
     }
-    auto* m = new Module{handle, {}};
+    auto* m = new Module{handle, shared_memory_of(handle), {}};
     for (const auto& name : kernel_names(cpp)) {
         auto describe = reinterpret_cast<cuemu_kernel_info (*)()>(
             dlsym(handle, ("cuemu_kernel_" + name).c_str()));
@@ -693,7 +716,7 @@ API CUresult cuModuleGetFunction(Function** function, Module* module, const char
     if (CUresult r = ready()) return r;
     auto it = module->functions.find(name);
     if (it == module->functions.end()) return CUDA_ERROR_NOT_FOUND;
-    *function = new Function{it->second};
+    *function = new Function{it->second, module->shared};
     return CUDA_SUCCESS;
 }
 
@@ -715,6 +738,7 @@ API CUresult cuLaunchKernel(Function* f, unsigned int gx, unsigned int gy, unsig
     launch->kernel = f->info;
     launch->grid = {gx, gy, gz};
     launch->block = {bx, by, bz};
+    launch->shared = f->shared;
     std::vector<size_t> offsets;
     size_t words = 0;
     for (int i = 0; i < f->info.params; i++) {
@@ -738,7 +762,7 @@ API CUresult cuLaunchKernel(Function* f, unsigned int gx, unsigned int gy, unsig
                 return;
             }
         }
-        g_kernels++;
+        launch->sequence = g_kernels++;
         auto start = std::chrono::steady_clock::now();
         std::string failed = execute(*launch);
         g_kernel_seconds[k.name] +=
