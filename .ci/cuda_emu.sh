@@ -65,7 +65,10 @@ PY
 echo "== cuda-emu: a run's device memory against tinylm info --device cuda"
 # Training in micro-batches with evaluations and checkpoints, then a resume: the
 # most device memory either process allocated at once (the emulator's count) is
-# within the memory model's figure + 5%.
+# within ±10% of the memory model's figure. The emulator counts the bytes of each
+# allocation, nothing else (no allocator slack, no program), so the two differ only
+# where the model's high-water mark and the run's differ in which buffers are alive
+# at once; a buffer the model forgot, or counts twice, is larger than 10%.
 model=(--vocab-size 1024 --context-length 128 --d-model 128 --num-layers 2 --num-heads 4
     --d-ff 384 --batch-size 16 --micro-batch-size 8)
 memory_run() {
@@ -87,7 +90,7 @@ for run in ("first", "resumed"):
     peak = int(open(f"{work}/{run}.stats").read().split()[5])
     print(f"{run} run: most device memory at once {peak / 2**20:.2f} MiB, "
           f"tinylm info --device cuda {model / 2**20:.2f} MiB ({peak / model:.3f} of it)")
-    assert peak <= model * 1.05, (run, peak, model)
+    assert 0.9 <= peak / model <= 1.1, (run, peak, model)
 PY
 
 echo "== cuda-emu: a driver older than CUDA 13 is one clear error"
