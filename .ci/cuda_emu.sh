@@ -34,10 +34,12 @@ with open(sys.argv[1], "wb") as f:
     f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode())
     f.write(b"".join(struct.pack("<H", b) for b in data))
 PY
+# train NAME FLAGS: 6 steps of a tiny model at a learning rate high enough that the
+# loss falls by a quarter (5.69 to 4.28 on the CPU).
 train() {
     "$emu/run.sh" "$tinylm" train --train-data "$work/tokens.npy" --out-dir "$work/$1" \
         --vocab-size 256 --context-length 32 --d-model 32 --num-layers 2 --num-heads 2 \
-        --d-ff 64 --batch-size 8 --steps 6 --warmup-steps 2 --log-interval 1 \
+        --d-ff 64 --batch-size 8 --steps 6 --warmup-steps 2 --lr-max 1e-2 --log-interval 1 \
         --eval-interval 0 --checkpoint-interval 0 --threads 2 "${@:2}" >"$work/$1.out" 2>&1 ||
         { cat "$work/$1.out"; exit 1; }
 }
@@ -51,15 +53,22 @@ def losses(run):
     return [r["train_loss"] for r in map(json.loads, open(f"{sys.argv[1]}/{run}/log.jsonl"))
             if r.get("train_loss") is not None]
 cpu = losses("cpu")
-assert len(cpu) == 6, cpu
-# The suite's tolerances: fp32 within 1e-4 of the CPU's loss, bf16 within 3e-2.
-for run, tol in (("fp32", 1e-4), ("bf16", 3e-2), ("fp32-micro", 1e-4)):
+assert len(cpu) == 6 and cpu[-1] < 0.9 * cpu[0], cpu
+# Every step's loss against the CPU run's: fp32 within 1e-4 (f32 sums in another
+# order); bf16 within its unit roundoff 2^-8 (3.9e-3): a step's loss is the mean of
+# 256 tokens' losses whose bf16 roundings are independent, so it errs by much less
+# than one rounding (measured 2.3e-4 over the 6 steps; the numeric suite's 3.1e-2
+# bounds single logits). And each run learns: its loss falls at least 90% as far as
+# the CPU run's, which falls by a quarter.
+for run, tol in (("fp32", 1e-4), ("bf16", 2**-8), ("fp32-micro", 1e-4)):
     gpu = losses(run)
     assert len(gpu) == len(cpu), (run, gpu)
     worst = max(abs(g - c) / c for g, c in zip(gpu, cpu))
-    print(f"{run}: {len(gpu)} steps, losses {gpu[0]:.4f} .. {gpu[-1]:.4f}, "
-          f"largest relative difference from the CPU run {worst:.1e} (limit {tol:.0e})")
-    assert worst <= tol, (run, gpu, cpu)
+    fell = (gpu[0] - gpu[-1]) / (cpu[0] - cpu[-1])
+    print(f"{run}: {len(gpu)} steps, losses {gpu[0]:.4f} .. {gpu[-1]:.4f} (the CPU's "
+          f"{cpu[0]:.4f} .. {cpu[-1]:.4f}), largest relative difference from the CPU run "
+          f"{worst:.1e} (limit {tol:.0e}), fell {fell:.2f} as far as the CPU's")
+    assert worst <= tol and fell >= 0.9, (run, gpu, cpu)
 PY
 
 echo "== cuda-emu: a run's device memory against tinylm info --device cuda"
