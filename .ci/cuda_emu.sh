@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # The CUDA backend on the emulated GPU (tools/cuda-emu), on any CPU:
 #   1. builds the emulator and runs its planted-fault suite;
-#   2. checks that a driver older than CUDA 13 is one clear error;
-#   3. trains a tiny model for a few steps with `tinylm train --device cuda`, in fp32
+#   2. trains a tiny model for a few steps with `tinylm train --device cuda`, in fp32
 #      and bf16, and in fp32 in micro-batches of 2 (the step's gradient accumulated),
-#      and compares every step's loss with the CPU run's;
-#   4. runs the numeric suite crates/tinylm/tests/cuda.rs with its assertions as on a
-#      GPU, and prints how many kernels and cuBLASLt products the emulator executed.
+#      compares every step's loss with the CPU run's and checks that it fell;
+#   3. checks a run's device high-water mark against `tinylm info --device cuda`
+#      (within ±10%, either way);
+#   4. checks that a driver older than CUDA 13 is one clear error;
+#   5. runs the unit tests behind the `cuda` and `nccl` features, then the numeric
+#      suite crates/tinylm/tests/cuda.rs with its assertions as on a GPU, and prints
+#      how many kernels and cuBLASLt products the emulator executed.
 # The last line is cargo's `test result:` line of the numeric suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -110,9 +113,13 @@ fi
 grep "CUDA 12.8" "$work/old.out"
 grep -q "CUDA 13.0 or newer" "$work/old.out"
 
-echo "== cuda-emu: the numeric suite (crates/tinylm/tests/cuda.rs)"
 export CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="$PWD/$emu/run.sh"
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="$PWD/$emu/run.sh"
+echo "== cuda-emu: the unit tests behind the cuda and nccl features (src/kernels/cuda)"
+cargo test --release -p tinylm --features nccl --lib kernels::cuda:: 2>&1 | tee "$work/unit.out"
+grep -Eq "^test result: ok\. [1-9][0-9]* passed" "$work/unit.out"
+
+echo "== cuda-emu: the numeric suite (crates/tinylm/tests/cuda.rs)"
 start=$(date +%s)
 cargo test --release -p tinylm --features cuda --test cuda 2>&1 | tee "$work/suite.out"
 grep -q "^test result: ok" "$work/suite.out"
