@@ -9,7 +9,7 @@
 //
 // A missing barrier shows as a wrong result whichever thread comes first: the
 // round-robin runs the block's threads in an order that changes from block to
-// block and launch to launch (forward, reverse, shuffled), so each pair of
+// block and from launch to launch (forward, reverse, shuffled), so each pair of
 // threads runs both ways round, and each block's `__shared__` memory starts
 // poisoned (0xff bytes: NaN in f32 and bf16), never holding the previous block's
 // values.
@@ -228,7 +228,7 @@ void thread_main(void* arg) {
 }
 
 /// `CUDA_EMU_ORDER`: `forward`, `reverse` or `shuffled` for every block, or
-/// (unset, `rotate`) each in turn.
+/// (unset, `rotate`) the turns of `order_of`.
 int fixed_order() {
     static int order = [] {
         const char* env = std::getenv("CUDA_EMU_ORDER");
@@ -253,13 +253,25 @@ uint64_t splitmix64(uint64_t& state) {
     return z ^ (z >> 31);
 }
 
-/// Sets the order in which block `index` of `launch` runs its threads: the three
-/// orders in turn along the blocks, starting one further at each launch, so that a
-/// kernel of at least two blocks, or launched twice, runs each pair of threads both
-/// ways round; the shuffle is seeded by the launch and the block.
+/// The order in which block `index` of a kernel's launch number `launch` runs its
+/// threads. The kernel's launches take three turns: blocks alternately forward and
+/// reverse, then alternately reverse and forward, then every block shuffled. So by
+/// its first launch if it has two blocks or more, and by its second if it has one,
+/// every pair of a block's threads has run both ways round.
+Order order_of(uint64_t launch, uint64_t index) {
+    switch (launch % 3) {
+        case 0: return index % 2 == 0 ? Order::Forward : Order::Reverse;
+        case 1: return index % 2 == 0 ? Order::Reverse : Order::Forward;
+        default: return Order::Shuffled;
+    }
+}
+
+/// Sets the order in which block `index` of `launch` runs its threads
+/// (`order_of`, or `CUDA_EMU_ORDER`'s); the shuffle is seeded by the launch and
+/// the block.
 void set_schedule(Worker& w, const Launch& launch, uint64_t index) {
     int fixed = fixed_order();
-    w.order = fixed >= 0 ? Order(fixed) : Order((launch.sequence + index) % 3);
+    w.order = fixed >= 0 ? Order(fixed) : order_of(launch.sequence, index);
     for (unsigned p = 0; p < w.count; p++) {
         w.schedule[p] = w.order == Order::Reverse ? w.count - 1 - p : p;
     }

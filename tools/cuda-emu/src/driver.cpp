@@ -103,6 +103,7 @@ size_t g_device_bytes = 0;
 /// The most device memory allocated at once.
 size_t g_device_peak = 0;
 uint64_t g_kernels = 0;
+std::map<std::string, uint64_t> g_launches_of;  // launches executed, by kernel
 uint64_t g_products = 0;
 std::map<std::string, double> g_kernel_seconds;  // by kernel, with CUDA_EMU_PROFILE
 const auto g_start = std::chrono::steady_clock::now();
@@ -762,7 +763,8 @@ API CUresult cuLaunchKernel(Function* f, unsigned int gx, unsigned int gy, unsig
                 return;
             }
         }
-        launch->sequence = g_kernels++;
+        launch->sequence = g_launches_of[k.name]++;
+        g_kernels++;
         auto start = std::chrono::steady_clock::now();
         std::string failed = execute(*launch);
         g_kernel_seconds[k.name] +=
