@@ -1,6 +1,6 @@
-// The emulated GPU's internal interface: what the driver (libcuda.so.1) exports to
-// the kernel modules it loads and to the emulated cuBLASLt. Not a CUDA header:
-// programs see only the CUDA driver, NVRTC and cuBLASLt entry points.
+// What a kernel module calls: the interface libcuda.so.1's block executor
+// (src/block.cpp) exports to the modules it loads. Not a CUDA header: programs see
+// only the CUDA driver, NVRTC and cuBLASLt entry points.
 #pragma once
 
 #include <cstddef>
@@ -51,20 +51,3 @@ struct cuemu_kernel_info {
     void (*entry)(void** args);
 };
 }
-
-#include <functional>
-#include <string>
-
-namespace cuemu {
-/// Queues `work` on `stream` (a CUstream; 0 is the legacy stream). Returns a CUresult.
-int enqueue(void* stream, std::function<void()> work);
-/// Whether `[ptr, ptr + bytes)` lies inside one live device allocation; else a
-/// sentence saying where it falls.
-bool in_device_memory(uint64_t ptr, size_t bytes, std::string* why);
-/// Records a fault of queued work: printed now, and the context's sticky error.
-void fault(int cuda_error, const std::string& what);
-/// Runs `body(i)` for `i` in `0..n` on the emulator's worker threads.
-void parallel_for(size_t n, const std::function<void(size_t)>& body);
-/// Counts one executed cuBLASLt product.
-void count_product();
-}  // namespace cuemu

@@ -24,7 +24,8 @@
 #define __restrict__ __restrict
 #define __launch_bounds__(...)
 // One block runs at a time on each host thread, so thread-local storage is the
-// block's shared memory.
+// block's shared memory; the block executor poisons the module's whole
+// thread-local storage at each block's start, so a module has no other.
 #define __shared__ static thread_local
 #define __constant__ static const
 

@@ -6,25 +6,35 @@
 // while others wait at a barrier, threads waiting at different barriers, a mask
 // that names an exited or absent lane or leaves out the caller, lanes that meet
 // with different masks or operations, and a block where nobody can go on.
+//
+// A missing barrier shows as a wrong result whichever thread comes first: the
+// round-robin runs the block's threads in an order that changes from block to
+// block and from launch to launch (forward, reverse, shuffled), so each pair of
+// threads runs both ways round, and each block's `__shared__` memory starts
+// poisoned (0xff bytes: NaN in f32 and bf16), never holding the previous block's
+// values.
+
+#include "block.h"
 
 #include <sys/mman.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <functional>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <sanitizer/common_interface_defs.h>
 
 #include "fiber.h"
-#include "runtime.h"
+#include "pool.h"
+
+/// glibc's: the calling thread's copy of a module's thread-local storage, allocated
+/// on first use (`index` is {module id, offset}).
+extern "C" void* __tls_get_addr(void* index);
 
 namespace cuemu {
 
@@ -36,9 +46,21 @@ constexpr size_t kGuard = 4 << 10;
 
 enum class State : uint8_t { Ready, AtBarrier, InWarp, Exited };
 
+/// The order in which a block's round-robin runs its threads.
+enum class Order : uint8_t { Forward, Reverse, Shuffled };
+
+const char* order_name(Order order) {
+    switch (order) {
+        case Order::Forward: return "forward";
+        case Order::Reverse: return "reverse";
+        default: return "shuffled";
+    }
+}
+
 struct Thread {
     cuemu_thread_ids ids;
     unsigned linear = 0;
+    unsigned position = 0;  // its place in the round-robin's order
     State state = State::Ready;
     Fiber fiber;
     // A pending warp collective.
@@ -65,6 +87,8 @@ struct Worker {
     Warp warps[kMaxThreads / 32];
     const Launch* launch = nullptr;
     unsigned count = 0;  // threads of the block
+    Order order = Order::Forward;
+    std::vector<unsigned> schedule = std::vector<unsigned>(kMaxThreads);  // threads in order
     unsigned live = 0;
     unsigned exited = 0;
     unsigned at_barrier = 0;
@@ -72,7 +96,8 @@ struct Worker {
     int barrier_line = 0;
     bool faulted = false;
     std::string fault;
-    unsigned cursor = 0;  // the thread the scheduler's pass has reached
+    unsigned cursor = 0;  // the position the scheduler's pass has reached
+    bool barrier_opened = false;  // the next pass starts from the first position
 
     Worker() {
         size_t per = kStackSize + kGuard;
@@ -104,11 +129,11 @@ Worker& worker() {
     return *tl_worker;
 }
 
-std::string where(const Thread& t) {
-    char s[160];
-    std::snprintf(s, sizeof s, "block (%u,%u,%u) thread (%u,%u,%u)", t.ids.block_idx.x,
-                  t.ids.block_idx.y, t.ids.block_idx.z, t.ids.thread_idx.x, t.ids.thread_idx.y,
-                  t.ids.thread_idx.z);
+std::string where(const Thread& t, Order order) {
+    char s[200];
+    std::snprintf(s, sizeof s, "block (%u,%u,%u) (threads run in %s order) thread (%u,%u,%u)",
+                  t.ids.block_idx.x, t.ids.block_idx.y, t.ids.block_idx.z, order_name(order),
+                  t.ids.thread_idx.x, t.ids.thread_idx.y, t.ids.thread_idx.z);
     return s;
 }
 
@@ -140,7 +165,8 @@ const char* op_name(int op) {
     Thread& t = *tl_thread;
     if (!w.faulted) {
         w.faulted = true;
-        w.fault = "kernel " + std::string(w.launch->kernel.name) + ", " + where(t) + ": " + what;
+        w.fault = "kernel " + std::string(w.launch->kernel.name) + ", " + where(t, w.order) + ": " +
+                  what;
     }
     leave(w.scheduler, t.fiber, true);
     std::abort();  // never resumed
@@ -150,11 +176,12 @@ const char* op_name(int op) {
 /// pass, or for the scheduler when there is none (`finished`: `t` has exited).
 void switch_away(Thread& t, bool finished) {
     Worker& w = worker();
-    for (unsigned i = t.linear + 1; i < w.count; i++) {
-        if (w.threads[i].state == State::Ready) {
-            w.cursor = i;
-            tl_thread = &w.threads[i];
-            hand_off(t.fiber, w.threads[i].fiber, finished);
+    for (unsigned p = t.position + 1; p < w.count; p++) {
+        Thread& next = w.threads[w.schedule[p]];
+        if (next.state == State::Ready) {
+            w.cursor = p;
+            tl_thread = &next;
+            hand_off(t.fiber, next.fiber, finished);
             return;
         }
     }
@@ -200,6 +227,73 @@ void thread_main(void* arg) {
     std::abort();
 }
 
+/// `CUDA_EMU_ORDER`: `forward`, `reverse` or `shuffled` for every block, or
+/// (unset, `rotate`) the turns of `order_of`.
+int fixed_order() {
+    static int order = [] {
+        const char* env = std::getenv("CUDA_EMU_ORDER");
+        std::string v = env ? env : "rotate";
+        for (Order o : {Order::Forward, Order::Reverse, Order::Shuffled}) {
+            if (v == order_name(o)) return int(o);
+        }
+        if (v != "rotate") {
+            std::fprintf(stderr, "cuda-emu: CUDA_EMU_ORDER=%s: not forward, reverse, shuffled "
+                                 "or rotate\n", v.c_str());
+            std::exit(2);
+        }
+        return -1;
+    }();
+    return order;
+}
+
+uint64_t splitmix64(uint64_t& state) {
+    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/// The order in which block `index` of a kernel's launch number `launch` runs its
+/// threads. The kernel's launches take three turns: blocks alternately forward and
+/// reverse, then alternately reverse and forward, then every block shuffled. So by
+/// its first launch if it has two blocks or more, and by its second if it has one,
+/// every pair of a block's threads has run both ways round.
+Order order_of(uint64_t launch, uint64_t index) {
+    switch (launch % 3) {
+        case 0: return index % 2 == 0 ? Order::Forward : Order::Reverse;
+        case 1: return index % 2 == 0 ? Order::Reverse : Order::Forward;
+        default: return Order::Shuffled;
+    }
+}
+
+/// Sets the order in which block `index` of `launch` runs its threads
+/// (`order_of`, or `CUDA_EMU_ORDER`'s); the shuffle is seeded by the launch and
+/// the block.
+void set_schedule(Worker& w, const Launch& launch, uint64_t index) {
+    int fixed = fixed_order();
+    w.order = fixed >= 0 ? Order(fixed) : order_of(launch.sequence, index);
+    for (unsigned p = 0; p < w.count; p++) {
+        w.schedule[p] = w.order == Order::Reverse ? w.count - 1 - p : p;
+    }
+    if (w.order == Order::Shuffled) {
+        uint64_t state = launch.sequence * 0x100000001b3ull ^ index;
+        for (unsigned p = w.count - 1; p > 0; p--) {
+            std::swap(w.schedule[p], w.schedule[splitmix64(state) % (p + 1)]);
+        }
+    }
+    for (unsigned p = 0; p < w.count; p++) {
+        w.threads[w.schedule[p]].position = p;
+    }
+}
+
+/// Poisons this worker's copy of the module's `__shared__` memory (0xff bytes), so
+/// that a block reads nothing an earlier block left there.
+void poison_shared_memory(const SharedMemory& shared) {
+    if (shared.bytes == 0) return;
+    unsigned long index[2] = {shared.tls_module, 0};
+    std::memset(__tls_get_addr(index), 0xff, shared.bytes);
+}
+
 /// Runs block `index` of the launch on this host thread; false on a fault.
 bool run_block(Worker& w, const Launch& launch, uint64_t index) {
     const cuemu_uint3 g = launch.grid, b = launch.block;
@@ -207,9 +301,12 @@ bool run_block(Worker& w, const Launch& launch, uint64_t index) {
                              unsigned(index / (uint64_t(g.x) * g.y))};
     w.launch = &launch;
     w.count = b.x * b.y * b.z;
+    set_schedule(w, launch, index);
+    poison_shared_memory(launch.shared);
     w.live = w.count;
     w.exited = 0;
     w.at_barrier = 0;
+    w.barrier_opened = false;
     w.faulted = false;
     for (unsigned i = 0; i < (w.count + 31) / 32; i++) {
         w.warps[i].arrived = 0;
@@ -223,14 +320,18 @@ bool run_block(Worker& w, const Launch& launch, uint64_t index) {
     }
     while (w.live > 0 && !w.faulted) {
         bool ran = false;
-        for (unsigned i = 0; i < w.count && !w.faulted; i++) {
-            Thread& t = w.threads[i];
+        for (unsigned p = 0; p < w.count && !w.faulted; p++) {
+            Thread& t = w.threads[w.schedule[p]];
             if (t.state == State::Ready) {
-                w.cursor = i;
+                w.cursor = p;
                 tl_thread = &t;
                 resume(w.scheduler, t.fiber);
                 ran = true;
-                i = w.cursor;  // threads handed off to each other up to here
+                if (w.barrier_opened) {
+                    w.barrier_opened = false;
+                    break;  // the threads after the barrier run in the block's order
+                }
+                p = w.cursor;  // threads handed off to each other up to here
             }
         }
         if (!ran && !w.faulted) {
@@ -250,8 +351,10 @@ bool run_block(Worker& w, const Launch& launch, uint64_t index) {
                                 w.count, site(w.barrier_file, w.barrier_line).c_str());
             }
             w.faulted = true;
-            w.fault = format("kernel %s, block (%u,%u,%u): deadlock, no thread can go on",
-                             launch.kernel.name, block_idx.x, block_idx.y, block_idx.z) +
+            w.fault = format("kernel %s, block (%u,%u,%u) (threads run in %s order): deadlock, "
+                             "no thread can go on",
+                             launch.kernel.name, block_idx.x, block_idx.y, block_idx.z,
+                             order_name(w.order)) +
                       waits;
         }
     }
@@ -266,87 +369,7 @@ bool run_block(Worker& w, const Launch& launch, uint64_t index) {
     return !w.faulted;
 }
 
-// ---- The worker pool.
-
-/// Host threads that run the items of one `parallel_for` at a time; `run` returns
-/// when every worker has finished with the generation it started.
-struct Pool {
-    std::mutex mutex;
-    std::condition_variable start, done;
-    const std::function<void(size_t)>* body = nullptr;
-    size_t n = 0;
-    std::atomic<size_t> next{0};
-    unsigned pending = 0;  // workers not yet finished with this generation
-    uint64_t generation = 0;
-    std::vector<std::thread> threads;
-
-    explicit Pool(unsigned count) {
-        for (unsigned i = 1; i < count; i++) {
-            threads.emplace_back([this] { serve(); });
-            threads.back().detach();
-        }
-    }
-
-    void drain(const std::function<void(size_t)>& f, size_t count) {
-        for (size_t i; (i = next.fetch_add(1)) < count;) {
-            f(i);
-        }
-    }
-
-    void serve() {
-        uint64_t seen = 0;
-        std::unique_lock<std::mutex> lock(mutex);
-        for (;;) {
-            start.wait(lock, [&] { return generation != seen; });
-            seen = generation;
-            const auto* f = body;
-            size_t count = n;
-            lock.unlock();
-            drain(*f, count);
-            lock.lock();
-            if (--pending == 0) {
-                done.notify_all();
-            }
-        }
-    }
-
-    void run(size_t count, const std::function<void(size_t)>& f) {
-        if (threads.empty() || count <= 1) {
-            for (size_t i = 0; i < count; i++) f(i);
-            return;
-        }
-        {
-            std::lock_guard<std::mutex> lock(mutex);
-            body = &f;
-            n = count;
-            next = 0;
-            pending = unsigned(threads.size());
-            generation++;
-        }
-        start.notify_all();
-        drain(f, count);
-        std::unique_lock<std::mutex> lock(mutex);
-        done.wait(lock, [&] { return pending == 0; });
-    }
-};
-
-Pool& pool() {
-    static Pool* p = new Pool(workers());
-    return *p;
-}
-
 }  // namespace
-
-unsigned workers() {
-    static unsigned n = [] {
-        const char* env = std::getenv("CUDA_EMU_THREADS");
-        int v = env ? std::atoi(env) : int(std::thread::hardware_concurrency());
-        return unsigned(v > 0 ? v : 1);
-    }();
-    return n;
-}
-
-void parallel_for(size_t n, const std::function<void(size_t)>& body) { pool().run(n, body); }
 
 std::string execute(const Launch& launch) {
     uint64_t blocks = uint64_t(launch.grid.x) * launch.grid.y * launch.grid.z;
@@ -389,10 +412,14 @@ void cuemu_syncthreads(const char* file, int line) {
     w.barrier_file = file;
     w.barrier_line = line;
     if (++w.at_barrier == w.count) {
+        // The barrier opens. The last thread to arrive waits too, so that the code
+        // after the barrier runs in the block's order from its first thread.
         w.at_barrier = 0;
         for (unsigned i = 0; i < w.count; i++) {
             if (w.threads[i].state == State::AtBarrier) w.threads[i].state = State::Ready;
         }
+        w.barrier_opened = true;
+        leave(w.scheduler, t.fiber, false);
         return;
     }
     t.state = State::AtBarrier;

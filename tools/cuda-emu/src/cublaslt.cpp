@@ -14,7 +14,8 @@
 #include <vector>
 
 #include "cuda_bf16.h"
-#include "cuda_emu.h"
+#include "driver.h"
+#include "pool.h"
 
 typedef int cublasStatus_t;
 enum : cublasStatus_t {

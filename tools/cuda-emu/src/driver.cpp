@@ -10,7 +10,10 @@
 // that reads or writes outside its buffers is reported by AddressSanitizer; a
 // pointer argument outside every live allocation is an illegal address.
 
+#include "driver.h"
+
 #include <dlfcn.h>
+#include <link.h>
 
 #include <chrono>
 #include <cstdarg>
@@ -26,8 +29,9 @@
 #include <set>
 #include <string>
 
+#include "block.h"
 #include "build.h"
-#include "runtime.h"
+#include "pool.h"
 
 typedef int CUresult;
 typedef int CUdevice;
@@ -77,11 +81,13 @@ struct Region {
 
 struct Module {
     void* handle;
+    SharedMemory shared;
     std::map<std::string, cuemu_kernel_info> functions;
 };
 
 struct Function {
     cuemu_kernel_info info;
+    SharedMemory shared;
 };
 
 std::recursive_mutex g_lock;
@@ -97,6 +103,7 @@ size_t g_device_bytes = 0;
 /// The most device memory allocated at once.
 size_t g_device_peak = 0;
 uint64_t g_kernels = 0;
+std::map<std::string, uint64_t> g_launches_of;  // launches executed, by kernel
 uint64_t g_products = 0;
 std::map<std::string, double> g_kernel_seconds;  // by kernel, with CUDA_EMU_PROFILE
 const auto g_start = std::chrono::steady_clock::now();
@@ -202,6 +209,26 @@ CUresult free_device(CUdeviceptr ptr) {
     g_regions.erase(it);
     std::free(reinterpret_cast<void*>(ptr));
     return CUDA_SUCCESS;
+}
+
+/// The `__shared__` memory of the loaded module `handle`: its TLS module id and the
+/// size of its PT_TLS segment.
+SharedMemory shared_memory_of(void* handle) {
+    SharedMemory shared;
+    if (dlinfo(handle, RTLD_DI_TLS_MODID, &shared.tls_module) != 0 || shared.tls_module == 0) {
+        return {};
+    }
+    dl_iterate_phdr(
+        [](dl_phdr_info* info, size_t, void* data) {
+            auto* s = static_cast<SharedMemory*>(data);
+            if (info->dlpi_tls_modid != s->tls_module) return 0;
+            for (int i = 0; i < info->dlpi_phnum; i++) {
+                if (info->dlpi_phdr[i].p_type == PT_TLS) s->bytes = info->dlpi_phdr[i].p_memsz;
+            }
+            return 1;
+        },
+        &shared);
+    return shared;
 }
 
 CUresult check_device_range(CUdeviceptr ptr, size_t bytes) {
@@ -668,7 +695,7 @@ API CUresult cuModuleLoadData(Module** module, const void* image) {
         std::fprintf(stderr, "cuda-emu: %s\n", dlerror());
         return CUDA_ERROR_INVALID_IMAGE;
     }
-    auto* m = new Module{handle, {}};
+    auto* m = new Module{handle, shared_memory_of(handle), {}};
     for (const auto& name : kernel_names(cpp)) {
         auto describe = reinterpret_cast<cuemu_kernel_info (*)()>(
             dlsym(handle, ("cuemu_kernel_" + name).c_str()));
@@ -690,7 +717,7 @@ API CUresult cuModuleGetFunction(Function** function, Module* module, const char
     if (CUresult r = ready()) return r;
     auto it = module->functions.find(name);
     if (it == module->functions.end()) return CUDA_ERROR_NOT_FOUND;
-    *function = new Function{it->second};
+    *function = new Function{it->second, module->shared};
     return CUDA_SUCCESS;
 }
 
@@ -712,6 +739,7 @@ API CUresult cuLaunchKernel(Function* f, unsigned int gx, unsigned int gy, unsig
     launch->kernel = f->info;
     launch->grid = {gx, gy, gz};
     launch->block = {bx, by, bz};
+    launch->shared = f->shared;
     std::vector<size_t> offsets;
     size_t words = 0;
     for (int i = 0; i < f->info.params; i++) {
@@ -735,6 +763,7 @@ API CUresult cuLaunchKernel(Function* f, unsigned int gx, unsigned int gy, unsig
                 return;
             }
         }
+        launch->sequence = g_launches_of[k.name]++;
         g_kernels++;
         auto start = std::chrono::steady_clock::now();
         std::string failed = execute(*launch);

@@ -231,9 +231,9 @@ void write_past_the_last_partial_block(bool planted) {
     expect_close(download<float>(dst, n), x, 0, "convert");
 }
 
-/// rmsnorm_backward_dg_partial without its barrier: row 0 sums the other rows'
-/// partial sums before they are written.
-void missing_syncthreads(bool planted) {
+/// rmsnorm_backward_dg_partial without its barrier: thread row 0 sums the partial
+/// sums that rows 1 to 7 (higher-numbered threads) write before the barrier.
+void missing_syncthreads_read_after_higher_threads_write(bool planted) {
     std::string src = read("rmsnorm.cu");
     if (planted) src = plant(src, "    column_sums[threadIdx.y][threadIdx.x] = sum;\n    __syncthreads();\n", "    column_sums[threadIdx.y][threadIdx.x] = sum;\n");
     CUfunction f = function(load("rmsnorm", src), "rmsnorm_backward_dg_partial");
@@ -249,6 +249,30 @@ void missing_syncthreads(bool planted) {
     for (int row = 0; row < n; row++)
         for (int col = 0; col < c; col++) want[col] += dout[row * c + col] * x[row * c + col] * rstd[row];
     expect_close(sums, want, 1e-4, "gain gradient partial sums");
+}
+
+/// cross_entropy_forward_backward without its second barrier: the thread that owns
+/// column `target % blockDim.x` (a higher-numbered thread) overwrites that logit
+/// with its gradient, which thread 0 reads before the barrier for the row's loss.
+void missing_syncthreads_write_after_a_lower_thread_reads(bool planted) {
+    std::string src = read("cross_entropy.cu");
+    if (planted) src = plant(src, "    __syncthreads();\n    const float inv_rows", "    const float inv_rows");
+    CUfunction f = function(load("cross_entropy", src), "cross_entropy_forward_backward");
+    // Four rows, one block each, whose targets are owned by threads 5, 37, 6 and 35.
+    int rows = 4, v = 100, grad = 1;
+    std::vector<unsigned> targets = {5, 37, 70, 99};
+    auto logits = values(rows * v, 12);
+    CUdeviceptr dl = upload(logits), dt = upload(targets), losses = zeros(rows * 4);
+    launch(f, rows, 1, 64, 1, {&dl, &losses, &dt, &rows, &v, &grad});
+    auto got = download<float>(losses, rows);
+    std::vector<float> want(rows);
+    for (int r = 0; r < rows; r++) {
+        double m = -1e30, s = 0;
+        for (int j = 0; j < v; j++) m = std::max(m, double(logits[r * v + j]));
+        for (int j = 0; j < v; j++) s += std::exp(double(logits[r * v + j]) - m);
+        want[r] = float(m + std::log(s) - logits[r * v + targets[r]]);
+    }
+    expect_close(got, want, 1e-5, "cross-entropy losses");
 }
 
 /// global_norm_finish returning early from threads without a partial: the block
@@ -375,7 +399,8 @@ struct Case {
 const Case kCases[] = {
     {"an index off by one (rmsnorm_forward stores outr[i + 1])", index_off_by_one},
     {"an out-of-bounds write in the last partial block (convert_f32_to_x with i <= n)", write_past_the_last_partial_block},
-    {"a missing __syncthreads (rmsnorm_backward_dg_partial)", missing_syncthreads},
+    {"a missing __syncthreads before a thread reads what higher-numbered threads wrote (rmsnorm_backward_dg_partial)", missing_syncthreads_read_after_higher_threads_write},
+    {"a missing __syncthreads before a higher-numbered thread overwrites what a lower-numbered one reads (cross_entropy_forward_backward)", missing_syncthreads_write_after_a_lower_thread_reads},
     {"a barrier not reached by every thread (global_norm_finish returns early)", barrier_not_reached_by_every_thread},
     {"a shuffle whose mask names an exited lane (rmsnorm_forward)", shuffle_mask_names_an_exited_lane},
     {"a read of device memory never written (swiglu_forward input not uploaded)", read_of_memory_never_written},

@@ -5,14 +5,16 @@ use rand_chacha::ChaCha8Rng;
 use tinylm::config::{Ffn, ModelConfig, Norm, Positional};
 use tinylm::params::ParamLayout;
 
-/// Every ablation of the shape `config` builds: pre-, post- and no norm × RoPE or
-/// NoPE × (SwiGLU untied, SiLU tied).
+/// Every ablation of the shape `config` builds, all 24: pre-, post- and no norm ×
+/// RoPE or NoPE × SwiGLU or SiLU × untied or tied embeddings.
 pub fn ablations(config: fn(Norm, Positional, Ffn, bool) -> ModelConfig) -> Vec<ModelConfig> {
     let mut all = Vec::new();
     for norm in [Norm::Pre, Norm::Post, Norm::None] {
         for positional in [Positional::Rope, Positional::None] {
-            for (ffn, tied) in [(Ffn::Swiglu, false), (Ffn::Silu, true)] {
-                all.push(config(norm, positional, ffn, tied));
+            for ffn in [Ffn::Swiglu, Ffn::Silu] {
+                for tied in [false, true] {
+                    all.push(config(norm, positional, ffn, tied));
+                }
             }
         }
     }
