@@ -9,12 +9,12 @@ use rayon::prelude::*;
 
 /// Products smaller than this many multiply-adds run on the calling thread: the
 /// fork-join costs more than it saves.
-const PARALLEL_MIN_MACS: usize = 1 << 20;
+pub(crate) const PARALLEL_MIN_MACS: usize = 1 << 20;
 
 /// Parallel products are split into blocks of at most this many output columns,
 /// so the vocabulary-wide LM head becomes several tasks per thread: they balance
 /// when one thread is slowed, and each block's packed right operand stays small.
-const PARALLEL_MAX_COLS: usize = 1024;
+pub(crate) const PARALLEL_MAX_COLS: usize = 1024;
 
 /// The instruction set `gemm`'s kernels run with on this CPU, as `gemm` picks it at
 /// run time: AVX-512F when the `avx512` feature is built in and the CPU has it, else

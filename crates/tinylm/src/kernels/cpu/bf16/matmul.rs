@@ -1,0 +1,279 @@
+//! The bf16 product and its threads: `out (m, n) (+)= a · b` with both operands
+//! rounded to bf16 (nearest, ties to even) and the sums in `f32`, for every
+//! [`MatMul`] the `f32` products take (either operand stored transposed, written or
+//! accumulated), on the native micro-kernel of the CPU ([`Bf16Kernel`]).
+//!
+//! Blocking (Goto's): per block of at most [`KC`] values of `k`, `B`'s columns are
+//! packed into panels of pairs ([`pack`](super::pack)); per block of at most [`MC`]
+//! rows `A` is packed, then every tile of the block is one micro-kernel call — a
+//! panel of `B` (≤ 24 KiB) stays in L1 while `A`'s block (≤ 128 KiB) streams from L2.
+//! Threads split the output as the `f32` products do: one row block per thread,
+//! column blocks of at most [`PARALLEL_MAX_COLS`], one fork-join per product.
+
+use super::pack::{Layout, Microkernel, Operand};
+use super::portable::Portable;
+use super::round::Bf16Operand;
+use crate::kernels::cpu::linear::{PARALLEL_MAX_COLS, PARALLEL_MIN_MACS};
+use crate::kernels::cpu::memory::{with_scratch, SharedMut};
+use crate::kernels::MatMul;
+use rayon::prelude::*;
+
+#[cfg(all(target_arch = "x86_64", feature = "avx512"))]
+use super::avx512::Avx512Bf16;
+#[cfg(target_arch = "aarch64")]
+use super::neon::ArmBf16;
+
+/// Values of `k` per packed block: a panel of `B` (`KC/2` pairs × 48 columns) fits
+/// in L1 beside a tile's rows of `A`.
+pub const KC: usize = 256;
+/// Rows of `A` per packed block (`MC × KC` bf16 values in L2).
+pub const MC: usize = 256;
+
+/// A bf16 micro-kernel: the CPU's native one, or the portable one every CPU runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bf16Kernel {
+    /// x86-64 `vdpbf16ps` (AVX512_BF16: AMD Zen 4 and later, Intel Cooper Lake and
+    /// Sapphire Rapids and later); built with the `avx512` feature.
+    #[cfg(all(target_arch = "x86_64", feature = "avx512"))]
+    Avx512Bf16,
+    /// Arm `bfdot` (FEAT_BF16: Neoverse V1/V2/N2, Graviton 3 and 4, Apple M2 and later).
+    #[cfg(target_arch = "aarch64")]
+    ArmBf16,
+    /// The same values widened to `f32` and multiplied there: any CPU, slower than
+    /// the `f32` products.
+    Portable,
+}
+
+impl Bf16Kernel {
+    /// The kernel built for this architecture that multiplies bf16 natively, whether
+    /// or not this CPU has its instructions (`None` where none is built).
+    pub fn native_built() -> Option<Bf16Kernel> {
+        #[cfg(all(target_arch = "x86_64", feature = "avx512"))]
+        return Some(Bf16Kernel::Avx512Bf16);
+        #[cfg(target_arch = "aarch64")]
+        return Some(Bf16Kernel::ArmBf16);
+        #[allow(unreachable_code)]
+        None
+    }
+
+    /// The native kernel if this CPU has its instructions.
+    pub fn native() -> Option<Bf16Kernel> {
+        Self::native_built().filter(|k| k.runs_here())
+    }
+
+    /// The native kernel where the CPU has one, else the portable one.
+    pub fn best() -> Bf16Kernel {
+        Self::native().unwrap_or(Bf16Kernel::Portable)
+    }
+
+    /// Whether this CPU has the kernel's instructions.
+    pub fn runs_here(self) -> bool {
+        match self {
+            #[cfg(all(target_arch = "x86_64", feature = "avx512"))]
+            Bf16Kernel::Avx512Bf16 => Avx512Bf16::detected(),
+            #[cfg(target_arch = "aarch64")]
+            Bf16Kernel::ArmBf16 => ArmBf16::detected(),
+            Bf16Kernel::Portable => true,
+        }
+    }
+
+    /// What the kernel runs with, for reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            #[cfg(all(target_arch = "x86_64", feature = "avx512"))]
+            Bf16Kernel::Avx512Bf16 => "AVX512_BF16 (vdpbf16ps)",
+            #[cfg(target_arch = "aarch64")]
+            Bf16Kernel::ArmBf16 => "Arm BF16 (bfdot)",
+            Bf16Kernel::Portable => "portable (bf16 values, f32 arithmetic)",
+        }
+    }
+}
+
+/// `out (m, n) (+)= a · b` in bf16 (see [`MatMul`] for the shapes and transposes)
+/// on [`Bf16Kernel::best`]: each operand element rounded to bf16 as it is packed
+/// (`f32`) or taken as it is (`half::bf16`), products summed in `f32`, `out` written
+/// or accumulated in `f32`.
+pub fn matmul_bf16<A: Bf16Operand, B: Bf16Operand>(out: &mut [f32], a: &[A], b: &[B], s: MatMul) {
+    matmul_bf16_on(Bf16Kernel::best(), out, a, b, s)
+}
+
+/// [`matmul_bf16`] on the given kernel.
+///
+/// # Panics
+/// If the CPU lacks the kernel's instructions ([`Bf16Kernel::runs_here`]) or a
+/// buffer's size is not the shape's.
+pub fn matmul_bf16_on<A: Bf16Operand, B: Bf16Operand>(
+    kernel: Bf16Kernel,
+    out: &mut [f32],
+    a: &[A],
+    b: &[B],
+    s: MatMul,
+) {
+    assert_eq!(out.len(), s.m * s.n, "matmul output size");
+    assert_eq!(a.len(), s.m * s.k, "matmul lhs size");
+    assert_eq!(b.len(), s.k * s.n, "matmul rhs size");
+    assert!(kernel.runs_here(), "this CPU cannot run {}", kernel.name());
+    if s.m * s.n == 0 {
+        return;
+    }
+    if s.k == 0 {
+        if !s.accumulate {
+            out.fill(0.0);
+        }
+        return;
+    }
+    let a = Operand::new(a, if s.a_transposed { s.m } else { s.k }, s.a_transposed);
+    let b = Operand::new(b, if s.b_transposed { s.k } else { s.n }, s.b_transposed);
+    match kernel {
+        #[cfg(all(target_arch = "x86_64", feature = "avx512"))]
+        Bf16Kernel::Avx512Bf16 => parallel::<Avx512Bf16, _, _>(out, a, b, s),
+        #[cfg(target_arch = "aarch64")]
+        Bf16Kernel::ArmBf16 => parallel::<ArmBf16, _, _>(out, a, b, s),
+        Bf16Kernel::Portable => parallel::<Portable, _, _>(out, a, b, s),
+    }
+}
+
+/// Splits the product into blocks of output, one [`block`] per rayon task.
+fn parallel<K: Microkernel, A: Bf16Operand, B: Bf16Operand>(
+    out: &mut [f32],
+    a: Operand<A>,
+    b: Operand<B>,
+    s: MatMul,
+) {
+    let parallel = s.m * s.k * s.n >= PARALLEL_MIN_MACS;
+    let row_parts = if parallel {
+        rayon::current_num_threads().min(s.m.div_ceil(K::MR))
+    } else {
+        1
+    };
+    let col_parts = if parallel {
+        s.n.div_ceil(PARALLEL_MAX_COLS)
+    } else {
+        1
+    };
+    // Blocks of whole tiles, so only the last block in each direction has a partial one.
+    let rows = s.m.div_ceil(row_parts).next_multiple_of(K::MR);
+    let cols = s.n.div_ceil(col_parts).next_multiple_of(K::NR);
+    let out = SharedMut(out.as_mut_ptr());
+    (0..row_parts * col_parts).into_par_iter().for_each(|task| {
+        let (a, b) = (a, b); // whole operands (Sync), not their raw-pointer fields
+        let (r0, c0) = (task / col_parts * rows, task % col_parts * cols);
+        let (r1, c1) = ((r0 + rows).min(s.m), (c0 + cols).min(s.n));
+        if r0 >= r1 || c0 >= c1 {
+            return;
+        }
+        // SAFETY: the block (r0..r1, c0..c1) is inside every operand (sizes checked
+        // by the caller) and each task writes only its own block of `out`.
+        unsafe {
+            block::<K, A, B>(
+                (r1 - r0, s.k, c1 - c0),
+                out.get().add(r0 * s.n + c0),
+                s.n,
+                a.at(r0, 0),
+                b.at(0, c0),
+                s.accumulate,
+            )
+        }
+    });
+}
+
+/// `c (m, n)` (row stride `ldc`) `(+)= a (m, k) · b (k, n)` on the calling thread,
+/// packing into this thread's scratch.
+///
+/// # Safety
+/// The operands must address their shapes; `c` must be writable and alias neither;
+/// the CPU must have `K`'s instructions.
+unsafe fn block<K: Microkernel, A: Bf16Operand, B: Bf16Operand>(
+    (m, k, n): (usize, usize, usize),
+    c: *mut f32,
+    ldc: usize,
+    a: Operand<A>,
+    b: Operand<B>,
+    accumulate: bool,
+) {
+    let kp_max = KC.min(k).div_ceil(2);
+    let n_padded = n.next_multiple_of(K::NR);
+    let mc_max = MC.min(m).next_multiple_of(K::MR);
+    // B's columns as the rows of the packed panels: element (j, kk).
+    let b_rows = Operand {
+        ptr: b.ptr,
+        rs: b.cs,
+        cs: b.rs,
+    };
+    let a_layout = if a.cs == 1 {
+        Layout::Rows
+    } else {
+        Layout::Panels(K::MR)
+    };
+    with_scratch::<u32, _>(n_padded * kp_max + mc_max * kp_max, |scratch| {
+        let (b_pack, a_pack) = scratch.split_at_mut(n_padded * kp_max);
+        for k0 in (0..k).step_by(KC) {
+            let kc = KC.min(k - k0);
+            let kp = kc.div_ceil(2);
+            K::pack(
+                b_pack,
+                Layout::Panels(K::NR),
+                b_rows.at(0, k0),
+                n,
+                kc,
+                n_padded,
+            );
+            let accumulate = accumulate || k0 > 0;
+            for i0 in (0..m).step_by(MC) {
+                let mc = MC.min(m - i0);
+                let mc_padded = mc.next_multiple_of(K::MR);
+                K::pack(a_pack, a_layout, a.at(i0, k0), mc, kc, mc_padded);
+                let (a_rs, a_ps) = a_layout.strides(kp);
+                for j0 in (0..n).step_by(K::NR) {
+                    let b_panel = b_pack.as_ptr().add(j0 * kp);
+                    for r0 in (0..mc).step_by(K::MR) {
+                        let a_tile = a_pack.as_ptr().add(r0 * kp);
+                        let c_tile = c.add((i0 + r0) * ldc + j0);
+                        let (rows, cols) = (K::MR.min(mc - r0), K::NR.min(n - j0));
+                        if rows == K::MR && cols == K::NR {
+                            K::tile(kp, a_tile, a_rs, a_ps, b_panel, c_tile, ldc, accumulate);
+                        } else {
+                            edge_tile::<K>(
+                                kp, a_tile, a_rs, a_ps, b_panel, c_tile, ldc, accumulate, rows,
+                                cols,
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// Largest `MR × NR` of any kernel.
+const MAX_TILE: usize = 8 * 48;
+
+/// A tile at the output's edge (`rows × cols` of the kernel's `MR × NR` inside `c`):
+/// computed whole in a buffer of its own (the packed operands are zero beyond the
+/// edge), its inside copied out.
+#[allow(clippy::too_many_arguments)]
+unsafe fn edge_tile<K: Microkernel>(
+    kp: usize,
+    a: *const u32,
+    a_rs: usize,
+    a_ps: usize,
+    b: *const u32,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+    rows: usize,
+    cols: usize,
+) {
+    let mut tile = [0f32; MAX_TILE];
+    assert!(K::MR * K::NR <= MAX_TILE, "tile larger than MAX_TILE");
+    let row = |i: usize| i * K::NR..i * K::NR + cols;
+    if accumulate {
+        for i in 0..rows {
+            tile[row(i)].copy_from_slice(std::slice::from_raw_parts(c.add(i * ldc), cols));
+        }
+    }
+    K::tile(kp, a, a_rs, a_ps, b, tile.as_mut_ptr(), K::NR, accumulate);
+    for i in 0..rows {
+        std::slice::from_raw_parts_mut(c.add(i * ldc), cols).copy_from_slice(&tile[row(i)]);
+    }
+}
