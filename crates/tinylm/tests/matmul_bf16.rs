@@ -15,6 +15,8 @@ use half::bf16;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::io::Write;
+use std::sync::Once;
+use tinylm::kernels::cpu::bf16::matmul::MAX_PACKED_B;
 use tinylm::kernels::cpu::bf16::{matmul_bf16_on, Bf16Kernel};
 use tinylm::kernels::MatMul;
 
@@ -38,8 +40,12 @@ fn kernels() -> Vec<Bf16Kernel> {
     }
 }
 
+/// Writes `line` to stderr once per test run.
 fn note(line: &str) {
-    let _ = writeln!(std::io::stderr(), "{line}");
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let _ = writeln!(std::io::stderr(), "{line}");
+    });
 }
 
 fn random(rng: &mut ChaCha8Rng, len: usize) -> Vec<f32> {
@@ -143,7 +149,8 @@ fn products_equal_the_rounded_definition_on_edge_shapes() {
     }
 }
 
-/// Products large enough to split across threads, column blocks and row blocks.
+/// Products large enough to split across threads, column blocks and row blocks,
+/// and one whose `B` is packed in several chunks of `k` (more than `MAX_PACKED_B`).
 #[test]
 fn large_products_split_across_threads_equal_the_rounded_definition() {
     let mut rng = ChaCha8Rng::seed_from_u64(47);
@@ -151,6 +158,12 @@ fn large_products_split_across_threads_equal_the_rounded_definition() {
         for s in forms(301, 300, 1100) {
             check(kernel, s, &mut rng, 7);
         }
+        check(
+            kernel,
+            MatMul::linear_dx(3, 1024, 4 * MAX_PACKED_B / 1024 + 9),
+            &mut rng,
+            5,
+        );
     }
 }
 

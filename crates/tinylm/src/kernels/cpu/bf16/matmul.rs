@@ -25,9 +25,11 @@ use super::neon::ArmBf16;
 
 /// Values of `k` per packed block: a panel of `B` (`KC/2` pairs × 48 columns) fits
 /// in L1 beside a tile's rows of `A`.
-pub const KC: usize = 256;
+pub const KC: usize = 512;
 /// Rows of `A` per packed block (`MC × KC` bf16 values in L2).
 pub const MC: usize = 256;
+/// Most `u32` pairs of `B` packed at once per thread (8 MiB).
+pub const MAX_PACKED_B: usize = 2 << 20;
 
 /// A bf16 micro-kernel: the CPU's native one, or the portable one every CPU runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -180,6 +182,11 @@ fn parallel<K: Microkernel, A: Bf16Operand, B: Bf16Operand>(
 /// `c (m, n)` (row stride `ldc`) `(+)= a (m, k) · b (k, n)` on the calling thread,
 /// packing into this thread's scratch.
 ///
+/// `B` is packed for a whole chunk of `k` at once (all of `k` unless that passes
+/// [`MAX_PACKED_B`]), then each block of [`MC`] rows runs through the chunk's
+/// blocks of [`KC`]: the block's output stays in L2 between them instead of
+/// going out to memory and back once per block of `k`.
+///
 /// # Safety
 /// The operands must address their shapes; `c` must be writable and alias neither;
 /// the CPU must have `K`'s instructions.
@@ -191,9 +198,11 @@ unsafe fn block<K: Microkernel, A: Bf16Operand, B: Bf16Operand>(
     b: Operand<B>,
     accumulate: bool,
 ) {
-    let kp_max = KC.min(k).div_ceil(2);
     let n_padded = n.next_multiple_of(K::NR);
+    let chunk = (MAX_PACKED_B / (n_padded * KC / 2)).max(1) * KC;
+    let chunk_pairs = chunk.min(k).div_ceil(2);
     let mc_max = MC.min(m).next_multiple_of(K::MR);
+    let kp_max = KC.min(k).div_ceil(2);
     // B's columns as the rows of the packed panels: element (j, kk).
     let b_rows = Operand {
         ptr: b.ptr,
@@ -205,38 +214,48 @@ unsafe fn block<K: Microkernel, A: Bf16Operand, B: Bf16Operand>(
     } else {
         Layout::Panels(K::MR)
     };
-    with_scratch::<u32, _>(n_padded * kp_max + mc_max * kp_max, |scratch| {
-        let (b_pack, a_pack) = scratch.split_at_mut(n_padded * kp_max);
-        for k0 in (0..k).step_by(KC) {
-            let kc = KC.min(k - k0);
-            let kp = kc.div_ceil(2);
-            K::pack(
-                b_pack,
-                Layout::Panels(K::NR),
-                b_rows.at(0, k0),
-                n,
-                kc,
-                n_padded,
-            );
-            let accumulate = accumulate || k0 > 0;
+    let b_size = n_padded * chunk_pairs.next_multiple_of(KC / 2);
+    with_scratch::<u32, _>(b_size + mc_max * kp_max, |scratch| {
+        let (b_pack, a_pack) = scratch.split_at_mut(b_size);
+        for chunk0 in (0..k).step_by(chunk) {
+            let chunk_end = (chunk0 + chunk).min(k);
+            // Each block of KC values of k packed as its own panels, one after another.
+            for k0 in (chunk0..chunk_end).step_by(KC) {
+                let kc = KC.min(chunk_end - k0);
+                let at = n_padded * (k0 - chunk0) / 2;
+                K::pack(
+                    &mut b_pack[at..],
+                    Layout::Panels(K::NR),
+                    b_rows.at(0, k0),
+                    n,
+                    kc,
+                    n_padded,
+                );
+            }
             for i0 in (0..m).step_by(MC) {
                 let mc = MC.min(m - i0);
                 let mc_padded = mc.next_multiple_of(K::MR);
-                K::pack(a_pack, a_layout, a.at(i0, k0), mc, kc, mc_padded);
-                let (a_rs, a_ps) = a_layout.strides(kp);
-                for j0 in (0..n).step_by(K::NR) {
-                    let b_panel = b_pack.as_ptr().add(j0 * kp);
-                    for r0 in (0..mc).step_by(K::MR) {
-                        let a_tile = a_pack.as_ptr().add(r0 * kp);
-                        let c_tile = c.add((i0 + r0) * ldc + j0);
-                        let (rows, cols) = (K::MR.min(mc - r0), K::NR.min(n - j0));
-                        if rows == K::MR && cols == K::NR {
-                            K::tile(kp, a_tile, a_rs, a_ps, b_panel, c_tile, ldc, accumulate);
-                        } else {
-                            edge_tile::<K>(
-                                kp, a_tile, a_rs, a_ps, b_panel, c_tile, ldc, accumulate, rows,
-                                cols,
-                            );
+                for k0 in (chunk0..chunk_end).step_by(KC) {
+                    let kc = KC.min(chunk_end - k0);
+                    let kp = kc.div_ceil(2);
+                    K::pack(a_pack, a_layout, a.at(i0, k0), mc, kc, mc_padded);
+                    let (a_rs, a_ps) = a_layout.strides(kp);
+                    let b_block = b_pack.as_ptr().add(n_padded * (k0 - chunk0) / 2);
+                    let accumulate = accumulate || k0 > 0;
+                    for j0 in (0..n).step_by(K::NR) {
+                        let b_panel = b_block.add(j0 * kp);
+                        for r0 in (0..mc).step_by(K::MR) {
+                            let a_tile = a_pack.as_ptr().add(r0 * kp);
+                            let c_tile = c.add((i0 + r0) * ldc + j0);
+                            let (rows, cols) = (K::MR.min(mc - r0), K::NR.min(n - j0));
+                            if rows == K::MR && cols == K::NR {
+                                K::tile(kp, a_tile, a_rs, a_ps, b_panel, c_tile, ldc, accumulate);
+                            } else {
+                                edge_tile::<K>(
+                                    kp, a_tile, a_rs, a_ps, b_panel, c_tile, ldc, accumulate, rows,
+                                    cols,
+                                );
+                            }
                         }
                     }
                 }

@@ -28,13 +28,25 @@ pub fn round_bf16(x: f32) -> u16 {
 }
 
 /// An element of a bf16 product's operand: an `f32`, rounded to bf16 as the product
-/// packs it ([`round_bf16`]), or a bf16 already rounded, taken as it is.
+/// packs it ([`round_bf16`]), or a bf16 already rounded, taken as it is. Only these
+/// two ([`Storage`] says which, for the vector packers that load many at once).
 pub trait Bf16Operand: Copy + Send + Sync + 'static {
+    /// How the element is stored.
+    const STORAGE: Storage;
     /// The bf16 value this element is multiplied as, as bits.
     fn bf16_bits(self) -> u16;
 }
 
+/// The storage of a [`Bf16Operand`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Storage {
+    F32,
+    Bf16,
+}
+
 impl Bf16Operand for f32 {
+    const STORAGE: Storage = Storage::F32;
+
     #[inline(always)]
     fn bf16_bits(self) -> u16 {
         round_bf16(self)
@@ -42,6 +54,8 @@ impl Bf16Operand for f32 {
 }
 
 impl Bf16Operand for bf16 {
+    const STORAGE: Storage = Storage::Bf16;
+
     #[inline(always)]
     fn bf16_bits(self) -> u16 {
         self.to_bits()
