@@ -155,7 +155,7 @@ fn products_equal_the_rounded_definition_on_edge_shapes() {
 fn large_products_split_across_threads_equal_the_rounded_definition() {
     let mut rng = ChaCha8Rng::seed_from_u64(47);
     for kernel in kernels() {
-        for s in forms(301, 300, 1100) {
+        for s in forms(150, 300, 1100) {
             check(kernel, s, &mut rng, 7);
         }
         check(

@@ -3,9 +3,10 @@
 //! one broadcast pair and adds both products into 16 `f32` lanes — 32
 //! multiply-adds per instruction, twice an `f32` FMA's 16.
 //!
-//! The tile is `8 × 48`: 24 accumulators (8 rows × 3 vectors of 16 columns), three
+//! The tile is `8 × 32`: 16 accumulators (8 rows × 2 vectors of 16 columns), two
 //! vectors of `B`'s pairs loaded per pair of `k` and each row's pair of `A`
-//! broadcast once, 24 `vdpbf16ps` per 11 loads.
+//! broadcast once, 16 `vdpbf16ps` per 10 loads. (`8 × 48` tiles ran slower: 32
+//! columns divide the models' widths — 256, 512, 704, 1,344 — and 48 do not.)
 //!
 //! Packing runs in vectors too, 16 or 32 values at a time, `f32` rounded by
 //! `vcvtne2ps2bf16` (the rounding of [`round_bf16`](super::round::round_bf16)): a

@@ -3,12 +3,12 @@
 //! [`MatMul`] the `f32` products take (either operand stored transposed, written or
 //! accumulated), on the native micro-kernel of the CPU ([`Bf16Kernel`]).
 //!
-//! Blocking (Goto's): per block of at most [`KC`] values of `k`, `B`'s columns are
-//! packed into panels of pairs ([`pack`](super::pack)); per block of at most [`MC`]
-//! rows `A` is packed, then every tile of the block is one micro-kernel call — a
-//! panel of `B` (≤ 24 KiB) stays in L1 while `A`'s block (≤ 128 KiB) streams from L2.
+//! Blocking (Goto's, see `block`): `B`'s columns packed into panels of pairs
+//! ([`pack`](super::pack)) per block of [`KC`] values of `k`, `A` packed per block of
+//! [`MC`] rows and [`KC`] values, every tile one micro-kernel call — a panel of `B`
+//! (32 KiB) stays in L1 while `A`'s block (256 KiB) and the output's stream from L2.
 //! Threads split the output as the `f32` products do: one row block per thread,
-//! column blocks of at most [`PARALLEL_MAX_COLS`], one fork-join per product.
+//! column blocks of at most 1,024, one fork-join per product.
 
 use super::pack::{Layout, Microkernel, Operand};
 use super::portable::Portable;
@@ -23,12 +23,14 @@ use super::avx512::Avx512Bf16;
 #[cfg(target_arch = "aarch64")]
 use super::neon::ArmBf16;
 
-/// Values of `k` per packed block: a panel of `B` (`KC/2` pairs × 48 columns) fits
-/// in L1 beside a tile's rows of `A`.
+/// Values of `k` per packed block: a panel of `B` (`KC/2` pairs × 32 columns, 32 KiB)
+/// fits in L1 beside a tile's rows of `A`. (256 ran slower on the products with more
+/// `k`: their output went to L2 and back twice as often.)
 pub const KC: usize = 512;
 /// Rows of `A` per packed block (`MC × KC` bf16 values in L2).
 pub const MC: usize = 256;
-/// Most `u32` pairs of `B` packed at once per thread (8 MiB).
+/// Most `u32` pairs of `B` packed at once per thread (8 MiB), so that a long `k`
+/// (an LM head's input gradient sums over the vocabulary) needs no more.
 pub const MAX_PACKED_B: usize = 2 << 20;
 
 /// A bf16 micro-kernel: the CPU's native one, or the portable one every CPU runs.
@@ -265,7 +267,7 @@ unsafe fn block<K: Microkernel, A: Bf16Operand, B: Bf16Operand>(
 }
 
 /// Largest `MR × NR` of any kernel.
-const MAX_TILE: usize = 8 * 48;
+const MAX_TILE: usize = 8 * 32;
 
 /// A tile at the output's edge (`rows × cols` of the kernel's `MR × NR` inside `c`):
 /// computed whole in a buffer of its own (the packed operands are zero beyond the

@@ -4,8 +4,8 @@
 //! instructions offer.
 //!
 //! [`round`] is the one rounding; [`pack`] the pair layouts the kernels read and the
-//! [`Microkernel`](pack::Microkernel) interface; [`avx512`] (`vdpbf16ps`), [`neon`]
-//! (`bfdot`) and [`portable`] (any CPU) implement it; [`matmul`] blocks, packs and
+//! [`Microkernel`](pack::Microkernel) interface; `avx512` (`vdpbf16ps`, x86-64), `neon`
+//! (`bfdot`, aarch64) and [`portable`] (any CPU) implement it; [`matmul`] blocks, packs and
 //! threads a product over one of them ([`matmul_bf16`], [`Bf16Kernel`]).
 
 #[cfg(all(target_arch = "x86_64", feature = "avx512"))]

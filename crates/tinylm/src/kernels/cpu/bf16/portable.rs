@@ -1,7 +1,7 @@
 //! The portable bf16 micro-kernel: the same bf16 values as the native kernels,
 //! widened to `f32` (exact: a shift) and multiplied-added in `f32` in the order
 //! `vdpbf16ps` documents (a pair's upper product, then its lower one), compiled for
-//! the widest vectors the CPU has ([`vectorized`]). Each pair costs two
+//! the widest vectors the CPU has (`simd::vectorized`). Each pair costs two
 //! multiplications and two additions where an `f32` product costs one FMA per value,
 //! so it runs at about half the `f32` products' speed or less: a CPU without native
 //! bf16 is faster in `f32`.
