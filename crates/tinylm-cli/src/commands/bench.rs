@@ -9,14 +9,16 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use half::bf16;
 use std::time::Instant;
 use tinylm::config::{Ffn, ModelConfig};
 use tinylm::device::{rank_device, run_on, BackendTask, Device};
 use tinylm::distributed::{Reduce, World};
+use tinylm::kernels::cpu::bf16::{matmul_bf16, Bf16Kernel};
 use tinylm::kernels::cpu::linear::{matmul, matmul_isa};
 use tinylm::kernels::cpu::memory::zeroed;
 use tinylm::kernels::{profile::Kind, AdamWParams, Backend, BatchPart, BufKind, Buffer};
-use tinylm::kernels::{Collective, Cpu, MatMul, Profiled};
+use tinylm::kernels::{Collective, Cpu, MatMul, Precision, Profiled};
 use tinylm::params::ParamLayout;
 use tinylm::{Model, Result as LmResult};
 
@@ -45,6 +47,11 @@ pub struct BenchArgs {
     /// Skip the matrix-product peak measurement.
     #[arg(long)]
     no_peak: bool,
+    /// Time the step's matrix products alone instead of training steps: the `f32`
+    /// products and the bf16 kernel's (bf16 operands), alternating, best of
+    /// `--steps` rounds.
+    #[arg(long, conflicts_with = "allreduce_only")]
+    products: bool,
     /// Under a launcher (`mpirun -np R`): time the all-reduce alone, on buffers of
     /// 4 KiB to 256 MiB and of the model's gradient, instead of training steps.
     #[arg(long)]
@@ -94,6 +101,9 @@ fn run_rank(args: BenchArgs, world: &World) -> Result<()> {
     if !b.is_multiple_of(ranks) {
         bail!("--batch-size {b} does not divide over {ranks} ranks: choose a multiple of {ranks}");
     }
+    if args.products && ranks > 1 {
+        bail!("--products times one process's products: start tinylm bench without a launcher");
+    }
     if args.allreduce_only && ranks == 1 {
         bail!(
             "--allreduce-only times the ranks' all-reduce: start tinylm bench under `mpirun -np R`"
@@ -103,10 +113,33 @@ fn run_rank(args: BenchArgs, world: &World) -> Result<()> {
         .num_threads(args.threads)
         .build()
         .context("cannot start the thread pool")?
-        .install(|| match args.allreduce_only {
-            true => bench_all_reduce(&config, &args, world),
-            false => bench(&config, b, t, &args, world),
+        .install(|| {
+            if args.products {
+                print_model(&config);
+                bench_products(&config, b * t, args.steps);
+                Ok(())
+            } else if args.allreduce_only {
+                bench_all_reduce(&config, &args, world)
+            } else {
+                bench(&config, b, t, &args, world)
+            }
         })
+}
+
+/// The model's line of a report.
+fn print_model(c: &ModelConfig) {
+    println!(
+        "model: vocab {} · ctx {} · d_model {} · {} layers · {} heads · d_ff {} · {:?}/{:?}/{:?}",
+        c.vocab_size,
+        c.context_length,
+        c.d_model,
+        c.num_layers,
+        c.num_heads,
+        c.d_ff,
+        c.norm,
+        c.positional,
+        c.ffn
+    );
 }
 
 /// Model FLOPs of one training step: 6 per parameter of every matrix product
@@ -145,18 +178,7 @@ fn bench(c: &ModelConfig, b: usize, t: usize, args: &BenchArgs, world: &World) -
     let flops = step_flops(c, b, t);
     let device = rank_device(args.device.device, world)?;
     if root {
-        println!(
-            "model: vocab {} · ctx {} · d_model {} · {} layers · {} heads · d_ff {} · {:?}/{:?}/{:?}",
-            c.vocab_size,
-            c.context_length,
-            c.d_model,
-            c.num_layers,
-            c.num_heads,
-            c.d_ff,
-            c.norm,
-            c.positional,
-            c.ffn
-        );
+        print_model(c);
         let threads = rayon::current_num_threads();
         match ranks {
             1 => println!(
@@ -182,8 +204,8 @@ fn bench(c: &ModelConfig, b: usize, t: usize, args: &BenchArgs, world: &World) -
     // The products' peak is measured between the timed steps, so that both see the
     // same machine: on a shared one, a product timed alone after the steps (or a step
     // alone) may catch a quiet moment the other never had.
-    let mut peak =
-        (device == Device::Cpu && !args.no_peak && ranks == 1).then(|| PeakProducts::new(c, n));
+    let mut peak = (device == Device::Cpu && !args.no_peak && ranks == 1)
+        .then(|| PeakProducts::new(c, n, Precision::Fp32));
     let timed = TimedSteps {
         c,
         ids: &ids[mine.clone()],
@@ -282,14 +304,14 @@ fn bench(c: &ModelConfig, b: usize, t: usize, args: &BenchArgs, world: &World) -
     }
 
     breakdown(c, params, &ids, &targets, b, t)?;
-    if let (Some(peak), Some(shares)) = (peak, paired) {
-        let peak = peak.report();
+    if let (Some(peak_products), Some(shares)) = (peak, paired) {
+        let peak = peak_products.report();
         let step = flops / best * 1e-9;
         println!(
             "\nwhole step (best) {step:.1} GFLOP/s = {:.0}% of the measured matrix-product peak \
              {peak:.1} GFLOP/s ({})",
             100.0 * step / peak,
-            matmul_isa()
+            peak_products.library()
         );
         println!(
             "each step against the peak of the products timed right after it: median {:.0}% \
@@ -582,9 +604,37 @@ fn breakdown(
     Ok(())
 }
 
-/// The matrix-product library alone on the step's distinct shapes, each timed once
-/// per [`PeakProducts::time_each`]; the peak is the best GFLOP/s of any.
+/// The step's distinct matrix products: a name, the shape and how many times a step
+/// runs it (forward, input gradient and weight gradient of every weight matrix).
+fn step_products(c: &ModelConfig, n: usize) -> Vec<(&'static str, MatMul, usize)> {
+    let (d, f, v, layers) = (c.d_model, c.d_ff, c.vocab_size, c.num_layers);
+    let w1 = if c.ffn == Ffn::Swiglu { 2 } else { 1 };
+    let matrices = [
+        ("qkv    ", d, 3 * d, layers),
+        ("o_proj ", d, d, layers),
+        ("w1/w3  ", d, f, w1 * layers),
+        ("w2     ", f, d, layers),
+        ("lm_head", d, v, 1),
+    ];
+    let mut products = Vec::new();
+    for (form, shape) in [
+        ("x·Wᵀ", MatMul::linear as fn(usize, usize, usize) -> MatMul),
+        ("dy·W", MatMul::linear_dx),
+        ("dyᵀ·x", MatMul::linear_dw),
+    ] {
+        for &(name, d_in, d_out, count) in &matrices {
+            let name: &'static str = format!("{name}  {form}").leak();
+            products.push((name, shape(n, d_in, d_out), count));
+        }
+    }
+    products
+}
+
+/// The step's products alone ([`step_products`]) in one precision — `f32` on the
+/// `gemm` crate, or bf16 operands on tinylm's bf16 kernel — each timed once per
+/// [`PeakProducts::time_each`]; the peak is the best GFLOP/s of any.
 struct PeakProducts {
+    precision: Precision,
     products: Vec<Product>,
     /// The best GFLOP/s of any product, round by round.
     round_peaks: Vec<f64>,
@@ -594,47 +644,59 @@ struct PeakProducts {
 struct Product {
     name: &'static str,
     shape: MatMul,
-    a: Vec<f32>,
-    b: Vec<f32>,
+    per_step: usize,
+    operands: Operands,
     out: Vec<f32>,
     best_s: f64,
 }
 
+/// A product's operands in the precision it is timed in.
+enum Operands {
+    F32(Vec<f32>, Vec<f32>),
+    Bf16(Vec<bf16>, Vec<bf16>),
+}
+
 impl PeakProducts {
-    fn new(c: &ModelConfig, n: usize) -> Self {
-        let (d, f, v) = (c.d_model, c.d_ff, c.vocab_size);
-        let shapes = [
-            ("qkv      x·Wᵀ", MatMul::linear(n, d, 3 * d)),
-            ("w1/w3    x·Wᵀ", MatMul::linear(n, d, f)),
-            ("w2       x·Wᵀ", MatMul::linear(n, f, d)),
-            ("lm_head  x·Wᵀ", MatMul::linear(n, d, v)),
-            ("w1/w3    dy·W", MatMul::linear_dx(n, d, f)),
-            ("lm_head  dy·W", MatMul::linear_dx(n, d, v)),
-            ("w1/w3    dyᵀ·x", MatMul::linear_dw(n, d, f)),
-            ("lm_head  dyᵀ·x", MatMul::linear_dw(n, d, v)),
-        ];
-        let products = shapes
+    fn new(c: &ModelConfig, n: usize, precision: Precision) -> Self {
+        let products = step_products(c, n)
             .into_iter()
-            .map(|(name, s)| {
+            .map(|(name, s, per_step)| {
                 // Allocated as the step's buffers are (huge pages where they exist).
                 let filled = |len, value| {
                     let mut buf = zeroed(len);
                     buf.fill(value);
                     buf
                 };
+                let (a, b) = (filled(s.m * s.k, 0.5), filled(s.k * s.n, 0.25));
+                let operands = match precision {
+                    Precision::Fp32 => Operands::F32(a, b),
+                    Precision::Bf16 => {
+                        let to_bf16 = |x: Vec<f32>| x.into_iter().map(bf16::from_f32).collect();
+                        Operands::Bf16(to_bf16(a), to_bf16(b))
+                    }
+                };
                 Product {
                     name,
                     shape: s,
-                    a: filled(s.m * s.k, 0.5),
-                    b: filled(s.k * s.n, 0.25),
+                    per_step,
+                    operands,
                     out: zeroed(s.m * s.n),
                     best_s: f64::MAX,
                 }
             })
             .collect();
         PeakProducts {
+            precision,
             products,
             round_peaks: Vec::new(),
+        }
+    }
+
+    /// What the products run on.
+    fn library(&self) -> String {
+        match self.precision {
+            Precision::Fp32 => format!("gemm crate, {}", matmul_isa()),
+            Precision::Bf16 => format!("tinylm bf16, {}", Bf16Kernel::best().name()),
         }
     }
 
@@ -643,7 +705,10 @@ impl PeakProducts {
         let mut round_peak = 0f64;
         for p in &mut self.products {
             let start = Instant::now();
-            matmul(&mut p.out, &p.a, &p.b, p.shape);
+            match &p.operands {
+                Operands::F32(a, b) => matmul(&mut p.out, a, b, p.shape),
+                Operands::Bf16(a, b) => matmul_bf16(&mut p.out, a, b, p.shape),
+            }
             let seconds = start.elapsed().as_secs_f64();
             p.best_s = p.best_s.min(seconds);
             round_peak = round_peak.max(p.shape.flops() as f64 / seconds * 1e-9);
@@ -654,7 +719,8 @@ impl PeakProducts {
     /// Prints each product's best GFLOP/s; returns the peak.
     fn report(&self) -> f64 {
         println!(
-            "\nmatrix-product peak (gemm crate, best of {} rounds, each after a timed step):",
+            "\nmatrix-product peak ({}, best of {} rounds, each after a timed step):",
+            self.library(),
             self.round_peaks.len()
         );
         let mut peak = 0f64;
@@ -670,6 +736,61 @@ impl PeakProducts {
         println!("  peak {peak:.1} GFLOP/s");
         peak
     }
+
+    /// The step's products as a whole: their FLOPs over their best times, each
+    /// counted as often as a step runs it.
+    fn weighted_gflops(&self) -> f64 {
+        let flops: f64 = (self.products.iter())
+            .map(|p| (p.per_step as u64 * p.shape.flops()) as f64)
+            .sum();
+        let seconds: f64 = (self.products.iter())
+            .map(|p| p.per_step as f64 * p.best_s)
+            .sum();
+        flops / seconds * 1e-9
+    }
+}
+
+/// `--products`: the step's products alone, `f32` and bf16 alternating round by
+/// round, each product's best GFLOP/s in both and the step's products as a whole.
+fn bench_products(c: &ModelConfig, n: usize, rounds: usize) {
+    let mut f32s = PeakProducts::new(c, n, Precision::Fp32);
+    let mut bf16s = PeakProducts::new(c, n, Precision::Bf16);
+    for _ in 0..rounds {
+        f32s.time_each();
+        bf16s.time_each();
+    }
+    println!(
+        "\nthe step's matrix products alone ({n} rows), f32 ({}) and bf16 ({}; bf16 operands, \
+         f32 sums and output) alternating, best of {rounds} rounds:",
+        f32s.library(),
+        bf16s.library()
+    );
+    println!(
+        "  {:<16} ({:>5} x {:>5} x {:>5})  {:>8}  {:>11}  {:>12}  {:>8}",
+        "product", "m", "k", "n", "per step", "f32 GFLOP/s", "bf16 GFLOP/s", "bf16/f32"
+    );
+    for (p, q) in f32s.products.iter().zip(&bf16s.products) {
+        let s = p.shape;
+        let (f, b) = (
+            s.flops() as f64 / p.best_s * 1e-9,
+            s.flops() as f64 / q.best_s * 1e-9,
+        );
+        println!(
+            "  {:<16} ({:>5} x {:>5} x {:>5})  {:>8}  {f:>11.1}  {b:>12.1}  {:>7.2}x",
+            p.name,
+            s.m,
+            s.k,
+            s.n,
+            p.per_step,
+            b / f
+        );
+    }
+    let (f, b) = (f32s.weighted_gflops(), bf16s.weighted_gflops());
+    println!(
+        "  {:<48}  {f:>11.1}  {b:>12.1}  {:>7.2}x",
+        "all, weighted by their count per step",
+        b / f
+    );
 }
 
 /// CPU seconds this process's threads have run so far (Linux; `None` elsewhere).
