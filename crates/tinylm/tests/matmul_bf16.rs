@@ -17,7 +17,7 @@ use rand_chacha::ChaCha8Rng;
 use std::io::Write;
 use std::sync::Once;
 use tinylm::kernels::cpu::bf16::matmul::MAX_PACKED_B;
-use tinylm::kernels::cpu::bf16::{matmul_bf16_on, Bf16Kernel};
+use tinylm::kernels::cpu::bf16::{matmul_bf16_on, matmul_bf16_view, Bf16Kernel, Operand};
 use tinylm::kernels::MatMul;
 
 /// The kernels this CPU runs; says so on stderr (not captured by the test harness)
@@ -123,12 +123,15 @@ fn check(kernel: Bf16Kernel, s: MatMul, rng: &mut ChaCha8Rng, stride: usize) {
 }
 
 /// Shapes that end inside every blocking dimension of every kernel: tiles (`MR` 4 or
-/// 8 rows, `NR` 12, 16 or 48 columns), `k` blocks of 256 (`k` odd and even), blocks
-/// of 256 rows, and single rows, columns and values.
+/// 8 rows, `NR` 12, 16 or 32 columns), `k` blocks of 512 (`k` odd and even), blocks
+/// of 256 rows, single rows, columns and values, and empty products (`k = 0` writes
+/// zeros).
 #[test]
 fn products_equal_the_rounded_definition_on_edge_shapes() {
     let mut rng = ChaCha8Rng::seed_from_u64(46);
     let shapes = [
+        (0, 4, 5),
+        (2, 0, 3),
         (1, 1, 1),
         (3, 2, 5),
         (7, 3, 13),
@@ -136,6 +139,7 @@ fn products_equal_the_rounded_definition_on_edge_shapes() {
         (9, 257, 49),
         (4, 255, 16),
         (17, 513, 97),
+        (16, 1025, 33),
         (12, 1, 12),
         (33, 600, 11),
         (263, 20, 50),
@@ -226,6 +230,95 @@ fn bf16_operands_give_the_products_of_their_f32_originals() {
             matmul_bf16_on(kernel, &mut from_f32, &a, &b, s);
             matmul_bf16_on(kernel, &mut from_bf16, &a16, &b16, s);
             assert_eq!(from_f32, from_bf16, "{} {s:?}", kernel.name());
+        }
+    }
+}
+
+/// Attention's per-head products over views of the fused `(T, 3C)` rows: scores `Q Kᵀ`
+/// (both contiguous along `D`) and `P V` (`V` contiguous along the head's channels),
+/// into an output whose rows are wider than the product.
+#[test]
+fn strided_views_multiply_as_attention_reads_them() {
+    let mut rng = ChaCha8Rng::seed_from_u64(49);
+    let (t, c, d, h) = (37, 96, 32, 1); // head h of C / D heads
+    let qkv = random(&mut rng, t * 3 * c);
+    let round = |x: f32| f64::from(bf16::from_f32(x).to_f32());
+    let (q, k, v) = (h * d, c + h * d, 2 * c + h * d); // offsets of the head's Q, K, V
+    let p = random(&mut rng, t * t);
+    for kernel in kernels() {
+        let ldc = t + 3;
+        let mut scores = vec![f32::NAN; t * ldc];
+        let mut out = vec![f32::NAN; t * ldc];
+        unsafe {
+            let q_rows = Operand {
+                ptr: qkv[q..].as_ptr(),
+                rs: 3 * c,
+                cs: 1,
+            };
+            let k_cols = Operand {
+                ptr: qkv[k..].as_ptr(),
+                rs: 1,
+                cs: 3 * c,
+            };
+            matmul_bf16_view(
+                kernel,
+                (t, d, t),
+                scores.as_mut_ptr(),
+                ldc,
+                q_rows,
+                k_cols,
+                false,
+            );
+            let p_rows = Operand {
+                ptr: p.as_ptr(),
+                rs: t,
+                cs: 1,
+            };
+            let v_rows = Operand {
+                ptr: qkv[v..].as_ptr(),
+                rs: 3 * c,
+                cs: 1,
+            };
+            matmul_bf16_view(
+                kernel,
+                (t, t, d),
+                out.as_mut_ptr(),
+                ldc,
+                p_rows,
+                v_rows,
+                false,
+            );
+        }
+        for i in 0..t {
+            for j in 0..t {
+                let terms =
+                    (0..d).map(|e| round(qkv[i * 3 * c + q + e]) * round(qkv[j * 3 * c + k + e]));
+                let (want, magnitude) =
+                    terms.fold((0.0, 0.0), |(s, m), x| (s + x, m + f64::abs(x)));
+                let bound = (d + 1) as f64 * 2f64.powi(-23) * magnitude;
+                let got = f64::from(scores[i * ldc + j]);
+                assert!(
+                    (got - want).abs() <= bound,
+                    "{} Q·Kᵀ ({i}, {j})",
+                    kernel.name()
+                );
+            }
+            for e in 0..d {
+                let terms = (0..t).map(|j| round(p[i * t + j]) * round(qkv[j * 3 * c + v + e]));
+                let (want, magnitude) =
+                    terms.fold((0.0, 0.0), |(s, m), x| (s + x, m + f64::abs(x)));
+                let bound = (t + 1) as f64 * 2f64.powi(-23) * magnitude;
+                let got = f64::from(out[i * ldc + e]);
+                assert!(
+                    (got - want).abs() <= bound,
+                    "{} P·V ({i}, {e})",
+                    kernel.name()
+                );
+            }
+            // Outside the product, the output's rows are untouched.
+            assert!(scores[i * ldc + t..(i + 1) * ldc]
+                .iter()
+                .all(|x| x.is_nan()));
         }
     }
 }

@@ -81,6 +81,17 @@ impl Bf16Kernel {
         }
     }
 
+    /// The kernel's tile, `(MR, NR)`: products split into blocks of whole tiles.
+    fn tile(self) -> (usize, usize) {
+        match self {
+            #[cfg(all(target_arch = "x86_64", feature = "avx512"))]
+            Bf16Kernel::Avx512Bf16 => (Avx512Bf16::MR, Avx512Bf16::NR),
+            #[cfg(target_arch = "aarch64")]
+            Bf16Kernel::ArmBf16 => (ArmBf16::MR, ArmBf16::NR),
+            Bf16Kernel::Portable => (Portable::MR, Portable::NR),
+        }
+    }
+
     /// What the kernel runs with, for reports.
     pub fn name(self) -> &'static str {
         match self {
@@ -120,33 +131,12 @@ pub fn matmul_bf16_on<A: Bf16Operand, B: Bf16Operand>(
     if s.m * s.n == 0 {
         return;
     }
-    if s.k == 0 {
-        if !s.accumulate {
-            out.fill(0.0);
-        }
-        return;
-    }
     let a = Operand::new(a, if s.a_transposed { s.m } else { s.k }, s.a_transposed);
     let b = Operand::new(b, if s.b_transposed { s.k } else { s.n }, s.b_transposed);
-    match kernel {
-        #[cfg(all(target_arch = "x86_64", feature = "avx512"))]
-        Bf16Kernel::Avx512Bf16 => parallel::<Avx512Bf16, _, _>(out, a, b, s),
-        #[cfg(target_arch = "aarch64")]
-        Bf16Kernel::ArmBf16 => parallel::<ArmBf16, _, _>(out, a, b, s),
-        Bf16Kernel::Portable => parallel::<Portable, _, _>(out, a, b, s),
-    }
-}
-
-/// Splits the product into blocks of output, one [`block`] per rayon task.
-fn parallel<K: Microkernel, A: Bf16Operand, B: Bf16Operand>(
-    out: &mut [f32],
-    a: Operand<A>,
-    b: Operand<B>,
-    s: MatMul,
-) {
     let parallel = s.m * s.k * s.n >= PARALLEL_MIN_MACS;
+    let (mr, nr) = kernel.tile();
     let row_parts = if parallel {
-        rayon::current_num_threads().min(s.m.div_ceil(K::MR))
+        rayon::current_num_threads().min(s.m.div_ceil(mr))
     } else {
         1
     };
@@ -156,8 +146,8 @@ fn parallel<K: Microkernel, A: Bf16Operand, B: Bf16Operand>(
         1
     };
     // Blocks of whole tiles, so only the last block in each direction has a partial one.
-    let rows = s.m.div_ceil(row_parts).next_multiple_of(K::MR);
-    let cols = s.n.div_ceil(col_parts).next_multiple_of(K::NR);
+    let rows = s.m.div_ceil(row_parts).next_multiple_of(mr);
+    let cols = s.n.div_ceil(col_parts).next_multiple_of(nr);
     let out = SharedMut(out.as_mut_ptr());
     (0..row_parts * col_parts).into_par_iter().for_each(|task| {
         let (a, b) = (a, b); // whole operands (Sync), not their raw-pointer fields
@@ -167,9 +157,10 @@ fn parallel<K: Microkernel, A: Bf16Operand, B: Bf16Operand>(
             return;
         }
         // SAFETY: the block (r0..r1, c0..c1) is inside every operand (sizes checked
-        // by the caller) and each task writes only its own block of `out`.
+        // above) and each task writes only its own block of `out`.
         unsafe {
-            block::<K, A, B>(
+            matmul_bf16_view(
+                kernel,
                 (r1 - r0, s.k, c1 - c0),
                 out.get().add(r0 * s.n + c0),
                 s.n,
@@ -179,6 +170,48 @@ fn parallel<K: Microkernel, A: Bf16Operand, B: Bf16Operand>(
             )
         }
     });
+}
+
+/// `c (m, n)` (row stride `ldc`) `= a (m, k) · b (k, n)`, or `c +=` when
+/// `accumulate`, in bf16 on the calling thread, over strided views: the per-head
+/// products of attention, whose `Q`, `K` and `V` are `(T, D)` views of rows `3C`
+/// apart (a view contiguous along one dimension packs fastest).
+///
+/// # Safety
+/// The views must address `(m, k)` and `(k, n)` values; `c` must be writable for
+/// `(m, n)` and alias neither.
+///
+/// # Panics
+/// If the CPU lacks the kernel's instructions.
+pub unsafe fn matmul_bf16_view<A: Bf16Operand, B: Bf16Operand>(
+    kernel: Bf16Kernel,
+    (m, k, n): (usize, usize, usize),
+    c: *mut f32,
+    ldc: usize,
+    a: Operand<A>,
+    b: Operand<B>,
+    accumulate: bool,
+) {
+    assert!(kernel.runs_here(), "this CPU cannot run {}", kernel.name());
+    if m * n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            for i in 0..m {
+                std::slice::from_raw_parts_mut(c.add(i * ldc), n).fill(0.0);
+            }
+        }
+        return;
+    }
+    let shape = (m, k, n);
+    match kernel {
+        #[cfg(all(target_arch = "x86_64", feature = "avx512"))]
+        Bf16Kernel::Avx512Bf16 => block::<Avx512Bf16, A, B>(shape, c, ldc, a, b, accumulate),
+        #[cfg(target_arch = "aarch64")]
+        Bf16Kernel::ArmBf16 => block::<ArmBf16, A, B>(shape, c, ldc, a, b, accumulate),
+        Bf16Kernel::Portable => block::<Portable, A, B>(shape, c, ldc, a, b, accumulate),
+    }
 }
 
 /// `c (m, n)` (row stride `ldc`) `(+)= a (m, k) · b (k, n)` on the calling thread,
