@@ -55,6 +55,12 @@ impl Microkernel for Avx512Bf16 {
         tile(kp, a, a_rs, a_ps, b, c, ldc, accumulate)
     }
 
+    #[inline(always)]
+    fn prefetch(p: *const u8) {
+        // SAFETY: a prefetch is a hint; it never faults, whatever the address.
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(p.cast()) }
+    }
+
     unsafe fn pack<E: Bf16Operand>(
         dst: &mut [u32],
         layout: Layout,

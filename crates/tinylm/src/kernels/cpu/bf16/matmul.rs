@@ -267,36 +267,94 @@ unsafe fn block<K: Microkernel, A: Bf16Operand, B: Bf16Operand>(
                     n_padded,
                 );
             }
-            for i0 in (0..m).step_by(MC) {
+            // The blocks of A in the order they are packed: (first row, first of k).
+            let a_blocks = (0..m)
+                .step_by(MC)
+                .flat_map(|i0| (chunk0..chunk_end).step_by(KC).map(move |k0| (i0, k0)));
+            let mut next_blocks = a_blocks.clone().skip(1);
+            for (i0, k0) in a_blocks {
                 let mc = MC.min(m - i0);
                 let mc_padded = mc.next_multiple_of(K::MR);
-                for k0 in (chunk0..chunk_end).step_by(KC) {
-                    let kc = KC.min(chunk_end - k0);
-                    let kp = kc.div_ceil(2);
-                    K::pack(a_pack, a_layout, a.at(i0, k0), mc, kc, mc_padded);
-                    let (a_rs, a_ps) = a_layout.strides(kp);
-                    let b_block = b_pack.as_ptr().add(n_padded * (k0 - chunk0) / 2);
-                    let accumulate = accumulate || k0 > 0;
-                    for j0 in (0..n).step_by(K::NR) {
-                        let b_panel = b_block.add(j0 * kp);
-                        for r0 in (0..mc).step_by(K::MR) {
-                            let a_tile = a_pack.as_ptr().add(r0 * kp);
-                            let c_tile = c.add((i0 + r0) * ldc + j0);
-                            let (rows, cols) = (K::MR.min(mc - r0), K::NR.min(n - j0));
-                            if rows == K::MR && cols == K::NR {
-                                K::tile(kp, a_tile, a_rs, a_ps, b_panel, c_tile, ldc, accumulate);
-                            } else {
-                                edge_tile::<K>(
-                                    kp, a_tile, a_rs, a_ps, b_panel, c_tile, ldc, accumulate, rows,
-                                    cols,
-                                );
-                            }
+                let kc = KC.min(chunk_end - k0);
+                let kp = kc.div_ceil(2);
+                K::pack(a_pack, a_layout, a.at(i0, k0), mc, kc, mc_padded);
+                let (a_rs, a_ps) = a_layout.strides(kp);
+                let b_block = b_pack.as_ptr().add(n_padded * (k0 - chunk0) / 2);
+                let accumulate = accumulate || k0 > 0;
+                // The next block of A is fetched while this one is multiplied, so that
+                // packing it does not wait for memory (A is often read from memory: an
+                // LM head's gradient is the size of the logits).
+                let tiles = n.div_ceil(K::NR) * mc.div_ceil(K::MR);
+                let mut ahead = next_blocks.next().map(|(i1, k1)| {
+                    Ahead::new(a.at(i1, k1), MC.min(m - i1), KC.min(chunk_end - k1), tiles)
+                });
+                for j0 in (0..n).step_by(K::NR) {
+                    let b_panel = b_block.add(j0 * kp);
+                    for r0 in (0..mc).step_by(K::MR) {
+                        if let Some(ahead) = ahead.as_mut() {
+                            ahead.step::<K>();
+                        }
+                        let a_tile = a_pack.as_ptr().add(r0 * kp);
+                        let c_tile = c.add((i0 + r0) * ldc + j0);
+                        let (rows, cols) = (K::MR.min(mc - r0), K::NR.min(n - j0));
+                        if rows == K::MR && cols == K::NR {
+                            K::tile(kp, a_tile, a_rs, a_ps, b_panel, c_tile, ldc, accumulate);
+                        } else {
+                            edge_tile::<K>(
+                                kp, a_tile, a_rs, a_ps, b_panel, c_tile, ldc, accumulate, rows,
+                                cols,
+                            );
                         }
                     }
                 }
             }
         }
     });
+}
+
+/// The cache lines of a block of `A`, `rows × kc` values of an [`Operand`], fetched a
+/// share per tile over the `tiles` micro-kernel calls before it is packed: the runs
+/// along the dimension the operand is contiguous in, line by line.
+struct Ahead {
+    start: *const u8,
+    /// Bytes between runs.
+    stride: usize,
+    runs: usize,
+    lines_per_run: usize,
+    /// Lines fetched so far, and per tile.
+    done: usize,
+    per_tile: usize,
+}
+
+impl Ahead {
+    fn new<E>(src: Operand<E>, rows: usize, kc: usize, tiles: usize) -> Self {
+        let size = size_of::<E>();
+        let (runs, stride, run) = if src.cs == 1 {
+            (rows, src.rs * size, kc * size)
+        } else {
+            (kc, src.cs * size, rows * size)
+        };
+        let lines_per_run = run.div_ceil(64);
+        Ahead {
+            start: src.ptr.cast(),
+            stride,
+            runs,
+            lines_per_run,
+            done: 0,
+            per_tile: (runs * lines_per_run).div_ceil(tiles.max(1)),
+        }
+    }
+
+    /// Fetches the next tile's share.
+    #[inline(always)]
+    fn step<K: Microkernel>(&mut self) {
+        let end = (self.done + self.per_tile).min(self.runs * self.lines_per_run);
+        for line in self.done..end {
+            let (run, at) = (line / self.lines_per_run, line % self.lines_per_run);
+            K::prefetch(self.start.wrapping_add(run * self.stride + at * 64));
+        }
+        self.done = end;
+    }
 }
 
 /// Largest `MR × NR` of any kernel.

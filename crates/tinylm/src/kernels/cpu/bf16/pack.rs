@@ -165,6 +165,11 @@ pub trait Microkernel {
         accumulate: bool,
     );
 
+    /// Asks for the cache line at `p` ahead of use, where the instruction set has a
+    /// way to (a hint: never faults, may do nothing).
+    #[inline(always)]
+    fn prefetch(_p: *const u8) {}
+
     /// Packs a block as [`pack_pairs`] does; a kernel may do it faster.
     ///
     /// # Safety
