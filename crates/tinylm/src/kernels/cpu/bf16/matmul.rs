@@ -13,10 +13,9 @@
 use super::pack::{Layout, Microkernel, Operand};
 use super::portable::Portable;
 use super::round::Bf16Operand;
-use crate::kernels::cpu::linear::{PARALLEL_MAX_COLS, PARALLEL_MIN_MACS};
+use crate::kernels::cpu::linear::for_each_output_block;
 use crate::kernels::cpu::memory::{with_scratch, SharedMut};
 use crate::kernels::MatMul;
-use rayon::prelude::*;
 
 #[cfg(all(target_arch = "x86_64", feature = "avx512"))]
 use super::avx512::Avx512Bf16;
@@ -133,39 +132,19 @@ pub fn matmul_bf16_on<A: Bf16Operand, B: Bf16Operand>(
     }
     let a = Operand::new(a, if s.a_transposed { s.m } else { s.k }, s.a_transposed);
     let b = Operand::new(b, if s.b_transposed { s.k } else { s.n }, s.b_transposed);
-    let parallel = s.m * s.k * s.n >= PARALLEL_MIN_MACS;
-    let (mr, nr) = kernel.tile();
-    let row_parts = if parallel {
-        rayon::current_num_threads().min(s.m.div_ceil(mr))
-    } else {
-        1
-    };
-    let col_parts = if parallel {
-        s.n.div_ceil(PARALLEL_MAX_COLS)
-    } else {
-        1
-    };
-    // Blocks of whole tiles, so only the last block in each direction has a partial one.
-    let rows = s.m.div_ceil(row_parts).next_multiple_of(mr);
-    let cols = s.n.div_ceil(col_parts).next_multiple_of(nr);
     let out = SharedMut(out.as_mut_ptr());
-    (0..row_parts * col_parts).into_par_iter().for_each(|task| {
+    for_each_output_block(s, kernel.tile(), |rows, cols| {
         let (a, b) = (a, b); // whole operands (Sync), not their raw-pointer fields
-        let (r0, c0) = (task / col_parts * rows, task % col_parts * cols);
-        let (r1, c1) = ((r0 + rows).min(s.m), (c0 + cols).min(s.n));
-        if r0 >= r1 || c0 >= c1 {
-            return;
-        }
-        // SAFETY: the block (r0..r1, c0..c1) is inside every operand (sizes checked
-        // above) and each task writes only its own block of `out`.
+                             // SAFETY: the block is inside every operand (sizes checked above) and each
+                             // task writes only its own block of `out`.
         unsafe {
             matmul_bf16_view(
                 kernel,
-                (r1 - r0, s.k, c1 - c0),
-                out.get().add(r0 * s.n + c0),
+                (rows.len(), s.k, cols.len()),
+                out.get().add(rows.start * s.n + cols.start),
                 s.n,
-                a.at(r0, 0),
-                b.at(0, c0),
+                a.at(rows.start, 0),
+                b.at(0, cols.start),
                 s.accumulate,
             )
         }
