@@ -42,6 +42,7 @@ impl Microkernel for Avx512Bf16 {
     const MR: usize = MR;
     const NR: usize = NR;
 
+    #[target_feature(enable = "avx512f,avx512bf16")]
     unsafe fn tile(
         kp: usize,
         a: *const u32,
@@ -52,7 +53,33 @@ impl Microkernel for Avx512Bf16 {
         ldc: usize,
         accumulate: bool,
     ) {
-        tile(kp, a, a_rs, a_ps, b, c, ldc, accumulate)
+        let mut acc = [[_mm512_setzero_ps(); NV]; MR];
+        if accumulate {
+            for (i, row) in acc.iter_mut().enumerate() {
+                for (v, x) in row.iter_mut().enumerate() {
+                    *x = _mm512_loadu_ps(c.add(i * ldc + 16 * v));
+                }
+            }
+        }
+        let rows: [*const u32; MR] = std::array::from_fn(|i| a.add(i * a_rs));
+        for p in 0..kp {
+            let bp = b.add(p * NR);
+            let bv: [__m512bh; NV] = std::array::from_fn(|v| {
+                std::mem::transmute(_mm512_loadu_si512(bp.add(16 * v).cast()))
+            });
+            for (row, ptr) in acc.iter_mut().zip(rows) {
+                let pair: __m512bh =
+                    std::mem::transmute(_mm512_set1_epi32(*ptr.add(p * a_ps) as i32));
+                for (x, &bv) in row.iter_mut().zip(&bv) {
+                    *x = _mm512_dpbf16_ps(*x, bv, pair);
+                }
+            }
+        }
+        for (i, row) in acc.iter().enumerate() {
+            for (v, &x) in row.iter().enumerate() {
+                _mm512_storeu_ps(c.add(i * ldc + 16 * v), x);
+            }
+        }
     }
 
     #[inline(always)]
@@ -301,45 +328,6 @@ unsafe fn transpose16(r: [__m512i; 16]) -> [__m512i; 16] {
         out[12 + q] = _mm512_shuffle_i32x4::<0xdd>(v1, v3);
     }
     out
-}
-
-#[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx512f,avx512bf16")]
-unsafe fn tile(
-    kp: usize,
-    a: *const u32,
-    a_rs: usize,
-    a_ps: usize,
-    b: *const u32,
-    c: *mut f32,
-    ldc: usize,
-    accumulate: bool,
-) {
-    let mut acc = [[_mm512_setzero_ps(); NV]; MR];
-    if accumulate {
-        for (i, row) in acc.iter_mut().enumerate() {
-            for (v, x) in row.iter_mut().enumerate() {
-                *x = _mm512_loadu_ps(c.add(i * ldc + 16 * v));
-            }
-        }
-    }
-    let rows: [*const u32; MR] = std::array::from_fn(|i| a.add(i * a_rs));
-    for p in 0..kp {
-        let bp = b.add(p * NR);
-        let bv: [__m512bh; NV] =
-            std::array::from_fn(|v| std::mem::transmute(_mm512_loadu_si512(bp.add(16 * v).cast())));
-        for (row, ptr) in acc.iter_mut().zip(rows) {
-            let pair: __m512bh = std::mem::transmute(_mm512_set1_epi32(*ptr.add(p * a_ps) as i32));
-            for (x, &bv) in row.iter_mut().zip(&bv) {
-                *x = _mm512_dpbf16_ps(*x, bv, pair);
-            }
-        }
-    }
-    for (i, row) in acc.iter().enumerate() {
-        for (v, &x) in row.iter().enumerate() {
-            _mm512_storeu_ps(c.add(i * ldc + 16 * v), x);
-        }
-    }
 }
 
 #[cfg(test)]

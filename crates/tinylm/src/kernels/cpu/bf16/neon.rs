@@ -31,6 +31,7 @@ impl Microkernel for ArmBf16 {
     const MR: usize = MR;
     const NR: usize = NR;
 
+    #[target_feature(enable = "neon,bf16")]
     unsafe fn tile(
         kp: usize,
         a: *const u32,
@@ -41,50 +42,35 @@ impl Microkernel for ArmBf16 {
         ldc: usize,
         accumulate: bool,
     ) {
-        tile(kp, a, a_rs, a_ps, b, c, ldc, accumulate)
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "neon,bf16")]
-unsafe fn tile(
-    kp: usize,
-    a: *const u32,
-    a_rs: usize,
-    a_ps: usize,
-    b: *const u32,
-    c: *mut f32,
-    ldc: usize,
-    accumulate: bool,
-) {
-    let mut acc = [[vdupq_n_f32(0.0); NV]; MR];
-    if accumulate {
-        for (i, row) in acc.iter_mut().enumerate() {
-            for (v, x) in row.iter_mut().enumerate() {
-                *x = vld1q_f32(c.add(i * ldc + 4 * v));
+        let mut acc = [[vdupq_n_f32(0.0); NV]; MR];
+        if accumulate {
+            for (i, row) in acc.iter_mut().enumerate() {
+                for (v, x) in row.iter_mut().enumerate() {
+                    *x = vld1q_f32(c.add(i * ldc + 4 * v));
+                }
             }
         }
-    }
-    let rows: [*const u32; MR] = std::array::from_fn(|i| a.add(i * a_rs));
-    for p in 0..kp {
-        let bp = b.add(p * NR);
-        let bv: [uint32x4_t; NV] = std::array::from_fn(|v| vld1q_u32(bp.add(4 * v)));
-        for (row, ptr) in acc.iter_mut().zip(rows) {
-            let pair = vld1q_dup_u32(ptr.add(p * a_ps));
-            for (x, &bv) in row.iter_mut().zip(&bv) {
-                asm!(
-                    "bfdot {acc:v}.4s, {b:v}.8h, {a:v}.8h",
-                    acc = inout(vreg) *x,
-                    b = in(vreg) bv,
-                    a = in(vreg) pair,
-                    options(pure, nomem, nostack, preserves_flags),
-                );
+        let rows: [*const u32; MR] = std::array::from_fn(|i| a.add(i * a_rs));
+        for p in 0..kp {
+            let bp = b.add(p * NR);
+            let bv: [uint32x4_t; NV] = std::array::from_fn(|v| vld1q_u32(bp.add(4 * v)));
+            for (row, ptr) in acc.iter_mut().zip(rows) {
+                let pair = vld1q_dup_u32(ptr.add(p * a_ps));
+                for (x, &bv) in row.iter_mut().zip(&bv) {
+                    asm!(
+                        "bfdot {acc:v}.4s, {b:v}.8h, {a:v}.8h",
+                        acc = inout(vreg) *x,
+                        b = in(vreg) bv,
+                        a = in(vreg) pair,
+                        options(pure, nomem, nostack, preserves_flags),
+                    );
+                }
             }
         }
-    }
-    for (i, row) in acc.iter().enumerate() {
-        for (v, &x) in row.iter().enumerate() {
-            vst1q_f32(c.add(i * ldc + 4 * v), x);
+        for (i, row) in acc.iter().enumerate() {
+            for (v, &x) in row.iter().enumerate() {
+                vst1q_f32(c.add(i * ldc + 4 * v), x);
+            }
         }
     }
 }
