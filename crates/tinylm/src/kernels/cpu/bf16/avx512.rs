@@ -15,7 +15,7 @@
 //! packed as panels (a weight `W (out, in)` as `B` of `x·Wᵀ`) is transposed 16 × 16
 //! pairs at a time.
 
-use super::pack::{pack_pairs, Layout, Microkernel, Operand};
+use super::pack::{pack_pairs, Layout, Microkernel, Operand, Tile};
 use super::round::{Bf16Operand, Storage};
 use std::arch::x86_64::*;
 
@@ -43,16 +43,14 @@ impl Microkernel for Avx512Bf16 {
     const NR: usize = NR;
 
     #[target_feature(enable = "avx512f,avx512bf16")]
-    unsafe fn tile(
-        kp: usize,
-        a: *const u32,
-        a_rs: usize,
-        a_ps: usize,
-        b: *const u32,
-        c: *mut f32,
-        ldc: usize,
-        accumulate: bool,
-    ) {
+    unsafe fn tile(x: Tile, c: *mut f32, ldc: usize, accumulate: bool) {
+        let Tile {
+            kp,
+            a,
+            a_rs,
+            a_ps,
+            b,
+        } = x;
         let mut acc = [[_mm512_setzero_ps(); NV]; MR];
         if accumulate {
             for (i, row) in acc.iter_mut().enumerate() {

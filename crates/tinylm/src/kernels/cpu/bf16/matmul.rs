@@ -10,7 +10,7 @@
 //! Threads split the output as the `f32` products do: one row block per thread,
 //! column blocks of at most 1,024, one fork-join per product.
 
-use super::pack::{Layout, Microkernel, Operand};
+use super::pack::{Layout, Microkernel, Operand, Tile};
 use super::portable::Portable;
 use super::round::Bf16Operand;
 use crate::kernels::cpu::linear::for_each_output_block;
@@ -273,16 +273,19 @@ unsafe fn block<K: Microkernel, A: Bf16Operand, B: Bf16Operand>(
                         if let Some(ahead) = ahead.as_mut() {
                             ahead.step::<K>();
                         }
-                        let a_tile = a_pack.as_ptr().add(r0 * kp);
+                        let tile = Tile {
+                            kp,
+                            a: a_pack.as_ptr().add(r0 * kp),
+                            a_rs,
+                            a_ps,
+                            b: b_panel,
+                        };
                         let c_tile = c.add((i0 + r0) * ldc + j0);
                         let (rows, cols) = (K::MR.min(mc - r0), K::NR.min(n - j0));
                         if rows == K::MR && cols == K::NR {
-                            K::tile(kp, a_tile, a_rs, a_ps, b_panel, c_tile, ldc, accumulate);
+                            K::tile(tile, c_tile, ldc, accumulate);
                         } else {
-                            edge_tile::<K>(
-                                kp, a_tile, a_rs, a_ps, b_panel, c_tile, ldc, accumulate, rows,
-                                cols,
-                            );
+                            edge_tile::<K>(tile, c_tile, ldc, accumulate, rows, cols);
                         }
                     }
                 }
@@ -342,13 +345,8 @@ const MAX_TILE: usize = 8 * 32;
 /// A tile at the output's edge (`rows × cols` of the kernel's `MR × NR` inside `c`):
 /// computed whole in a buffer of its own (the packed operands are zero beyond the
 /// edge), its inside copied out.
-#[allow(clippy::too_many_arguments)]
 unsafe fn edge_tile<K: Microkernel>(
-    kp: usize,
-    a: *const u32,
-    a_rs: usize,
-    a_ps: usize,
-    b: *const u32,
+    tile_operands: Tile,
     c: *mut f32,
     ldc: usize,
     accumulate: bool,
@@ -363,7 +361,7 @@ unsafe fn edge_tile<K: Microkernel>(
             tile[row(i)].copy_from_slice(std::slice::from_raw_parts(c.add(i * ldc), cols));
         }
     }
-    K::tile(kp, a, a_rs, a_ps, b, tile.as_mut_ptr(), K::NR, accumulate);
+    K::tile(tile_operands, tile.as_mut_ptr(), K::NR, accumulate);
     for i in 0..rows {
         std::slice::from_raw_parts_mut(c.add(i * ldc), cols).copy_from_slice(&tile[row(i)]);
     }

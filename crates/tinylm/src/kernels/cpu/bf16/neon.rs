@@ -7,7 +7,7 @@
 //! (`bfmmla`, which multiplies a 2 × 4 block by a 4 × 2 one, needs pairs of pairs
 //! and is not used: no Arm machine was at hand to measure whether it pays.)
 
-use super::pack::Microkernel;
+use super::pack::{Microkernel, Tile};
 use std::arch::aarch64::*;
 use std::arch::asm;
 
@@ -32,16 +32,14 @@ impl Microkernel for ArmBf16 {
     const NR: usize = NR;
 
     #[target_feature(enable = "neon,bf16")]
-    unsafe fn tile(
-        kp: usize,
-        a: *const u32,
-        a_rs: usize,
-        a_ps: usize,
-        b: *const u32,
-        c: *mut f32,
-        ldc: usize,
-        accumulate: bool,
-    ) {
+    unsafe fn tile(x: Tile, c: *mut f32, ldc: usize, accumulate: bool) {
+        let Tile {
+            kp,
+            a,
+            a_rs,
+            a_ps,
+            b,
+        } = x;
         let mut acc = [[vdupq_n_f32(0.0); NV]; MR];
         if accumulate {
             for (i, row) in acc.iter_mut().enumerate() {

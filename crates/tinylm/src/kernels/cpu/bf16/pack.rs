@@ -137,6 +137,17 @@ pub unsafe fn pack_pairs<E: Bf16Operand>(
     }
 }
 
+/// One tile's packed operands: `kp` pairs of `k`; pair `(i, p)` of `A` at
+/// `a + i·a_rs + p·a_ps`, pair `(p, j)` of `B` at `b + p·NR + j` (one panel).
+#[derive(Clone, Copy)]
+pub struct Tile {
+    pub kp: usize,
+    pub a: *const u32,
+    pub a_rs: usize,
+    pub a_ps: usize,
+    pub b: *const u32,
+}
+
 /// A bf16 micro-kernel: the `MR × NR` tile of `c (+)= a · b` over packed pairs,
 /// accumulated in `f32`, and how it wants its operands packed.
 pub trait Microkernel {
@@ -146,24 +157,13 @@ pub trait Microkernel {
     /// Columns of the tile (of `B`, always packed in panels of `NR`).
     const NR: usize;
 
-    /// `c (MR, NR)` (row stride `ldc`) `= Σ_p a(i, p) · b(p, j)` over `kp` pairs, or
-    /// `c +=` when `accumulate`: pair `(i, p)` of `a` at `a + i·a_rs + p·a_ps`, pair
-    /// `(p, j)` of `b` at `b + p·NR + j` (one panel).
+    /// `c (MR, NR)` (row stride `ldc`) `= Σ_p a(i, p) · b(p, j)` over the tile's
+    /// packed pairs, or `c +=` when `accumulate`.
     ///
     /// # Safety
     /// The pointers must address the whole tile; the CPU must have the kernel's
     /// instructions.
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn tile(
-        kp: usize,
-        a: *const u32,
-        a_rs: usize,
-        a_ps: usize,
-        b: *const u32,
-        c: *mut f32,
-        ldc: usize,
-        accumulate: bool,
-    );
+    unsafe fn tile(x: Tile, c: *mut f32, ldc: usize, accumulate: bool);
 
     /// Asks for the cache line at `p` ahead of use, where the instruction set has a
     /// way to (a hint: never faults, may do nothing).

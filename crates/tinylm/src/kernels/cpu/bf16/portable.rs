@@ -6,7 +6,7 @@
 //! so it runs at about half the `f32` products' speed or less: a CPU without native
 //! bf16 is faster in `f32`.
 
-use super::pack::Microkernel;
+use super::pack::{Microkernel, Tile};
 use super::round::bf16_to_f32;
 use crate::kernels::cpu::simd::vectorized;
 
@@ -20,16 +20,14 @@ impl Microkernel for Portable {
     const MR: usize = MR;
     const NR: usize = NR;
 
-    unsafe fn tile(
-        kp: usize,
-        a: *const u32,
-        a_rs: usize,
-        a_ps: usize,
-        b: *const u32,
-        c: *mut f32,
-        ldc: usize,
-        accumulate: bool,
-    ) {
+    unsafe fn tile(x: Tile, c: *mut f32, ldc: usize, accumulate: bool) {
+        let Tile {
+            kp,
+            a,
+            a_rs,
+            a_ps,
+            b,
+        } = x;
         vectorized(
             #[inline(always)]
             || {
