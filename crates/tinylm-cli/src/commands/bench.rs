@@ -606,7 +606,7 @@ fn breakdown(
 
 /// The step's distinct matrix products: a name, the shape and how many times a step
 /// runs it (forward, input gradient and weight gradient of every weight matrix).
-fn step_products(c: &ModelConfig, n: usize) -> Vec<(&'static str, MatMul, usize)> {
+fn step_products(c: &ModelConfig, n: usize) -> Vec<(String, MatMul, usize)> {
     let (d, f, v, layers) = (c.d_model, c.d_ff, c.vocab_size, c.num_layers);
     let w1 = if c.ffn == Ffn::Swiglu { 2 } else { 1 };
     let matrices = [
@@ -623,8 +623,7 @@ fn step_products(c: &ModelConfig, n: usize) -> Vec<(&'static str, MatMul, usize)
         ("dyᵀ·x", MatMul::linear_dw),
     ] {
         for &(name, d_in, d_out, count) in &matrices {
-            let name: &'static str = format!("{name}  {form}").leak();
-            products.push((name, shape(n, d_in, d_out), count));
+            products.push((format!("{name}  {form}"), shape(n, d_in, d_out), count));
         }
     }
     products
@@ -642,7 +641,7 @@ struct PeakProducts {
 
 /// One product of [`PeakProducts`]: its operands and its best time so far.
 struct Product {
-    name: &'static str,
+    name: String,
     shape: MatMul,
     per_step: usize,
     operands: Operands,

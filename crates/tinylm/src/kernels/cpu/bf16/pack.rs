@@ -78,8 +78,9 @@ pub enum Layout {
 }
 
 impl Layout {
-    /// Strides `(row, pair)` of one tile's pairs in this layout, in `u32`s, and the
-    /// offset of the tile whose first row is `r` (a multiple of the tile's rows).
+    /// Strides `(row, pair)` of one tile's pairs in this layout, in `u32`s. In both
+    /// layouts the tile whose first row is `r` (a multiple of the tile's rows) starts
+    /// at `r · kp`.
     pub fn strides(self, kp: usize) -> (usize, usize) {
         match self {
             Layout::Rows => (kp, 1),
