@@ -86,6 +86,50 @@ fn bench_reports_the_step_as_a_share_of_the_product_peak() {
 }
 
 #[test]
+fn bench_products_times_every_product_of_the_step_in_f32_and_bf16() {
+    let mut args = TINY[..TINY.len() - 1].to_vec();
+    args.extend([
+        "--products",
+        "--batch-size",
+        "2",
+        "--steps",
+        "2",
+        "--threads",
+        "1",
+    ]);
+    let out = tinylm(&args);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    // Five weight matrices × three products (forward, input and weight gradient),
+    // each with its count per step and positive f32 and bf16 GFLOP/s.
+    let rows: Vec<&str> = (text.lines())
+        .filter(|l| l.starts_with("  ") && l.contains('·'))
+        .collect();
+    assert_eq!(rows.len(), 15, "{text}");
+    for form in ["x·Wᵀ", "dy·W", "dyᵀ·x"] {
+        assert_eq!(
+            rows.iter().filter(|r| r.contains(form)).count(),
+            5,
+            "{form} in\n{text}"
+        );
+    }
+    let all = (text.lines())
+        .find(|l| l.contains("all, weighted by their count per step"))
+        .unwrap_or_else(|| panic!("no total in\n{text}"));
+    for row in rows.iter().chain([&all]) {
+        // The last three figures: f32 GFLOP/s, bf16 GFLOP/s, their ratio.
+        let figures: Vec<f64> = (row.split_whitespace().rev().take(3))
+            .map(|x| x.trim_end_matches('x').parse().unwrap_or(f64::NAN))
+            .collect();
+        assert!(figures.iter().all(|&x| x > 0.0), "{row}");
+    }
+    assert!(
+        text.contains("AVX512_BF16") || text.contains("portable"),
+        "{text}"
+    );
+}
+
+#[test]
 fn bench_rejects_bad_arguments() {
     for extra in [
         &["--seq-len", "17"][..],
