@@ -1,13 +1,19 @@
-//! `tinylm bench-matmul`: the matrix-product library alone on the shapes of a
-//! training step's products, and its peak — what `tinylm bench` compares its step
-//! with, timing one round of these products after each timed step.
+//! `tinylm bench-matmul`: the matrix products of a training step alone — every
+//! weight matrix's forward, input-gradient and weight-gradient product — in `f32`
+//! (the `gemm` crate) and with bf16 operands (tinylm's bf16 kernel), alternating
+//! round by round, and their peaks. `tinylm bench` times one round of the same
+//! products after each timed step, in the run's precision, to put the step beside
+//! its peak.
 
 use anyhow::{bail, Result};
 use clap::Args;
+use half::bf16;
 use std::time::Instant;
+use tinylm::config::Ffn;
+use tinylm::kernels::cpu::bf16::{matmul_bf16, Bf16Kernel};
 use tinylm::kernels::cpu::linear::{matmul, matmul_isa};
 use tinylm::kernels::cpu::memory::zeroed;
-use tinylm::kernels::MatMul;
+use tinylm::kernels::{MatMul, Precision};
 use tinylm::ModelConfig;
 
 use super::model::{BenchModel, StepBatch};
@@ -18,7 +24,7 @@ pub struct BenchMatmulArgs {
     model: BenchModel,
     #[command(flatten)]
     batch: StepBatch,
-    /// Rounds of every product; each product's figure is its best round.
+    /// Rounds of every product in each precision; each figure is its best round.
     #[arg(long, default_value_t = 20)]
     rounds: usize,
 }
@@ -30,23 +36,58 @@ pub fn run(args: BenchMatmulArgs) -> Result<()> {
         bail!("--rounds must be at least 1");
     }
     args.model.on_threads(|| {
-        let mut peak = PeakProducts::new(&config, b * t);
+        let n = b * t;
+        let mut f32s = PeakProducts::new(&config, n, Precision::Fp32);
+        let mut bf16s = PeakProducts::new(&config, n, Precision::Bf16);
         for _ in 0..args.rounds {
-            peak.time_each();
+            f32s.time_each();
+            bf16s.time_each();
         }
+        println!("{}", config.describe());
         println!(
-            "matrix products: gemm's {} kernels, {} threads, the products of a step of {b} x {t} tokens",
-            matmul_isa(),
-            rayon::current_num_threads()
+            "the step's matrix products alone ({b} x {t} = {n} rows, {} threads), f32 ({}) and \
+             bf16 ({}; bf16 operands, f32 sums and output) alternating, best of {} rounds:",
+            rayon::current_num_threads(),
+            f32s.library(),
+            bf16s.library(),
+            args.rounds
         );
-        peak.report("");
+        report_side_by_side(&f32s, &bf16s);
         Ok(())
     })
 }
 
-/// The matrix-product library alone on a step's distinct product shapes, each timed
-/// once per [`PeakProducts::time_each`]; the peak is the best GFLOP/s of any.
+/// The step's distinct matrix products as the kernels run them: a name, the shape
+/// and how many times a step runs it (forward, input gradient and weight gradient of
+/// every weight matrix; `q`, `k`, `v` are one `(3C, C)` product).
+fn step_products(c: &ModelConfig, n: usize) -> Vec<(String, MatMul, usize)> {
+    let (d, f, v, layers) = (c.d_model, c.d_ff, c.vocab_size, c.num_layers);
+    let w1 = if c.ffn == Ffn::Swiglu { 2 } else { 1 };
+    let matrices = [
+        ("qkv    ", d, 3 * d, layers),
+        ("o_proj ", d, d, layers),
+        ("w1/w3  ", d, f, w1 * layers),
+        ("w2     ", f, d, layers),
+        ("lm_head", d, v, 1),
+    ];
+    let mut products = Vec::new();
+    for (form, shape) in [
+        ("x·Wᵀ", MatMul::linear as fn(usize, usize, usize) -> MatMul),
+        ("dy·W", MatMul::linear_dx),
+        ("dyᵀ·x", MatMul::linear_dw),
+    ] {
+        for &(name, d_in, d_out, count) in &matrices {
+            products.push((format!("{name}  {form}"), shape(n, d_in, d_out), count));
+        }
+    }
+    products
+}
+
+/// The step's products alone ([`step_products`]) in one precision — `f32` on the
+/// `gemm` crate, or bf16 operands on tinylm's bf16 kernel — each timed once per
+/// [`PeakProducts::time_each`]; the peak is the best GFLOP/s of any.
 pub struct PeakProducts {
+    precision: Precision,
     products: Vec<Product>,
     /// The best GFLOP/s of any product, round by round.
     pub round_peaks: Vec<f64>,
@@ -54,50 +95,68 @@ pub struct PeakProducts {
 
 /// One product of [`PeakProducts`]: its operands and its best time so far.
 struct Product {
-    name: &'static str,
+    name: String,
     shape: MatMul,
-    a: Vec<f32>,
-    b: Vec<f32>,
+    per_step: usize,
+    operands: Operands,
     out: Vec<f32>,
     best_s: f64,
 }
 
+/// A product's operands in the precision it is timed in.
+enum Operands {
+    F32(Vec<f32>, Vec<f32>),
+    Bf16(Vec<bf16>, Vec<bf16>),
+}
+
+impl Product {
+    fn gflops(&self) -> f64 {
+        self.shape.flops() as f64 / self.best_s * 1e-9
+    }
+}
+
 impl PeakProducts {
     /// The products of a step over `n` positions of model `c`.
-    pub fn new(c: &ModelConfig, n: usize) -> Self {
-        let (d, f, v) = (c.d_model, c.d_ff, c.vocab_size);
-        let shapes = [
-            ("qkv      x·Wᵀ", MatMul::linear(n, d, 3 * d)),
-            ("w1/w3    x·Wᵀ", MatMul::linear(n, d, f)),
-            ("w2       x·Wᵀ", MatMul::linear(n, f, d)),
-            ("lm_head  x·Wᵀ", MatMul::linear(n, d, v)),
-            ("w1/w3    dy·W", MatMul::linear_dx(n, d, f)),
-            ("lm_head  dy·W", MatMul::linear_dx(n, d, v)),
-            ("w1/w3    dyᵀ·x", MatMul::linear_dw(n, d, f)),
-            ("lm_head  dyᵀ·x", MatMul::linear_dw(n, d, v)),
-        ];
-        let products = shapes
+    pub fn new(c: &ModelConfig, n: usize, precision: Precision) -> Self {
+        let products = step_products(c, n)
             .into_iter()
-            .map(|(name, s)| {
+            .map(|(name, s, per_step)| {
                 // Allocated as the step's buffers are (huge pages where they exist).
                 let filled = |len, value| {
                     let mut buf = zeroed(len);
                     buf.fill(value);
                     buf
                 };
+                let (a, b) = (filled(s.m * s.k, 0.5), filled(s.k * s.n, 0.25));
+                let operands = match precision {
+                    Precision::Fp32 => Operands::F32(a, b),
+                    Precision::Bf16 => {
+                        let to_bf16 = |x: Vec<f32>| x.into_iter().map(bf16::from_f32).collect();
+                        Operands::Bf16(to_bf16(a), to_bf16(b))
+                    }
+                };
                 Product {
                     name,
                     shape: s,
-                    a: filled(s.m * s.k, 0.5),
-                    b: filled(s.k * s.n, 0.25),
+                    per_step,
+                    operands,
                     out: zeroed(s.m * s.n),
                     best_s: f64::MAX,
                 }
             })
             .collect();
         PeakProducts {
+            precision,
             products,
             round_peaks: Vec::new(),
+        }
+    }
+
+    /// What the products run on.
+    pub fn library(&self) -> String {
+        match self.precision {
+            Precision::Fp32 => format!("gemm crate, {}", matmul_isa()),
+            Precision::Bf16 => format!("tinylm bf16, {}", Bf16Kernel::best().name()),
         }
     }
 
@@ -106,7 +165,10 @@ impl PeakProducts {
         let mut round_peak = 0f64;
         for p in &mut self.products {
             let start = Instant::now();
-            matmul(&mut p.out, &p.a, &p.b, p.shape);
+            match &p.operands {
+                Operands::F32(a, b) => matmul(&mut p.out, a, b, p.shape),
+                Operands::Bf16(a, b) => matmul_bf16(&mut p.out, a, b, p.shape),
+            }
             let seconds = start.elapsed().as_secs_f64();
             p.best_s = p.best_s.min(seconds);
             round_peak = round_peak.max(p.shape.flops() as f64 / seconds * 1e-9);
@@ -114,24 +176,81 @@ impl PeakProducts {
         self.round_peaks.push(round_peak);
     }
 
+    /// The best GFLOP/s of any product.
+    fn peak(&self) -> f64 {
+        self.products
+            .iter()
+            .map(Product::gflops)
+            .fold(0.0, f64::max)
+    }
+
     /// Prints each product's best GFLOP/s (the rounds described as `rounds_were`);
     /// returns the peak.
     pub fn report(&self, rounds_were: &str) -> f64 {
         println!(
-            "\nmatrix-product peak (gemm crate, best of {} rounds{rounds_were}):",
+            "\nmatrix-product peak ({}, best of {} rounds{rounds_were}):",
+            self.library(),
             self.round_peaks.len()
         );
-        let mut peak = 0f64;
         for p in &self.products {
             let s = p.shape;
-            let gflops = s.flops() as f64 / p.best_s * 1e-9;
-            peak = peak.max(gflops);
             println!(
                 "  {:<16} ({:>5} x {:>5} x {:>5})  {:>6.1} GFLOP/s",
-                p.name, s.m, s.k, s.n, gflops
+                p.name,
+                s.m,
+                s.k,
+                s.n,
+                p.gflops()
             );
         }
+        let peak = self.peak();
         println!("  peak {peak:.1} GFLOP/s");
         peak
     }
+
+    /// The step's products as a whole: their FLOPs over their best times, each
+    /// counted as often as a step runs it.
+    fn weighted_gflops(&self) -> f64 {
+        let flops: f64 = (self.products.iter())
+            .map(|p| (p.per_step as u64 * p.shape.flops()) as f64)
+            .sum();
+        let seconds: f64 = (self.products.iter())
+            .map(|p| p.per_step as f64 * p.best_s)
+            .sum();
+        flops / seconds * 1e-9
+    }
+}
+
+/// Each product's best GFLOP/s in `f32` and bf16, the step's products as a whole,
+/// and each precision's peak.
+fn report_side_by_side(f32s: &PeakProducts, bf16s: &PeakProducts) {
+    println!(
+        "  {:<16} ({:>5} x {:>5} x {:>5})  {:>8}  {:>11}  {:>12}  {:>8}",
+        "product", "m", "k", "n", "per step", "f32 GFLOP/s", "bf16 GFLOP/s", "bf16/f32"
+    );
+    for (p, q) in f32s.products.iter().zip(&bf16s.products) {
+        let s = p.shape;
+        let (f, b) = (p.gflops(), q.gflops());
+        println!(
+            "  {:<16} ({:>5} x {:>5} x {:>5})  {:>8}  {f:>11.1}  {b:>12.1}  {:>7.2}x",
+            p.name,
+            s.m,
+            s.k,
+            s.n,
+            p.per_step,
+            b / f
+        );
+    }
+    let (f, b) = (f32s.weighted_gflops(), bf16s.weighted_gflops());
+    println!(
+        "  {:<48}  {f:>11.1}  {b:>12.1}  {:>7.2}x",
+        "all, weighted by their count per step",
+        b / f
+    );
+    let (f, b) = (f32s.peak(), bf16s.peak());
+    println!(
+        "  {:<48}  {f:>11.1}  {b:>12.1}  {:>7.2}x",
+        "peak (the best of any product)",
+        b / f
+    );
 }

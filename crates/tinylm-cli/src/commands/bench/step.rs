@@ -17,7 +17,7 @@ use tinylm::data::SplitMix64;
 use tinylm::device::{rank_device, AnyBackend, Device};
 use tinylm::distributed::{Reduce, World};
 use tinylm::kernels::cpu::linear::matmul_isa;
-use tinylm::kernels::Backend;
+use tinylm::kernels::{Backend, Precision};
 use tinylm::{on_backend, Model, Result as LmResult};
 
 use super::allreduce::{bandwidths, time_all_reduce};
@@ -91,8 +91,8 @@ fn bench(args: &BenchArgs, c: &ModelConfig, b: usize, t: usize, world: &World) -
     // The products' peak is measured between the timed steps, so that both see the
     // same machine: on a shared one, a product timed alone after the steps (or a step
     // alone) may catch a quiet moment the other never had.
-    let mut peak =
-        (device == Device::Cpu && !args.no_peak && ranks == 1).then(|| PeakProducts::new(c, n));
+    let mut peak = (device == Device::Cpu && !args.no_peak && ranks == 1)
+        .then(|| PeakProducts::new(c, n, Precision::Fp32));
     let backend = AnyBackend::open(device, args.device.precision)?;
     let timings = on_backend!(backend, backend => {
         timed_steps(backend, c, &step, args.steps, world, peak.as_mut())?
@@ -287,7 +287,7 @@ fn report_peak(peak: &PeakProducts, steps: &[f64], flops: f64, best: f64) {
         "\nwhole step (best) {step:.1} GFLOP/s = {:.0}% of the measured matrix-product peak \
          {peak_gflops:.1} GFLOP/s ({})",
         100.0 * step / peak_gflops,
-        matmul_isa()
+        peak.library()
     );
     println!(
         "each step against the peak of the products timed right after it: median {:.0}% \

@@ -6,6 +6,7 @@ use super::memory::SharedMut;
 use crate::kernels::{Float, MatMul};
 use gemm::Parallelism;
 use rayon::prelude::*;
+use std::ops::Range;
 
 /// Products smaller than this many multiply-adds run on the calling thread: the
 /// fork-join costs more than it saves.
@@ -124,9 +125,48 @@ pub fn matmul<F: Float>(out: &mut [F], a: &[F], b: &[F], s: MatMul) {
     }
     let a_rs = if s.a_transposed { s.m } else { s.k };
     let b_rs = if s.b_transposed { s.k } else { s.n };
+    let a = View::new(a, a_rs, s.a_transposed);
+    let b = View::new(b, b_rs, s.b_transposed);
+    let out = SharedMut(out.as_mut_ptr());
+    for_each_output_block(s, (1, 1), |rows, cols| {
+        let (a, b) = (a, b); // whole views (Sync), not their raw-pointer fields
+                             // SAFETY: the block is inside every operand (sizes checked above) and each
+                             // task writes only its own block of `out`.
+        unsafe {
+            let a = View {
+                ptr: a.ptr.offset(rows.start as isize * a.rs),
+                ..a
+            };
+            let b = View {
+                ptr: b.ptr.offset(cols.start as isize * b.cs),
+                ..b
+            };
+            gemm_view(
+                (rows.len(), s.k, cols.len()),
+                out.get().add(rows.start * s.n + cols.start),
+                s.n,
+                a,
+                b,
+                F::ONE,
+                s.accumulate,
+            );
+        }
+    });
+}
+
+/// Runs `block(rows, cols)` on every block of a product's output `(m, n)` as the
+/// products split it, in one fork-join: one row block per rayon thread and column
+/// blocks of at most `PARALLEL_MAX_COLS` when the product is large, else the whole
+/// output on the calling thread; blocks are whole `(mr, nr)` tiles but the last in
+/// each direction.
+pub(crate) fn for_each_output_block(
+    s: MatMul,
+    (mr, nr): (usize, usize),
+    block: impl Fn(Range<usize>, Range<usize>) + Sync,
+) {
     let parallel = s.m * s.k * s.n >= PARALLEL_MIN_MACS;
     let row_parts = if parallel {
-        rayon::current_num_threads().min(s.m)
+        rayon::current_num_threads().min(s.m.div_ceil(mr))
     } else {
         1
     };
@@ -135,37 +175,13 @@ pub fn matmul<F: Float>(out: &mut [F], a: &[F], b: &[F], s: MatMul) {
     } else {
         1
     };
-    let (rows, cols) = (s.m.div_ceil(row_parts), s.n.div_ceil(col_parts));
-    let a = View::new(a, a_rs, s.a_transposed);
-    let b = View::new(b, b_rs, s.b_transposed);
-    let out = SharedMut(out.as_mut_ptr());
+    let rows = s.m.div_ceil(row_parts).next_multiple_of(mr);
+    let cols = s.n.div_ceil(col_parts).next_multiple_of(nr);
     (0..row_parts * col_parts).into_par_iter().for_each(|task| {
-        let (a, b) = (a, b); // whole views (Sync), not their raw-pointer fields
         let (r0, c0) = (task / col_parts * rows, task % col_parts * cols);
         let (r1, c1) = ((r0 + rows).min(s.m), (c0 + cols).min(s.n));
-        if r0 >= r1 || c0 >= c1 {
-            return;
-        }
-        // SAFETY: the block (r0..r1, c0..c1) is inside every operand (sizes checked
-        // above) and each task writes only its own block of `out`.
-        unsafe {
-            let a = View {
-                ptr: a.ptr.offset(r0 as isize * a.rs),
-                ..a
-            };
-            let b = View {
-                ptr: b.ptr.offset(c0 as isize * b.cs),
-                ..b
-            };
-            gemm_view(
-                (r1 - r0, s.k, c1 - c0),
-                out.get().add(r0 * s.n + c0),
-                s.n,
-                a,
-                b,
-                F::ONE,
-                s.accumulate,
-            );
+        if r0 < r1 && c0 < c1 {
+            block(r0..r1, c0..c1);
         }
     });
 }

@@ -49,8 +49,8 @@ impl<F> SharedMut<F> {
 }
 
 thread_local! {
-    /// One worker thread's scratch buffer (see [`with_scratch`]), a `Vec<F>` for the
-    /// float type last asked for.
+    /// One worker thread's scratch buffer (see [`with_scratch`]), a `Vec<T>` for the
+    /// element type last asked for.
     static SCRATCH: std::cell::Cell<Option<Box<dyn std::any::Any>>> =
         const { std::cell::Cell::new(None) };
 }
@@ -58,17 +58,21 @@ thread_local! {
 /// Runs `f` on this thread's scratch of `len` elements (contents unspecified). The
 /// buffer grows to the largest size asked for and is kept, so once a shape has run,
 /// later calls allocate nothing — for work inside a rayon task that needs a few
-/// KiB of its own (attention's transposed head). A nested call gets a fresh buffer.
-pub(crate) fn with_scratch<F: Float, R>(len: usize, f: impl FnOnce(&mut [F]) -> R) -> R {
+/// KiB of its own (attention's transposed head, a bf16 product's packed blocks). A
+/// nested call gets a fresh buffer.
+pub(crate) fn with_scratch<T: Copy + Default + 'static, R>(
+    len: usize,
+    f: impl FnOnce(&mut [T]) -> R,
+) -> R {
     let mut slot = SCRATCH
         .take()
-        .filter(|b| b.is::<Vec<F>>())
-        .unwrap_or_else(|| Box::new(Vec::<F>::new()));
+        .filter(|b| b.is::<Vec<T>>())
+        .unwrap_or_else(|| Box::new(Vec::<T>::new()));
     let buf = slot
-        .downcast_mut::<Vec<F>>()
-        .expect("a Vec<F>, checked above");
+        .downcast_mut::<Vec<T>>()
+        .expect("a Vec<T>, checked above");
     if buf.len() < len {
-        buf.resize(len, F::ZERO);
+        buf.resize(len, T::default());
     }
     let out = f(&mut buf[..len]);
     SCRATCH.set(Some(slot));

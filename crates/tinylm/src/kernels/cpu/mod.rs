@@ -8,6 +8,7 @@
 pub mod adamw;
 pub mod attention;
 pub mod backend;
+pub mod bf16;
 #[cfg(feature = "mpi")]
 mod collective;
 pub mod cross_entropy;

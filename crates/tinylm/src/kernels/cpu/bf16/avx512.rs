@@ -1,0 +1,379 @@
+//! The AVX512_BF16 micro-kernel (x86-64: AMD Zen 4 and later, Intel Cooper Lake,
+//! Sapphire Rapids and later): `vdpbf16ps` multiplies 16 pairs of bf16 values by
+//! one broadcast pair and adds both products into 16 `f32` lanes — 32
+//! multiply-adds per instruction, twice an `f32` FMA's 16.
+//!
+//! The tile is `8 × 32`: 16 accumulators (8 rows × 2 vectors of 16 columns), two
+//! vectors of `B`'s pairs loaded per pair of `k` and each row's pair of `A`
+//! broadcast once, 16 `vdpbf16ps` per 10 loads. (`8 × 48` tiles ran slower: 32
+//! columns divide the models' widths — 256, 512, 704, 1,344 — and 48 do not.)
+//!
+//! Packing runs in vectors too, 16 or 32 values at a time, `f32` rounded by
+//! `vcvtne2ps2bf16` (the rounding of [`round_bf16`](super::round::round_bf16)): a
+//! source contiguous along `k` packed as pair rows is only rounded; one contiguous
+//! along the rows has two rows interleaved (`vpermw`); one contiguous along `k`
+//! packed as panels (a weight `W (out, in)` as `B` of `x·Wᵀ`) is transposed 16 × 16
+//! pairs at a time.
+
+use super::pack::{pack_pairs, Layout, Microkernel, Operand, Tile};
+use super::round::{Bf16Operand, Storage};
+use std::arch::x86_64::*;
+
+/// The AVX512_BF16 kernel.
+pub struct Avx512Bf16;
+
+/// Rows of the tile.
+const MR: usize = 8;
+/// Vectors of 16 columns in the tile.
+const NV: usize = 2;
+const NR: usize = 16 * NV;
+
+impl Avx512Bf16 {
+    /// Whether this CPU has the instructions.
+    pub fn detected() -> bool {
+        is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vl")
+            && is_x86_feature_detected!("avx512bf16")
+    }
+}
+
+impl Microkernel for Avx512Bf16 {
+    const MR: usize = MR;
+    const NR: usize = NR;
+
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    unsafe fn tile(x: Tile, c: *mut f32, ldc: usize, accumulate: bool) {
+        let Tile {
+            kp,
+            a,
+            a_rs,
+            a_ps,
+            b,
+        } = x;
+        let mut acc = [[_mm512_setzero_ps(); NV]; MR];
+        if accumulate {
+            for (i, row) in acc.iter_mut().enumerate() {
+                for (v, x) in row.iter_mut().enumerate() {
+                    *x = _mm512_loadu_ps(c.add(i * ldc + 16 * v));
+                }
+            }
+        }
+        let rows: [*const u32; MR] = std::array::from_fn(|i| a.add(i * a_rs));
+        for p in 0..kp {
+            let bp = b.add(p * NR);
+            let bv: [__m512bh; NV] = std::array::from_fn(|v| {
+                std::mem::transmute(_mm512_loadu_si512(bp.add(16 * v).cast()))
+            });
+            for (row, ptr) in acc.iter_mut().zip(rows) {
+                let pair: __m512bh =
+                    std::mem::transmute(_mm512_set1_epi32(*ptr.add(p * a_ps) as i32));
+                for (x, &bv) in row.iter_mut().zip(&bv) {
+                    *x = _mm512_dpbf16_ps(*x, bv, pair);
+                }
+            }
+        }
+        for (i, row) in acc.iter().enumerate() {
+            for (v, &x) in row.iter().enumerate() {
+                _mm512_storeu_ps(c.add(i * ldc + 16 * v), x);
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn prefetch(p: *const u8) {
+        // SAFETY: a prefetch is a hint; it never faults, whatever the address.
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(p.cast()) }
+    }
+
+    unsafe fn pack<E: Bf16Operand>(
+        dst: &mut [u32],
+        layout: Layout,
+        src: Operand<E>,
+        rows: usize,
+        kc: usize,
+        padded_rows: usize,
+    ) {
+        let kp = kc.div_ceil(2);
+        assert!(dst.len() >= padded_rows * kp, "packed block size");
+        let dst = dst.as_mut_ptr();
+        match layout {
+            Layout::Rows if src.cs == 1 => pack_rows(dst, src, rows, kc, padded_rows),
+            Layout::Panels(w)
+                if src.rs == 1 && w.is_multiple_of(8) && padded_rows.is_multiple_of(w) =>
+            {
+                pack_interleaved(dst, w, src, rows, kc, padded_rows)
+            }
+            Layout::Panels(w)
+                if src.cs == 1 && w.is_multiple_of(16) && padded_rows.is_multiple_of(w) =>
+            {
+                pack_transposed(dst, w, src, rows, kc, padded_rows)
+            }
+            _ => pack_pairs(
+                std::slice::from_raw_parts_mut(dst, padded_rows * kp),
+                layout,
+                src,
+                rows,
+                kc,
+                padded_rows,
+            ),
+        }
+    }
+}
+
+/// The lowest `count` bits set (`count ≤ 32`).
+#[inline(always)]
+fn low_bits(count: usize) -> u32 {
+    if count >= 32 {
+        u32::MAX
+    } else {
+        (1 << count) - 1
+    }
+}
+
+/// `count ≤ 32` values from `p` as bf16 in the 16-bit lanes of a vector, the rest 0.
+#[inline(always)]
+unsafe fn load32<E: Bf16Operand>(p: *const E, count: usize) -> __m512i {
+    let mask = low_bits(count);
+    match E::STORAGE {
+        Storage::F32 => {
+            let p = p.cast::<f32>();
+            let lo = _mm512_maskz_loadu_ps(mask as u16, p);
+            let hi = _mm512_maskz_loadu_ps((mask >> 16) as u16, p.wrapping_add(16));
+            std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(hi, lo))
+        }
+        Storage::Bf16 => _mm512_maskz_loadu_epi16(mask, p.cast()),
+    }
+}
+
+/// `count ≤ 16` values from `p` as bf16 in the 16-bit lanes of a vector, the rest 0.
+#[inline(always)]
+unsafe fn load16<E: Bf16Operand>(p: *const E, count: usize) -> __m256i {
+    let mask = low_bits(count) as u16;
+    match E::STORAGE {
+        Storage::F32 => std::mem::transmute::<__m256bh, __m256i>(_mm512_cvtneps_pbh(
+            _mm512_maskz_loadu_ps(mask, p.cast()),
+        )),
+        Storage::Bf16 => _mm256_maskz_loadu_epi16(mask, p.cast()),
+    }
+}
+
+/// Rows ahead that [`pack_rows`] fetches.
+const PREFETCH_ROWS: usize = 4;
+/// Pairs [`pack_interleaved`] packs side by side.
+const PAIR_BLOCK: usize = 8;
+
+/// [`Layout::Rows`] from a source contiguous along `k`: each row rounded in vectors
+/// of 32 values (16 pairs); an odd `kc`'s last pair has a zero upper half.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+unsafe fn pack_rows<E: Bf16Operand>(
+    dst: *mut u32,
+    src: Operand<E>,
+    rows: usize,
+    kc: usize,
+    padded_rows: usize,
+) {
+    let kp = kc.div_ceil(2);
+    for r in 0..padded_rows {
+        let row = dst.add(r * kp);
+        if r >= rows {
+            std::ptr::write_bytes(row, 0, kp);
+            continue;
+        }
+        let from = src.ptr.add(r * src.rs);
+        // Rows are short runs (KC values) a stride apart, which the hardware's
+        // prefetchers pick up late: fetch a later row's run while rounding this one.
+        let ahead = src
+            .ptr
+            .wrapping_add((r + PREFETCH_ROWS).min(rows - 1) * src.rs);
+        for c0 in (0..kc).step_by(32) {
+            let count = (kc - c0).min(32);
+            for line in (0..32 * size_of::<E>()).step_by(64) {
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(c0).cast::<i8>().wrapping_add(line));
+            }
+            let pairs = low_bits(count.div_ceil(2)) as u16;
+            _mm512_mask_storeu_epi32(row.add(c0 / 2).cast(), pairs, load32(from.add(c0), count));
+        }
+    }
+}
+
+/// [`Layout::Panels`] of `w` rows (a multiple of 8) from a source contiguous along
+/// the rows: for each pair, 16 rows of `k` values `2p` and `2p + 1` interleaved.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+unsafe fn pack_interleaved<E: Bf16Operand>(
+    dst: *mut u32,
+    w: usize,
+    src: Operand<E>,
+    rows: usize,
+    kc: usize,
+    padded_rows: usize,
+) {
+    let kp = kc.div_ceil(2);
+    // Lane 2i takes value i of the lower row, lane 2i + 1 value i of the upper one.
+    let interleave = _mm512_set_epi16(
+        31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4,
+        19, 3, 18, 2, 17, 1, 16, 0,
+    );
+    // Rows r0.. and r0 + 8.. : in one panel, or the ends of two when w is 8.
+    let at = |r: usize| r / w * w * kp + r % w;
+    // Blocks of PAIR_BLOCK pairs: their 2·PAIR_BLOCK rows of k are read side by side
+    // along the rows (streams the prefetchers follow, the next block's fetched
+    // explicitly), each row group's pairs written together.
+    for p0 in (0..kp).step_by(PAIR_BLOCK) {
+        let p1 = (p0 + PAIR_BLOCK).min(kp);
+        let next = (2 * p1..(2 * p1 + 2 * PAIR_BLOCK).min(kc)).map(|kk| src.ptr.add(kk * src.cs));
+        for r0 in (0..padded_rows).step_by(16) {
+            if r0 < rows {
+                for run in next.clone() {
+                    _mm_prefetch::<_MM_HINT_T0>(run.add(r0).cast());
+                }
+            }
+            for p in p0..p1 {
+                let count = rows.saturating_sub(r0).min(16);
+                let (first, second) = (at(r0), at(r0 + 8));
+                // (Past the last row, `count` is 0 and nothing is read.)
+                let lo = load16(src.ptr.wrapping_add(r0 + 2 * p * src.cs), count);
+                let hi = if 2 * p + 1 < kc {
+                    load16(src.ptr.wrapping_add(r0 + (2 * p + 1) * src.cs), count)
+                } else {
+                    _mm256_setzero_si256()
+                };
+                let both = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+                let pairs = _mm512_permutexvar_epi16(interleave, both);
+                if r0 + 8 < padded_rows {
+                    if second == first + 8 {
+                        _mm512_storeu_si512(dst.add(first + p * w).cast(), pairs);
+                    } else {
+                        _mm256_storeu_si256(
+                            dst.add(first + p * w).cast(),
+                            _mm512_castsi512_si256(pairs),
+                        );
+                        _mm256_storeu_si256(
+                            dst.add(second + p * w).cast(),
+                            _mm512_extracti64x4_epi64::<1>(pairs),
+                        );
+                    }
+                } else {
+                    _mm256_storeu_si256(
+                        dst.add(first + p * w).cast(),
+                        _mm512_castsi512_si256(pairs),
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// [`Layout::Panels`] of `w` rows (a multiple of 16) from a source contiguous along
+/// `k`: 16 rows × 16 pairs rounded, transposed to 16 pairs × 16 rows, stored.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+unsafe fn pack_transposed<E: Bf16Operand>(
+    dst: *mut u32,
+    w: usize,
+    src: Operand<E>,
+    rows: usize,
+    kc: usize,
+    padded_rows: usize,
+) {
+    let kp = kc.div_ceil(2);
+    for r0 in (0..padded_rows).step_by(16) {
+        let panel = dst.add(r0 / w * w * kp + r0 % w);
+        for p0 in (0..kp).step_by(16) {
+            let count = (kc - 2 * p0).min(32);
+            let block: [__m512i; 16] = std::array::from_fn(|i| {
+                if r0 + i < rows {
+                    load32(src.ptr.add((r0 + i) * src.rs + 2 * p0), count)
+                } else {
+                    _mm512_setzero_si512()
+                }
+            });
+            let columns = transpose16(block);
+            for (q, column) in columns.iter().enumerate().take(kp - p0) {
+                _mm512_storeu_si512(panel.add((p0 + q) * w).cast(), *column);
+            }
+        }
+    }
+}
+
+/// The transpose of a 16 × 16 matrix of 32-bit lanes (row `i` in vector `i`).
+#[inline(always)]
+unsafe fn transpose16(r: [__m512i; 16]) -> [__m512i; 16] {
+    // Rows 2i and 2i + 1 interleaved, per 128-bit lane L: columns 4L, 4L + 1 (even
+    // vectors) and 4L + 2, 4L + 3 (odd ones).
+    let t: [__m512i; 16] = std::array::from_fn(|v| match v % 2 {
+        0 => _mm512_unpacklo_epi32(r[v], r[v + 1]),
+        _ => _mm512_unpackhi_epi32(r[v - 1], r[v]),
+    });
+    // u[4i + q], lane L: rows 4i..4i + 4 of column 4L + q.
+    let u: [__m512i; 16] = std::array::from_fn(|v| {
+        let (i, q) = (v / 4, v % 4);
+        let (x, y) = (t[4 * i + q / 2], t[4 * i + 2 + q / 2]);
+        match q % 2 {
+            0 => _mm512_unpacklo_epi64(x, y),
+            _ => _mm512_unpackhi_epi64(x, y),
+        }
+    });
+    // Column 4L + q gathers lane L of u[q], u[4 + q], u[8 + q], u[12 + q].
+    let mut out = [_mm512_setzero_si512(); 16];
+    for q in 0..4 {
+        let v0 = _mm512_shuffle_i32x4::<0x44>(u[q], u[4 + q]);
+        let v1 = _mm512_shuffle_i32x4::<0xee>(u[q], u[4 + q]);
+        let v2 = _mm512_shuffle_i32x4::<0x44>(u[8 + q], u[12 + q]);
+        let v3 = _mm512_shuffle_i32x4::<0xee>(u[8 + q], u[12 + q]);
+        out[q] = _mm512_shuffle_i32x4::<0x88>(v0, v2);
+        out[4 + q] = _mm512_shuffle_i32x4::<0xdd>(v0, v2);
+        out[8 + q] = _mm512_shuffle_i32x4::<0x88>(v1, v3);
+        out[12 + q] = _mm512_shuffle_i32x4::<0xdd>(v1, v3);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{load32, Avx512Bf16};
+    use crate::kernels::cpu::bf16::round::round_bf16;
+    use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+    unsafe fn rounded_natively(x: &[f32; 32]) -> [u16; 32] {
+        std::mem::transmute::<__m512i, [u16; 32]>(load32(x.as_ptr(), 32))
+    }
+
+    /// `vcvtne2ps2bf16` rounds every `f32` — normal, subnormal, infinite, NaN — as
+    /// [`round_bf16`] does, so the portable and native kernels multiply the same values.
+    #[test]
+    fn the_native_rounding_is_round_bf16() {
+        if !Avx512Bf16::detected() {
+            return; // (the integration tests say that the native kernel did not run)
+        }
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut bits = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u32
+        };
+        let special = [
+            0.0,
+            -0.0,
+            1.0,
+            f32::MAX,
+            f32::MIN_POSITIVE,
+            f32::INFINITY,
+            f32::NAN,
+        ];
+        for round in 0..20_000 {
+            let x: [f32; 32] = std::array::from_fn(|i| match (round, i) {
+                (0, i) if i < special.len() => special[i],
+                // Subnormals, ties (low half 0x8000) and random patterns of every class.
+                (_, i) if i % 4 == 0 => f32::from_bits(bits() & 0x807f_ffff),
+                (_, i) if i % 4 == 1 => f32::from_bits(bits() & 0xffff_0000 | 0x8000),
+                _ => f32::from_bits(bits()),
+            });
+            let native = unsafe { rounded_natively(&x) };
+            for (x, native) in x.iter().zip(native) {
+                assert_eq!(native, round_bf16(*x), "{:#010x}", x.to_bits());
+            }
+        }
+    }
+}
