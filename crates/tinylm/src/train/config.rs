@@ -404,6 +404,26 @@ pub fn resolve_config(mut given: Value, name: &dyn Fn(&str) -> String) -> Result
     Ok(ResolvedConfig { config, changes })
 }
 
+/// A training configuration file as the keys it gives: TOML or JSON by its
+/// extension, a table of training keys whose `model`, if any, is a table too (so
+/// that flags can set keys in it). Errors name the file.
+pub fn read_config_file(path: &Path) -> Result<Value> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let bad = |why: String| Error::Config(format!("{}: {why}", path.display()));
+    let value: Value = match path.extension().and_then(|e| e.to_str()) {
+        Some("toml") => toml::from_str(&text).map_err(|e| bad(e.to_string()))?,
+        Some("json") => serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?,
+        _ => return Err(bad("expected a .toml or .json file".into())),
+    };
+    let model = &value["model"];
+    if !(value.is_object() && (model.is_object() || model.is_null())) {
+        return Err(bad(
+            "expected a table of training keys, the model's under `model`".into(),
+        ));
+    }
+    Ok(value)
+}
+
 /// The training configuration a checkpoint recorded; for a checkpoint without one,
 /// the defaults with the checkpoint's model.
 pub(super) fn recorded_config(path: &Path) -> Result<TrainConfig> {
@@ -457,4 +477,35 @@ pub(crate) fn differences(recorded: &Value, value: &Value) -> Vec<ConfigChange> 
 /// A value as a JSON value.
 fn to_value(value: impl Serialize) -> Value {
     serde_json::to_value(value).expect("serializes")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_config_file_that_is_no_table_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, text) in [
+            ("list.json", "[1]"),
+            ("model.toml", "model = 3\n"),
+            ("run.yaml", "a: 1\n"),
+        ] {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text).unwrap();
+            let err = read_config_file(&path).unwrap_err().to_string();
+            assert!(err.contains(name), "{err}");
+            assert!(
+                err.contains("table") || err.contains(".toml or .json"),
+                "{err}"
+            );
+        }
+        let path = dir.path().join("run.toml");
+        std::fs::write(&path, "steps = 3\n[model]\nd_model = 64\n").unwrap();
+        let given = read_config_file(&path).unwrap();
+        assert_eq!(
+            (given["steps"].as_u64(), given["model"]["d_model"].as_u64()),
+            (Some(3), Some(64))
+        );
+    }
 }
