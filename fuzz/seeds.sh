@@ -14,7 +14,8 @@ out=fuzz/corpus
 text=crates/tinylm-bpe/tests/fixtures/mixed.txt
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-rm -rf "$out"
+# The inputs that found faults (found-*) stay; every other seed is written again.
+find "$out" -type f ! -name 'found-*' -delete 2>/dev/null || true
 mkdir -p "$out"/{checkpoint,encode,gpt2_files,hf_import,npy,pattern,pretokenize,sweep,tiktoken} \
     "$out"/{tokenizer_json,train_bpe,train_config,weights}
 # What separates the files of one input (tinylm_fuzz::SEPARATOR).

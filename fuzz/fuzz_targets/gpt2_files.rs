@@ -8,7 +8,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use tinylm_bpe::files::{gpt2, load_tokenizer, save_merges, save_vocab, Bpe};
-use tinylm_fuzz::{encodes_and_decodes, fresh_dir, parts, refused_naming, within, Bound};
+use tinylm_fuzz::{fresh_dir, parts, read_tokenizer, refused_naming, within, Bound};
 
 const BOUND: Bound = Bound {
     per_byte: 64,
@@ -22,16 +22,8 @@ fuzz_target!(|data: &[u8]| {
     std::fs::write(&vocab_path, vocab).unwrap();
     std::fs::write(&merges_path, merges).unwrap();
     let files = [vocab_path.as_path(), merges_path.as_path()];
-    let bpe = within("Bpe::load and its encoder", data.len(), BOUND, || {
-        let bpe = Bpe::load(&dir);
-        if let Ok(bpe) = &bpe {
-            encodes_and_decodes(bpe);
-        }
-        bpe
-    });
-    if let Err(e) = &bpe {
-        refused_naming(e, &files);
-    }
+    let read = || Bpe::load(&dir);
+    let bpe = read_tokenizer("Bpe::load and its encoder", data.len(), BOUND, &files, read);
     let specials = ["<|endoftext|>".to_string()];
     let built = within("gpt2::tokenizer", data.len(), BOUND, || {
         gpt2::tokenizer(&vocab_path, &merges_path, &specials).map(|_| ())
@@ -39,7 +31,7 @@ fuzz_target!(|data: &[u8]| {
     if let Err(e) = built {
         refused_naming(&e, &files);
     }
-    let Ok(bpe) = bpe else { return };
+    let Some(bpe) = bpe else { return };
     let back = fresh_dir("gpt2-back");
     save_vocab(&back.join("vocab.json"), &bpe.vocab)
         .expect("a vocabulary that was read is written");

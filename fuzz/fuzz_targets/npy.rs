@@ -8,22 +8,14 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use std::sync::OnceLock;
 use tinylm::data::{Batch, SplitMix64, TokenDataset};
-use tinylm_bpe::encode::Tokenizer;
 use tinylm_bpe::npy::{self, Dtype, MappedNpy};
-use tinylm_fuzz::{refused, within, write, Bound};
+use tinylm_fuzz::{bytes_tokenizer, refused, within, write, Bound};
 
 const BOUND: Bound = Bound {
     per_byte: 4,
     fixed: 64 << 10,
 };
-
-/// 256 byte tokens, no merges.
-fn bytes_tokenizer() -> &'static Tokenizer {
-    static T: OnceLock<Tokenizer> = OnceLock::new();
-    T.get_or_init(|| Tokenizer::new((0..=255u8).map(|b| vec![b]).collect(), &vec![], &[]).unwrap())
-}
 
 fuzz_target!(|data: &[u8]| {
     let path = write("in.npy", data);

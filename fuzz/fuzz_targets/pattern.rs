@@ -11,22 +11,14 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use std::sync::OnceLock;
-use tinylm_bpe::encode::Tokenizer;
 use tinylm_bpe::files::{hf, Bpe};
 use tinylm_bpe::pretokenize::Pattern;
-use tinylm_fuzz::{parts, scratch, within, Bound};
+use tinylm_fuzz::{bytes_tokenizer, parts, scratch, within, Bound};
 
 const BOUND: Bound = Bound {
     per_byte: 512,
     fixed: 32 << 20,
 };
-
-/// 256 byte tokens, no merges.
-fn bytes_tokenizer() -> &'static Tokenizer {
-    static T: OnceLock<Tokenizer> = OnceLock::new();
-    T.get_or_init(|| Tokenizer::new((0..=255u8).map(|b| vec![b]).collect(), &vec![], &[]).unwrap())
-}
 
 /// Where each pre-token of `text` starts and ends, checked to be in order,
 /// non-empty and inside the text.

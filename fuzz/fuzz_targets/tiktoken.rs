@@ -9,7 +9,7 @@
 use libfuzzer_sys::fuzz_target;
 use tinylm_bpe::files::tiktoken;
 use tinylm_bpe::pretokenize::Pattern;
-use tinylm_fuzz::{encodes_and_decodes, parts, refused, scratch, within, write, Bound};
+use tinylm_fuzz::{parts, read_tokenizer, scratch, write, Bound};
 
 const BOUND: Bound = Bound {
     per_byte: 64,
@@ -29,16 +29,9 @@ fuzz_target!(|data: &[u8]| {
         })
         .collect();
     let path = write("ranks.tiktoken", ranks);
-    let bpe = within("tiktoken::load and its encoder", data.len(), BOUND, || {
-        let bpe = tiktoken::load(&path, Pattern::Gpt4, &specials);
-        if let Ok(bpe) = &bpe {
-            encodes_and_decodes(bpe);
-        }
-        bpe
-    });
-    let bpe = match bpe {
-        Ok(bpe) => bpe,
-        Err(e) => return refused(&e, &path),
+    let read = || tiktoken::load(&path, Pattern::Gpt4, &specials);
+    let Some(bpe) = read_tokenizer("tiktoken::load", data.len(), BOUND, &[&path], read) else {
+        return;
     };
     let back = scratch().join("back.tiktoken");
     tiktoken::save(&back, &bpe).expect("a rank file that was read is written");

@@ -7,7 +7,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use tinylm_bpe::files::hf;
-use tinylm_fuzz::{encodes_and_decodes, refused, scratch, within, write, Bound};
+use tinylm_fuzz::{read_tokenizer, scratch, write, Bound};
 
 const BOUND: Bound = Bound {
     per_byte: 64,
@@ -16,16 +16,9 @@ const BOUND: Bound = Bound {
 
 fuzz_target!(|data: &[u8]| {
     let path = write("tokenizer.json", data);
-    let bpe = within("hf::load and its encoder", data.len(), BOUND, || {
-        let bpe = hf::load(&path);
-        if let Ok(bpe) = &bpe {
-            encodes_and_decodes(bpe);
-        }
-        bpe
-    });
-    let bpe = match bpe {
-        Ok(bpe) => bpe,
-        Err(e) => return refused(&e, &path),
+    let read = || hf::load(&path);
+    let Some(bpe) = read_tokenizer("hf::load", data.len(), BOUND, &[&path], read) else {
+        return;
     };
     let back = scratch().join("back.json");
     hf::save(&back, &bpe).expect("a tokenizer that was read is written");

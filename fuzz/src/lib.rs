@@ -181,6 +181,35 @@ pub fn same_bits(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
+/// Reads a tokenizer with `read` from `files` (the input's `input_len` bytes),
+/// within `bound`, and checks it ([`encodes_and_decodes`], inside the bound too);
+/// a refusal must name one of the files ([`refused_naming`]) and gives `None`.
+pub fn read_tokenizer(
+    what: &str,
+    input_len: usize,
+    bound: Bound,
+    files: &[&Path],
+    read: impl FnOnce() -> tinylm_bpe::Result<tinylm_bpe::files::Bpe>,
+) -> Option<tinylm_bpe::files::Bpe> {
+    let bpe = within(what, input_len, bound, || {
+        let bpe = read();
+        if let Ok(bpe) = &bpe {
+            encodes_and_decodes(bpe);
+        }
+        bpe
+    });
+    bpe.map_err(|e| refused_naming(&e, files)).ok()
+}
+
+/// A tokenizer of the 256 byte tokens and no merges.
+pub fn bytes_tokenizer() -> &'static tinylm_bpe::encode::Tokenizer {
+    static T: OnceLock<tinylm_bpe::encode::Tokenizer> = OnceLock::new();
+    T.get_or_init(|| {
+        let bytes = (0..=255u8).map(|b| vec![b]).collect();
+        tinylm_bpe::encode::Tokenizer::new(bytes, &Vec::new(), &[]).expect("256 byte tokens")
+    })
+}
+
 /// Text a tokenizer that was read must encode and decode back (with its special
 /// tokens appended): ASCII, accents, CJK, emoji, digits, contractions, spaces.
 pub const SAMPLE: &str =
