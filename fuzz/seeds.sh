@@ -3,7 +3,7 @@
 # `tinylm` trains tokenizers on the repository's mixed-script fixture, encodes it,
 # trains two tiny models and exports one to Hugging Face's format; the
 # configuration files are the documentation's examples. Each seed is small (at
-# most 32 KiB), so that the fuzzer mutates them quickly. Run it again when a
+# most 36 KiB), so that the fuzzer mutates them quickly. Run it again when a
 # format changes:
 #
 #   cargo build --release -p tinylm-cli && bash fuzz/seeds.sh

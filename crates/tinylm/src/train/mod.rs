@@ -41,7 +41,7 @@ pub use crate::plot::write_loss_plot;
 pub(crate) use config::differences;
 pub use config::{
     read_config_file, resolve_config, BatchSplit, ConfigChange, ResolvedConfig, Schedule,
-    TrainConfig,
+    TrainConfig, MAX_STEP_SCALE,
 };
 pub use log::{LogRecord, Progress};
 pub use run_dir::{
