@@ -28,6 +28,12 @@ fuzz_dir="${CARGO_TARGET_DIR:-$PWD/target}/fuzz"
 fuzz=(cargo fuzz run -a --target-dir "$fuzz_dir/build")
 cargo fuzz build -a --target-dir "$fuzz_dir/build"
 
+# The targets' scratch files (each input as the files its reader opens), in
+# memory, removed at the end.
+scratch=$(mktemp -d /dev/shm/tinylm-fuzz.XXXXXX 2>/dev/null || mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+export TINYLM_FUZZ_SCRATCH="$scratch"
+
 failed=()
 for target in $targets; do
     corpus="$fuzz_dir/corpus/$target"

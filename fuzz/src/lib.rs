@@ -97,15 +97,18 @@ pub fn within<T>(what: &str, input_len: usize, bound: Bound, read: impl FnOnce()
     out
 }
 
-/// This process's scratch directory: in `/dev/shm` when there is one (the
+/// This process's scratch directory, in `$TINYLM_FUZZ_SCRATCH` (which
+/// `.ci/fuzz.sh` creates in `/dev/shm` and removes: a fuzzing process never ends
+/// in a way that removes its own), else in `/dev/shm` when there is one (the
 /// writers' `fsync` then costs nothing), else in the temporary directory.
 pub fn scratch() -> &'static Path {
     static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
     DIR.get_or_init(|| {
-        let shm = Path::new("/dev/shm");
+        let parent =
+            std::env::var_os("TINYLM_FUZZ_SCRATCH").map_or("/dev/shm".into(), PathBuf::from);
         let builder = tempfile::Builder::new()
             .prefix("tinylm-fuzz-")
-            .tempdir_in(shm);
+            .tempdir_in(parent);
         builder
             .or_else(|_| tempfile::tempdir())
             .expect("a scratch directory")
