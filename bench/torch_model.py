@@ -10,6 +10,9 @@ tinylm's config JSON (`norm`, `positional`, `ffn`, `tie_embeddings`).
     python bench/torch_model.py --check --config model.json [--tinylm target/release/tinylm]
     # training-step throughput (forward + backward + AdamW), one JSON line per variant
     python bench/torch_model.py --bench [--config model.json] [--batch-size 16] [--threads 2]
+    python bench/torch_model.py --bench --device cuda --variants eager,compile-bf16
+    # the GPU's bf16 matrix-product rate (the MFU's denominator)
+    python bench/torch_model.py --matmul-peak
 
 Without --config, the model is the benchmark config (tinylm bench's default): vocab 4,096,
 context 128, d_model 256, 4 layers, 8 heads, d_ff 704 (SwiGLU, RoPE, pre-norm).
@@ -283,37 +286,85 @@ def check(args):
 
 
 def bench(args):
+    """Training steps per variant: `eager` (fp32, attention written out), `sdpa` (fp32,
+    PyTorch's fused attention), `compile` (torch.compile of sdpa), `compile-bf16`
+    (torch.compile, bf16 autocast: PyTorch's fastest configuration on a GPU, flash
+    attention there)."""
     c = load_config(args.config)
     torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    cuda = device.type == "cuda"
     b, t = args.batch_size, args.seq_len or c["context_length"]
     flops = 3 * forward_flops(c, b, t)
     for variant in args.variants.split(","):
+        if variant not in ("eager", "sdpa", "compile", "compile-bf16"):
+            sys.exit(f"unknown variant {variant!r}: eager, sdpa, compile or compile-bf16")
         torch.manual_seed(0)
-        model = TransformerLM(c, sdpa=variant != "eager")
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
-        fwd = torch.compile(model) if variant == "compile" else model
-        ids = torch.randint(0, c["vocab_size"], (b, t))
-        targets = torch.randint(0, c["vocab_size"], (b, t))
+        model = TransformerLM(c, sdpa=variant != "eager").to(device)
+        # On a GPU, PyTorch's fastest AdamW: one fused kernel.
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1,
+                                **({"fused": True} if cuda else {}))
+        bf16 = variant.endswith("bf16")
+        ids = torch.randint(0, c["vocab_size"], (b, t), device=device)
+        targets = torch.randint(0, c["vocab_size"], (b, t), device=device)
+
+        def model_loss(ids, targets):
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                logits = model(ids)
+            return F.cross_entropy(logits.float().reshape(-1, c["vocab_size"]), targets.reshape(-1))
+
+        # Compiled, the loss is in the graph too: its kernels fuse with the LM head's.
+        loss_of = torch.compile(model_loss) if variant.startswith("compile") else model_loss
 
         def step():
-            loss = F.cross_entropy(fwd(ids).reshape(-1, c["vocab_size"]), targets.reshape(-1))
+            loss = loss_of(ids, targets)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
             return loss
 
+        def sync():
+            if cuda:
+                torch.cuda.synchronize()
+
         for _ in range(args.warmup):
             step()
+        sync()
         best = math.inf
         for _ in range(args.repeat):
             start = time.perf_counter()
             for _ in range(args.steps):
                 step()
+            sync()
             best = min(best, (time.perf_counter() - start) / args.steps)
-        print(json.dumps({"variant": f"torch {variant}", "torch": torch.__version__, "threads": args.threads,
-                          "batch_size": b, "seq_len": t, "ms_per_step": round(best * 1e3, 2),
-                          "tokens_per_s": round(b * t / best, 1), "gflops": round(flops / best / 1e9, 1)}),
+        print(json.dumps({"variant": f"torch {variant}", "torch": torch.__version__, "device": str(device),
+                          "threads": args.threads, "batch_size": b, "seq_len": t,
+                          "ms_per_step": round(best * 1e3, 3), "tokens_per_s": round(b * t / best, 1),
+                          "gflops": round(flops / best / 1e9, 1)}),
               flush=True)
+        del model, opt, loss_of
+
+
+def matmul_peak(args):
+    """The GPU's bf16 matrix-product rate: n×n×n products on random data through
+    PyTorch (cuBLAS), the median of timed runs over rotating inputs after warm-up."""
+    n, reps = args.peak_size, 20
+    pairs = [(torch.randn(n, n, device="cuda", dtype=torch.bfloat16),
+              torch.randn(n, n, device="cuda", dtype=torch.bfloat16)) for _ in range(3)]
+    for a, w in pairs:
+        a @ w
+    times = []
+    for i in range(reps):
+        a, w = pairs[i % len(pairs)]
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        a @ w
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e-3)
+    median = sorted(times)[len(times) // 2]
+    print(json.dumps({"variant": "bf16 matmul peak", "gpu": torch.cuda.get_device_name(), "n": n,
+                      "tflops": round(2 * n**3 / median / 1e12, 1), "torch": torch.__version__}), flush=True)
 
 
 def main():
@@ -322,6 +373,7 @@ def main():
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument("--check", action="store_true", help="compare `tinylm forward` with PyTorch")
     mode.add_argument("--bench", action="store_true", help="training-step throughput of PyTorch")
+    mode.add_argument("--matmul-peak", action="store_true", help="the GPU's bf16 matrix-product rate")
     p.add_argument("--config", help="model config JSON (default: the benchmark model of tinylm bench)")
     p.add_argument("--batch-size", type=int, help="default: 16 for --bench, 2 for --check")
     p.add_argument("--seq-len", type=int, help="default: the context length")
@@ -330,14 +382,20 @@ def main():
     p.add_argument("--ids-dtype", default="int64", choices=["int64", "int32", "uint16", "uint32"])
     p.add_argument("--tolerance", type=float, default=1e-4, help="max relative error allowed in --check")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--variants", default="eager,sdpa,compile", help="comma-separated: eager, sdpa, compile")
+    p.add_argument("--variants", default="eager,sdpa,compile",
+                   help="comma-separated: eager, sdpa, compile, compile-bf16")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--peak-size", type=int, default=8192, help="n of --matmul-peak's n×n×n products")
     p.add_argument("--steps", type=int, default=10, help="timed steps per repeat")
     p.add_argument("--repeat", type=int, default=3, help="best of this many repeats")
     p.add_argument("--warmup", type=int, default=3)
     args = p.parse_args()
     if args.batch_size is None:
         args.batch_size = 16 if args.bench else 2
-    check(args) if args.check else bench(args)
+    if args.matmul_peak:
+        matmul_peak(args)
+    else:
+        check(args) if args.check else bench(args)
 
 
 if __name__ == "__main__":

@@ -64,12 +64,17 @@ fn tolerance(precision: Precision, roundings: f64) -> f64 {
 /// two layers, each rounding its two sublayers' outputs to bf16 (four roundings
 /// that propagate to them, with every product, norm and activation rounding inside
 /// them), and a gradient of layer 0 comes back through both layers' backward, each
-/// rounding the gradient of its two sublayers' outputs: `tolerance(_, 4)` = 3.1e-2
-/// in bf16. (Over the 24 ablations the emulated GPU measures at most 2.1e-2 for
-/// the logits, pre-norm NoPE SwiGLU tied, and 2.8e-2 for a gradient,
-/// `layers.0.attn.v_proj.weight` of pre-norm RoPE SwiGLU tied.)
+/// rounding the gradient of its two sublayers' outputs and every product's operands
+/// on the way. Those roundings compound, most with tied embeddings (the tied matrix
+/// is both the first and the last operand): PyTorch's own bf16 autocast on the CPU,
+/// on these shapes and perturbed gains, against float64, measures a worst gradient
+/// error of 1.3e-2 to 1.9e-2 untied and 2.5e-2 to 5.9e-2 tied over 8 seeds each. So
+/// the bound counts ten roundings, `tolerance(_, 10)` = 7.8e-2 in bf16; each kernel's
+/// own bound above is far tighter. (An H200 measured 3.8e-2 for
+/// `layers.0.ln1.weight`, pre-norm RoPE SwiGLU tied; the emulated GPU 2.8e-2 for
+/// `layers.0.attn.v_proj.weight` of the same model.)
 fn model_tolerance(precision: Precision) -> f64 {
-    tolerance(precision, 4.0)
+    tolerance(precision, 10.0)
 }
 
 fn random(rng: &mut ChaCha8Rng, len: usize, scale: f32) -> Vec<f32> {
@@ -130,10 +135,10 @@ fn get(cuda: &Cuda, buf: &DeviceBuffer) -> Vec<f32> {
     out
 }
 
-/// `max |got − want| / max |want|` within `tol`.
-#[track_caller]
-fn assert_close(got: &[f32], want: &[f32], tol: f64, what: &str) {
-    assert_eq!(got.len(), want.len(), "{what}: lengths");
+/// `max |got − want| / max |want|`, and where the largest difference is (NaN
+/// where `got` has a value that is not finite).
+fn relative_error(got: &[f32], want: &[f32]) -> (f64, usize) {
+    assert_eq!(got.len(), want.len(), "lengths");
     let scale = want
         .iter()
         .fold(0f64, |m, &w| m.max(w.abs() as f64))
@@ -147,14 +152,23 @@ fn assert_close(got: &[f32], want: &[f32], tol: f64, what: &str) {
             (0f64, 0),
             |(m, at), (i, e)| if e > m { (e, i) } else { (m, at) },
         );
+    match got.iter().all(|g| g.is_finite()) {
+        true => (worst / scale, at),
+        false => (f64::NAN, at),
+    }
+}
+
+/// `max |got − want| / max |want|` within `tol`.
+#[track_caller]
+fn assert_close(got: &[f32], want: &[f32], tol: f64, what: &str) {
+    let (error, at) = relative_error(got, want);
     assert!(
-        worst / scale <= tol && got.iter().all(|g| g.is_finite()),
-        "{what}: relative error {:.3e} > {tol:.0e} at {at} (got {}, want {})",
-        worst / scale,
+        error <= tol,
+        "{what}: relative error {error:.3e} > {tol:.0e} at {at} (got {}, want {})",
         got[at],
         want[at]
     );
-    println!("{what}: relative error {:.2e}", worst / scale);
+    println!("{what}: relative error {error:.2e}");
 }
 
 #[test]
@@ -246,7 +260,8 @@ fn rmsnorm_forward_and_backward_match_the_cpu() {
         let cuda = gpu(precision);
         // Each result is computed in f32 from bf16 inputs and rounded once.
         let tol = tolerance(precision, 1.0);
-        for (n, c) in [(67, 96), (1500, 40)] {
+        // Rows read in 16-byte packs (C a multiple of 8), and one value at a time.
+        for (n, c) in [(67, 96), (1500, 40), (45, 37)] {
             let x = rounded(&cuda, &random(&mut rng, n * c, 2.0));
             let g = random(&mut rng, c, 1.5);
             let dout = rounded(&cuda, &random(&mut rng, n * c, 1.0));
@@ -297,8 +312,11 @@ fn rmsnorm_forward_and_backward_match_the_cpu() {
 #[test]
 fn swiglu_and_silu_match_the_cpu() {
     let mut rng = ChaCha8Rng::seed_from_u64(4);
-    let len = 3001;
-    for precision in PRECISIONS {
+    // One value per thread (3001), and 16-byte packs (4096).
+    for (len, precision) in [3001, 4096]
+        .into_iter()
+        .flat_map(|l| PRECISIONS.map(|p| (l, p)))
+    {
         let cuda = gpu(precision);
         // Each result is computed in f32 from bf16 inputs and rounded once.
         let tol = tolerance(precision, 1.0);
@@ -312,7 +330,12 @@ fn swiglu_and_silu_match_the_cpu() {
             cuda.swiglu_forward(out.view(), a_d.view(), gated.then(|| b_d.view()));
             let mut want = vec![0f32; len];
             cpu::swiglu::swiglu_forward(&mut want, &a, b_opt);
-            assert_close(&get(&cuda, &out), &want, tol, "swiglu forward");
+            assert_close(
+                &get(&cuda, &out),
+                &want,
+                tol,
+                &format!("{precision:?} swiglu forward ({len})"),
+            );
             let da = cuda.alloc(len, cuda.float_x(), "da").unwrap();
             let db = cuda.alloc(len, cuda.float_x(), "db").unwrap();
             cuda.swiglu_backward(
@@ -330,9 +353,19 @@ fn swiglu_and_silu_match_the_cpu() {
                 &a,
                 b_opt,
             );
-            assert_close(&get(&cuda, &da), &want_da, tol, "swiglu da");
+            assert_close(
+                &get(&cuda, &da),
+                &want_da,
+                tol,
+                &format!("{precision:?} swiglu da ({len})"),
+            );
             if gated {
-                assert_close(&get(&cuda, &db), &want_db, tol, "swiglu db");
+                assert_close(
+                    &get(&cuda, &db),
+                    &want_db,
+                    tol,
+                    &format!("{precision:?} swiglu db ({len})"),
+                );
             }
         }
     }
@@ -341,9 +374,10 @@ fn swiglu_and_silu_match_the_cpu() {
 #[test]
 fn rope_and_its_inverse_match_the_cpu_at_an_offset() {
     let mut rng = ChaCha8Rng::seed_from_u64(5);
-    let (context, h, d) = (20, 3, 8);
-    let (cos, sin) = cpu::rope::rope_tables::<f32>(context, d, 100.0);
-    for precision in PRECISIONS {
+    let (context, h) = (20, 3);
+    // Heads rotated in 16-byte packs (D = 16) and a pair at a time (D = 6).
+    for (d, precision) in [16, 6].into_iter().flat_map(|d| PRECISIONS.map(|p| (d, p))) {
+        let (cos, sin) = cpu::rope::rope_tables::<f32>(context, d, 100.0);
         let cuda = gpu(precision);
         let (cos_d, sin_d) = (put_f32(&cuda, &cos), put_f32(&cuda, &sin));
         for (b, t, q0) in [(2, 11, 0), (1, 17, 16)] {
@@ -379,7 +413,15 @@ fn attention_forward_backward_and_decode_match_the_cpu() {
             tolerance(precision, 2.0),
             tolerance(precision, 2.0),
         );
-        for (b, t, h, d, q0) in [(2, 13, 3, 8, 0), (1, 9, 2, 16, 8), (3, 40, 2, 4, 0)] {
+        // Heads moved in 16-byte packs (D a multiple of 8, or of 4 in fp32) and one
+        // value at a time (D = 6).
+        let shapes = [
+            (2, 13, 3, 8, 0),
+            (1, 9, 2, 16, 8),
+            (3, 40, 2, 4, 0),
+            (2, 11, 2, 6, 0),
+        ];
+        for (b, t, h, d, q0) in shapes {
             let s = AttnShape { b, t, h, d, q0 };
             let (c, tq) = (s.c(), s.tq());
             let qkv = rounded(&cuda, &random(&mut rng, b * t * 3 * c, 1.5));
@@ -756,8 +798,12 @@ fn model_config(norm: Norm, positional: Positional, ffn: Ffn, tie_embeddings: bo
 fn whole_model_logits_loss_and_every_gradient_match_the_cpu_for_every_ablation() {
     let mut rng = ChaCha8Rng::seed_from_u64(9);
     let (b, t) = (3, 33);
+    // Every ablation is compared before the verdict, so that a failure also shows
+    // the largest error of each precision over all of them.
+    let mut failures = Vec::new();
     for precision in PRECISIONS {
         let tol = model_tolerance(precision);
+        let mut worst = (0.0, String::new());
         for c in ablations(model_config) {
             let p = perturbed_params(&c, 11);
             let ids = random_ids(&mut rng, b * t, c.vocab_size);
@@ -765,12 +811,25 @@ fn whole_model_logits_loss_and_every_gradient_match_the_cpu_for_every_ablation()
             let mut cpu = Model::from_params(c.clone(), p.clone()).unwrap();
             let mut gpu_model = Model::with_backend(c.clone(), &p, gpu(precision)).unwrap();
             let what = format!("{precision:?} {c:?}");
+            let mut compare = |got: &[f32], want: &[f32], quantity: &str| {
+                let (error, at) = relative_error(got, want);
+                if error > worst.0 || error.is_nan() {
+                    worst = (error, format!("{what} {quantity}"));
+                }
+                if error > tol || error.is_nan() {
+                    failures.push(format!(
+                        "{what} {quantity}: relative error {error:.3e} > {tol:.1e} at {at} \
+                         (got {}, want {})",
+                        got[at], want[at]
+                    ));
+                }
+            };
             let want = cpu.forward(&ids, b, t).unwrap().to_vec();
             let got = gpu_model.forward(&ids, b, t).unwrap().to_vec();
-            assert_close(&got, &want, tol, &format!("{what} logits"));
+            compare(&got, &want, "logits");
             let want_loss = cpu.forward_loss(&ids, &targets, b, t).unwrap();
             let got_loss = gpu_model.forward_loss(&ids, &targets, b, t).unwrap();
-            assert_close(&[got_loss], &[want_loss], tol, &format!("{what} loss"));
+            compare(&[got_loss], &[want_loss], "loss");
             cpu.backward().unwrap();
             gpu_model.backward().unwrap();
             let got = gpu_model.download_grads().unwrap();
@@ -780,10 +839,16 @@ fn whole_model_logits_loss_and_every_gradient_match_the_cpu_for_every_ablation()
                 .into_iter()
                 .zip(layout.tensors(&got))
             {
-                assert_close(got, want, tol, &format!("{what} gradient of {name}"));
+                compare(got, want, &format!("gradient of {name}"));
             }
         }
+        println!(
+            "{precision:?}: the largest relative error over the 24 ablations is {:.2e} \
+             (bound {tol:.1e}), {}",
+            worst.0, worst.1
+        );
     }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 #[test]

@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 use tinylm::kernels::profile::Kind;
-use tinylm::kernels::{Cpu, Profiled};
+use tinylm::kernels::{Backend, Profiled};
 use tinylm::{Model, ModelConfig, Result};
 
 use super::model::{adamw, Step};
@@ -11,10 +11,16 @@ use super::model::{adamw, Step};
 /// Steps the profile times (after one untimed).
 const PROFILED_STEPS: usize = 5;
 
-/// The timed step again on the CPU with every kernel call timed, from `params`:
-/// prints the split per kind of kernel.
-pub fn profile(c: &ModelConfig, params: &[f32], step: &Step) -> Result<()> {
-    let mut model = Model::with_backend(c.clone(), params, Profiled::new(Cpu))?;
+/// The timed step again on `backend` with every kernel call timed, from `params`:
+/// prints the split per kind of kernel. On a GPU each call waits for the device
+/// ([`Profiled`]), so the profiled step is slower than the timed one.
+pub fn profile<B: Backend<f32>>(
+    backend: B,
+    c: &ModelConfig,
+    params: &[f32],
+    step: &Step,
+) -> Result<()> {
+    let mut model = Model::with_backend(c.clone(), params, Profiled::new(backend))?;
     let mut opt = model.new_adamw(adamw())?;
     let mut total = 0.0;
     for i in 0..=PROFILED_STEPS {
@@ -24,6 +30,7 @@ pub fn profile(c: &ModelConfig, params: &[f32], step: &Step) -> Result<()> {
         }
         let start = Instant::now();
         step.run(&mut model, &mut opt, None)?;
+        model.backend().sync()?;
         total += start.elapsed().as_secs_f64();
     }
     let per_step = |s: f64| s / PROFILED_STEPS as f64 * 1e3;

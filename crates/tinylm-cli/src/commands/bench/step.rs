@@ -126,10 +126,7 @@ fn bench(args: &BenchArgs, c: &ModelConfig, b: usize, t: usize, world: &World) -
         report_all_reduce(all_reduce, timings.params.len(), median, ranks);
         return Ok(());
     }
-    if device != Device::Cpu {
-        return Ok(());
-    }
-    if let Some(cpu) = timings.cpu_per_step {
+    if let (Device::Cpu, Some(cpu)) = (device, timings.cpu_per_step) {
         let threads = rayon::current_num_threads() as f64;
         println!(
             "  CPU time {:.1} ms per step over all threads; / {threads} threads = {:.1} ms \
@@ -139,7 +136,8 @@ fn bench(args: &BenchArgs, c: &ModelConfig, b: usize, t: usize, world: &World) -
             n as f64 * threads / cpu
         );
     }
-    profile(c, &timings.params, &step)?;
+    let backend = AnyBackend::open(device, args.device.precision)?;
+    on_backend!(backend, backend => profile(backend, c, &timings.params, &step)?);
     if let Some(peak) = peak {
         report_peak(&peak, &timings.steps, flops, best);
     }

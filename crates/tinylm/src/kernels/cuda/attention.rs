@@ -4,7 +4,7 @@
 use super::blas::Batch;
 use super::buffer::{DType, Dev};
 use super::context::Cuda;
-use super::launch::{expect, expect_u32, int, per_element, per_row_warp};
+use super::launch::{expect, expect_u32, int, packing, per_element, per_row_warp};
 use crate::kernels::{AttnShape, MatMul};
 use cudarc::driver::PushKernelArg;
 
@@ -33,10 +33,12 @@ impl Cuda {
             int(parts),
             to_heads as i32,
         );
+        let (packed, width) = packing(s.d, self.float_x(), &[heads, rows]);
         let mut args = self.kernel("attention_heads");
         args.arg(&heads.ptr).arg(&rows.ptr);
         args.arg(&b).arg(&t_).arg(&h).arg(&d).arg(&parts_).arg(&to);
-        self.run("attention_heads", args, per_element(len));
+        args.arg(&packed);
+        self.run("attention_heads", args, per_element(len.div_ceil(width)));
     }
 
     /// `batch` per-head products over `(B·H)` entries; `rows_a`, `rows_b`, `rows_out`
@@ -104,6 +106,9 @@ impl Cuda {
         self.attention_products(scores, q_new, k, product, s, (t * d, t * d, tq * t));
         let (rows, tq_, t_, q0) = (int(s.b * s.h * tq), int(tq), int(t), int(s.q0));
         let scale = 1.0 / (d as f32).sqrt();
+        // Rows in packs: T a multiple of the floatX pack (and so of four f32 scores).
+        let (packed, _) = packing(t, self.float_x(), &[att]);
+        let packed = packed & packing(t, DType::F32, &[scores]).0;
         let mut args = self.kernel("attention_softmax_forward");
         args.arg(&att.ptr)
             .arg(&scores.ptr)
@@ -111,7 +116,8 @@ impl Cuda {
             .arg(&tq_)
             .arg(&t_)
             .arg(&q0)
-            .arg(&scale);
+            .arg(&scale)
+            .arg(&packed);
         self.run(
             "attention_softmax_forward",
             args,
@@ -180,12 +186,14 @@ impl Cuda {
         );
         let (rows, t_) = (int(s.b * s.h * t), int(t));
         let scale = 1.0 / (d as f32).sqrt();
+        let (packed, _) = packing(t, self.float_x(), &[datt, att]);
         let mut args = self.kernel("attention_softmax_backward");
         args.arg(&datt.ptr)
             .arg(&att.ptr)
             .arg(&rows)
             .arg(&t_)
-            .arg(&scale);
+            .arg(&scale)
+            .arg(&packed);
         self.run(
             "attention_softmax_backward",
             args,

@@ -18,6 +18,40 @@ __device__ __forceinline__ float to_f32(floatX x) { return x; }
 __device__ __forceinline__ floatX to_x(float x) { return x; }
 #endif
 
+/// floatX values in one 16-byte access: 8 in bf16, 4 in f32. A row whose length
+/// is a multiple of PACK, starting 16-byte aligned, is read and written in packs.
+#define PACK (16 / (int)sizeof(floatX))
+struct alignas(16) Pack {
+    floatX v[PACK];
+};
+
+/// v[0..PACK) = the pack at p as f32 when `packed`, else v[0] = *p.
+__device__ __forceinline__ void load_pack(float (&v)[PACK], const floatX* p, int packed) {
+    if (packed) {
+        const Pack q = *reinterpret_cast<const Pack*>(p);
+#pragma unroll
+        for (int k = 0; k < PACK; k++) {
+            v[k] = to_f32(q.v[k]);
+        }
+    } else {
+        v[0] = to_f32(*p);
+    }
+}
+
+/// The pack at p = v[0..PACK) rounded to floatX when `packed`, else *p = v[0].
+__device__ __forceinline__ void store_pack(floatX* p, const float (&v)[PACK], int packed) {
+    if (packed) {
+        Pack q;
+#pragma unroll
+        for (int k = 0; k < PACK; k++) {
+            q.v[k] = to_x(v[k]);
+        }
+        *reinterpret_cast<Pack*>(p) = q;
+    } else {
+        *p = to_x(v[0]);
+    }
+}
+
 #define WARP_SIZE 32
 #define FULL_MASK 0xffffffffu
 #define FLT_LOWEST (-3.402823466e38f)

@@ -2,7 +2,7 @@
 
 use super::buffer::{DType, Dev};
 use super::context::Cuda;
-use super::launch::{expect, grid, int};
+use super::launch::{expect, grid, int, packing};
 use crate::kernels::BatchPart;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
@@ -32,9 +32,10 @@ impl Cuda {
         expect(loss, 1, DType::F32, "cross-entropy loss");
         let (n_, v_, grad_) = (int(n), int(v), grad as i32);
         let (rows, accumulate) = (int(part.rows), part.accumulate as i32);
+        let (packed, _) = packing(v, self.float_x(), &[logits]);
         let mut args = self.kernel("cross_entropy_forward_backward");
         args.arg(&logits.ptr).arg(&losses.ptr).arg(&targets.ptr);
-        args.arg(&rows).arg(&v_).arg(&grad_);
+        args.arg(&rows).arg(&v_).arg(&grad_).arg(&packed);
         let cfg = LaunchConfig {
             grid_dim: (n as u32, 1, 1),
             block_dim: (THREADS_PER_ROW, 1, 1),

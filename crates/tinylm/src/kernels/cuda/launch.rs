@@ -25,6 +25,23 @@ pub(crate) fn per_row_warp(rows: usize) -> LaunchConfig {
     grid(rows.div_ceil(BLOCK as usize / 32))
 }
 
+/// Bytes of one access of the kernels that read rows in packs (`PACK` in
+/// `common.cuh`).
+const PACK_BYTES: usize = 16;
+
+/// Whether rows of `c` values of `dtype` in every buffer of `rows` can be read in
+/// packs (`c` a multiple of the pack, every buffer 16-byte aligned), as the kernels'
+/// `packed` argument, and the values a thread then takes at a time: a pack (8 bf16,
+/// 4 f32), else 1.
+pub(crate) fn packing(c: usize, dtype: DType, rows: &[Dev]) -> (i32, usize) {
+    let width = PACK_BYTES / dtype.size();
+    let aligned = rows.iter().all(|x| x.ptr % PACK_BYTES as u64 == 0);
+    match c.is_multiple_of(width) && aligned {
+        true => (1, width),
+        false => (0, 1),
+    }
+}
+
 /// Asserts that `x` holds at least `len` elements of `dtype`.
 pub(crate) fn expect(x: Dev, len: usize, dtype: DType, what: &str) {
     assert!(

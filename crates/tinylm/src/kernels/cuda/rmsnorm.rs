@@ -2,7 +2,7 @@
 
 use super::buffer::{DType, Dev};
 use super::context::Cuda;
-use super::launch::{expect, int, per_element, per_row_warp};
+use super::launch::{expect, int, packing, per_element, per_row_warp};
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 pub use crate::kernels::workspace::ROW_BLOCKS;
@@ -16,9 +16,10 @@ impl Cuda {
         expect(rstd, n, DType::F32, "rmsnorm rstd");
         expect(g, c, DType::F32, "rmsnorm g");
         let (n_, c_) = (int(n), int(c));
+        let (packed, _) = packing(c, self.float_x(), &[out, x]);
         let mut args = self.kernel("rmsnorm_forward");
         args.arg(&out.ptr).arg(&rstd.ptr).arg(&x.ptr).arg(&g.ptr);
-        args.arg(&n_).arg(&c_).arg(&eps);
+        args.arg(&n_).arg(&c_).arg(&eps).arg(&packed);
         self.run("rmsnorm_forward", args, per_row_warp(n));
     }
 
@@ -43,22 +44,23 @@ impl Cuda {
         expect(dg, c, DType::F32, "rmsnorm dg");
         expect(scratch, ROW_BLOCKS * c, DType::F32, "rmsnorm scratch");
         let (n_, c_, acc, blocks) = (int(n), int(c), accumulate as i32, int(ROW_BLOCKS));
+        let (packed, width) = packing(c, self.float_x(), &[dx, dout, x]);
         let mut args = self.kernel("rmsnorm_backward_dx");
         args.arg(&dx.ptr)
             .arg(&dout.ptr)
             .arg(&x.ptr)
             .arg(&g.ptr)
             .arg(&rstd.ptr);
-        args.arg(&n_).arg(&c_).arg(&acc);
+        args.arg(&n_).arg(&c_).arg(&acc).arg(&packed);
         self.run("rmsnorm_backward_dx", args, per_row_warp(n));
         let mut args = self.kernel("rmsnorm_backward_dg_partial");
         args.arg(&scratch.ptr)
             .arg(&dout.ptr)
             .arg(&x.ptr)
             .arg(&rstd.ptr);
-        args.arg(&n_).arg(&c_);
+        args.arg(&n_).arg(&c_).arg(&packed);
         let cfg = LaunchConfig {
-            grid_dim: (c.div_ceil(32) as u32, ROW_BLOCKS as u32, 1),
+            grid_dim: (c.div_ceil(32 * width) as u32, ROW_BLOCKS as u32, 1),
             block_dim: (32, 8, 1),
             shared_mem_bytes: 0,
         };

@@ -2,7 +2,7 @@
 
 use super::buffer::{DType, Dev};
 use super::context::Cuda;
-use super::launch::{expect, expect_u32, int, per_element};
+use super::launch::{expect, expect_u32, int, packing, per_element};
 use crate::kernels::AttnShape;
 use cudarc::driver::PushKernelArg;
 
@@ -24,9 +24,14 @@ impl Cuda {
             int(s.d),
             inverse as i32,
         );
+        let (packed, width) = match packing(s.d, self.float_x(), &[qkv]) {
+            (1, width) => (1, width),
+            _ => (0, 2),
+        };
         let mut args = self.kernel("rope");
         args.arg(&qkv.ptr).arg(&cos.ptr).arg(&sin.ptr);
         args.arg(&rows_).arg(&tq).arg(&q0).arg(&h).arg(&d).arg(&inv);
-        self.run("rope", args, per_element(rows * s.h * s.d));
+        args.arg(&packed);
+        self.run("rope", args, per_element(rows * 2 * s.c() / width));
     }
 }

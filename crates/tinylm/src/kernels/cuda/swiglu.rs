@@ -2,7 +2,7 @@
 
 use super::buffer::{Dev, NULL};
 use super::context::Cuda;
-use super::launch::{expect, per_element};
+use super::launch::{expect, packing, per_element};
 use cudarc::driver::PushKernelArg;
 
 impl Cuda {
@@ -15,9 +15,15 @@ impl Cuda {
         }
         let b_ptr = b.map_or(NULL, |b| b.ptr);
         let n_ = n as u64;
+        let operands: Vec<Dev> = [Some(out), Some(a), b].into_iter().flatten().collect();
+        let (packed, width) = packing(n, self.float_x(), &operands);
         let mut args = self.kernel("swiglu_forward");
-        args.arg(&out.ptr).arg(&a.ptr).arg(&b_ptr).arg(&n_);
-        self.run("swiglu_forward", args, per_element(n));
+        args.arg(&out.ptr)
+            .arg(&a.ptr)
+            .arg(&b_ptr)
+            .arg(&n_)
+            .arg(&packed);
+        self.run("swiglu_forward", args, per_element(n.div_ceil(width)));
     }
 
     /// `da`, `db` (overwritten) from `dout`; `db` and `b` are `None` together (SiLU).
@@ -33,13 +39,19 @@ impl Cuda {
         }
         let (db_ptr, b_ptr) = (db.map_or(NULL, |x| x.ptr), b.map_or(NULL, |x| x.ptr));
         let n_ = n as u64;
+        let operands: Vec<Dev> = [Some(da), db, Some(dout), Some(a), b]
+            .into_iter()
+            .flatten()
+            .collect();
+        let (packed, width) = packing(n, self.float_x(), &operands);
         let mut args = self.kernel("swiglu_backward");
         args.arg(&da.ptr)
             .arg(&db_ptr)
             .arg(&dout.ptr)
             .arg(&a.ptr)
             .arg(&b_ptr)
-            .arg(&n_);
-        self.run("swiglu_backward", args, per_element(n));
+            .arg(&n_)
+            .arg(&packed);
+        self.run("swiglu_backward", args, per_element(n.div_ceil(width)));
     }
 }
