@@ -103,19 +103,27 @@ fn export_import_round_trip_and_every_command_reads_every_form() {
         "--out",
         &d("hf"),
     ]);
-    ok(&[
-        "export",
-        "gguf",
-        "--checkpoint",
-        &d("ckpt.safetensors"),
-        "--out",
-        &d("m.gguf"),
-        "--dtype",
-        "f16",
-    ]);
-    assert!(std::fs::read(d("m.gguf"))
-        .unwrap()
-        .starts_with(b"GGUF\x03\0\0\0"));
+    // Each storage type by its llama.cpp name: the file's `general.file_type`
+    // (ALL_F32 0, MOSTLY_F16 1, MOSTLY_Q8_0 7, MOSTLY_BF16 32) follows it.
+    for (dtype, file_type) in [("f32", 0u32), ("f16", 1), ("bf16", 32), ("q8_0", 7)] {
+        let out = d(&format!("m-{dtype}.gguf"));
+        ok(&[
+            "export",
+            "gguf",
+            "--checkpoint",
+            &d("ckpt.safetensors"),
+            "--out",
+            &out,
+            "--dtype",
+            dtype,
+        ]);
+        let bytes = std::fs::read(&out).unwrap();
+        assert!(bytes.starts_with(b"GGUF\x03\0\0\0"));
+        let key = b"general.file_type";
+        let at = bytes.windows(key.len()).position(|w| w == key).unwrap() + key.len();
+        let value = u32::from_le_bytes(bytes[at + 4..at + 8].try_into().unwrap());
+        assert_eq!(value, file_type, "{dtype}");
+    }
     ok(&[
         "import",
         "hf",
