@@ -198,6 +198,36 @@ fn export_import_round_trip_and_every_command_reads_every_form() {
     assert!(evals.windows(2).all(|w| w[0] == w[1]), "{evals:?}");
     assert!(texts.windows(2).all(|w| w[0] == w[1]), "{texts:?}");
     assert!(texts[0].starts_with("Once upon"));
+    // --verbose leaves the text as it is and reports to stderr the load, the prompt's
+    // tokens and the 7 tokens generated after the first.
+    let out = tinylm(&[
+        "generate",
+        "--checkpoint",
+        &d("ckpt.safetensors"),
+        "--prompt",
+        "Once upon",
+        "--max-tokens",
+        "8",
+        "--temperature",
+        "0",
+        "--threads",
+        "1",
+        "--verbose",
+    ]);
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout), texts[0]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let bpe = tinylm_bpe::files::Bpe::load(&dir.path().join("tok")).unwrap();
+    let tokenizer = tinylm_bpe::encode::Tokenizer::new(bpe.vocab, &bpe.merges, &[]).unwrap();
+    let prompt_tokens = tokenizer.encode("Once upon").len();
+    for needle in [
+        "load:".to_string(),
+        format!("/ {prompt_tokens} tokens ("),
+        "first token:".to_string(),
+        "/ 7 tokens after the first (".to_string(),
+    ] {
+        assert!(stderr.contains(&needle), "'{needle}' not in {stderr}");
+    }
 }
 
 #[test]
