@@ -22,9 +22,9 @@ pub struct Continuation {
     pub new_tokens: usize,
     /// When the prompt's tokens went in.
     pub started: Instant,
-    /// When the first and the last new token were drawn (none if the first was
-    /// `<|endoftext|>`).
+    /// When the first new token was drawn (none if the first was `<|endoftext|>`).
     pub first_token: Option<Instant>,
+    /// When the last new token was drawn (none if the first was `<|endoftext|>`).
     pub last_token: Option<Instant>,
 }
 
