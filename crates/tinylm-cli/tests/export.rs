@@ -180,19 +180,7 @@ fn export_import_round_trip_and_every_command_reads_every_form() {
             "1",
         ]);
         evals.push(eval.split("windows").next().unwrap().to_string());
-        texts.push(ok(&[
-            "generate",
-            "--checkpoint",
-            weights,
-            "--prompt",
-            "Once upon",
-            "--max-tokens",
-            "8",
-            "--temperature",
-            "0",
-            "--threads",
-            "1",
-        ]));
+        texts.push(ok(&greedy_8(weights, &[])));
     }
     assert!(logits.windows(2).all(|w| w[0] == w[1]));
     assert!(evals.windows(2).all(|w| w[0] == w[1]), "{evals:?}");
@@ -200,20 +188,8 @@ fn export_import_round_trip_and_every_command_reads_every_form() {
     assert!(texts[0].starts_with("Once upon"));
     // --verbose leaves the text as it is and reports to stderr the load, the prompt's
     // tokens and the 7 tokens generated after the first.
-    let out = tinylm(&[
-        "generate",
-        "--checkpoint",
-        &d("ckpt.safetensors"),
-        "--prompt",
-        "Once upon",
-        "--max-tokens",
-        "8",
-        "--temperature",
-        "0",
-        "--threads",
-        "1",
-        "--verbose",
-    ]);
+    let ckpt = d("ckpt.safetensors");
+    let out = tinylm(&greedy_8(&ckpt, &["--verbose"]));
     assert!(out.status.success());
     assert_eq!(String::from_utf8_lossy(&out.stdout), texts[0]);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -228,6 +204,26 @@ fn export_import_round_trip_and_every_command_reads_every_form() {
     ] {
         assert!(stderr.contains(&needle), "'{needle}' not in {stderr}");
     }
+}
+
+/// `tinylm generate`'s arguments for 8 greedy tokens after "Once upon" from `weights`
+/// on one thread, then `extra`.
+fn greedy_8<'a>(weights: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "generate",
+        "--checkpoint",
+        weights,
+        "--prompt",
+        "Once upon",
+        "--max-tokens",
+        "8",
+        "--temperature",
+        "0",
+        "--threads",
+        "1",
+    ];
+    args.extend_from_slice(extra);
+    args
 }
 
 #[test]

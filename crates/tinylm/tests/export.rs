@@ -627,7 +627,9 @@ fn read_gguf(bytes: &[u8]) -> Gguf {
                 // bf16: the upper half of an f32.
                 30 => data
                     .chunks_exact(2)
-                    .map(|b| f32::from_bits((u16::from_le_bytes(b.try_into().unwrap()) as u32) << 16))
+                    .map(|b| {
+                        f32::from_bits((u16::from_le_bytes(b.try_into().unwrap()) as u32) << 16)
+                    })
                     .collect(),
                 // Q8_0: blocks of an f16 scale d and 32 int8 q, x = d·q.
                 _ => data
@@ -800,7 +802,11 @@ fn gguf_file_has_every_llama_key_shape_and_tensor() {
             assert_eq!(g.bytes[&gname], stored_as(*ty, &from_hf), "{gname}");
             let ours = &params[spec.range()];
             let bytes = &g.bytes[&gname];
-            assert_eq!(bytes, &stored_as(*ty, ours), "{gname}: not tinylm's own rows");
+            assert_eq!(
+                bytes,
+                &stored_as(*ty, ours),
+                "{gname}: not tinylm's own rows"
+            );
             // Q8_0 read back as d·q: within half a step d = max|x|/127 of each value,
             // plus |q| ≤ 127 times d's rounding to f16 (a relative 2⁻¹¹).
             for (block, stored) in ours.chunks(32).zip(values.chunks(32)) {
