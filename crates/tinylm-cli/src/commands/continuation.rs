@@ -52,29 +52,22 @@ pub fn write_continuation<B: Backend<f32>>(
     let ids = tokenizer.encode(prompt);
     let prompt_tokens = prompt_window(&ids, model.config().context_length, Some(eos))?.len();
     let (started, mut first_token, mut last_token) = (Instant::now(), None, None);
-    let new = generate(
-        model,
-        &ids,
-        max_tokens,
-        sampler,
-        Some(eos),
-        |id| {
-            let now = Instant::now();
-            first_token.get_or_insert(now);
-            last_token = Some(now);
-            match stream
-                .push(id)
-                .map_err(anyhow::Error::from)
-                .and_then(|piece| emit(&piece))
-            {
-                Ok(()) => ControlFlow::Continue(()),
-                Err(e) => {
-                    failure = Some(e);
-                    ControlFlow::Break(())
-                }
+    let new = generate(model, &ids, max_tokens, sampler, Some(eos), |id| {
+        let now = Instant::now();
+        first_token.get_or_insert(now);
+        last_token = Some(now);
+        match stream
+            .push(id)
+            .map_err(anyhow::Error::from)
+            .and_then(|piece| emit(&piece))
+        {
+            Ok(()) => ControlFlow::Continue(()),
+            Err(e) => {
+                failure = Some(e);
+                ControlFlow::Break(())
             }
-        },
-    )?;
+        }
+    })?;
     if let Some(e) = failure {
         return Err(e);
     }

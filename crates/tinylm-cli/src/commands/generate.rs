@@ -141,9 +141,10 @@ fn timings(load: &Load, run: &Continuation) -> String {
     );
     let after_first = run.new_tokens - 1;
     let generation = since(first, run.last_token.unwrap_or(first));
-    lines + &format!(
-        "generation:  {:9.2} ms / {after_first} tokens after the first ({:.2} tokens/s)\n",
-        ms(generation),
-        rate(after_first, generation)
-    )
+    lines
+        + &format!(
+            "generation:  {:9.2} ms / {after_first} tokens after the first ({:.2} tokens/s)\n",
+            ms(generation),
+            rate(after_first, generation)
+        )
 }
