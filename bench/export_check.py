@@ -6,8 +6,9 @@ For one exported model (directory HF, file GGUF) and tinylm's own results:
   `tinylm bpe encode`'s on real text with special tokens;
 - llama.cpp (through llama-cpp-python, which builds it from source): logits of the
   GGUF file and its tokenizer's ids, against the same;
-- the GGUF file read back with the `gguf` package: every tensor equal to the
-  exported weights (q/k rows in llama.cpp's pair order).
+- the GGUF files (f32, f16, bf16, q8_0) read back with the `gguf` package: every
+  tensor's bytes equal to the package's own conversion of the exported weights (q/k
+  rows in llama.cpp's pair order), in the type llama.cpp's converter picks.
 Prints the largest error relative to the logits' scale (max|a - b| / max|b|) and
 exits non-zero above the tolerances (1e-4 transformers, 1e-3 llama.cpp).
 """
@@ -66,9 +67,13 @@ def check_llama_cpp(args, ids, logits, text_ids, text, gguf_path, tool="llama.cp
     }
 
 
-def check_gguf_tensors(args):
-    """Every GGUF tensor equals the checkpoint's, under llama.cpp's name."""
-    from gguf import GGUFReader
+def check_gguf_tensors(args, dtype, path):
+    """Every GGUF tensor, under llama.cpp's name, is the checkpoint's stored as
+    llama.cpp's converter stores it for `--outtype dtype` (1-D tensors f32; for
+    q8_0, rows that are not whole blocks f16), byte for byte as the `gguf`
+    package's quantize makes it."""
+    from gguf import GGUFReader, GGMLQuantizationType
+    from gguf.quants import quantize
     from safetensors.numpy import load_file
 
     ckpt = load_file(args.checkpoint)
@@ -77,10 +82,11 @@ def check_gguf_tensors(args):
     layer = {"ln1": "attn_norm", "attn.q_proj": "attn_q", "attn.k_proj": "attn_k",
              "attn.v_proj": "attn_v", "attn.output_proj": "attn_output", "ln2": "ffn_norm",
              "ffn.w1": "ffn_gate", "ffn.w2": "ffn_down", "ffn.w3": "ffn_up"}
-    reader = GGUFReader(args.gguf)
-    tensors = {t.name: np.array(t.data, dtype=np.float32).reshape(list(reversed(t.shape.tolist())))
-               for t in reader.tensors}
-    worst = 0.0
+    types = {"f32": GGMLQuantizationType.F32, "f16": GGMLQuantizationType.F16,
+             "bf16": GGMLQuantizationType.BF16, "q8_0": GGMLQuantizationType.Q8_0}
+    reader = GGUFReader(path)
+    tensors = {t.name: t for t in reader.tensors}
+    differ = []
     for name, w in ckpt.items():
         if name.startswith("optim."):
             continue
@@ -89,17 +95,26 @@ def check_gguf_tensors(args):
         else:
             _, i, rest = name.split(".", 2)
             g = f"blk.{i}.{layer[rest.removesuffix('.weight')]}.weight"
-        worst = max(worst, float(np.max(np.abs(tensors.pop(g) - w))))
+        t = tensors.pop(g)
+        want = types[dtype]
+        if w.ndim <= 1:
+            want = GGMLQuantizationType.F32
+        elif want == GGMLQuantizationType.Q8_0 and w.shape[-1] % 32:
+            want = GGMLQuantizationType.F16
+        stored = np.asarray(t.data)
+        if t.tensor_type != want or stored.tobytes() != quantize(w.astype(np.float32), want).tobytes():
+            differ.append(f"{g} ({t.tensor_type.name}, expected {want.name})")
     arch = reader.fields["general.architecture"]
-    return {"tool": "gguf reader", "max_abs_diff": worst, "unmatched": sorted(tensors),
+    return {"tool": f"gguf reader, {dtype}", "tensors_differing": differ, "unmatched": sorted(tensors),
             "architecture": bytes(arch.parts[arch.data[0]]).decode()}
 
 
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--hf", required=True)
-    p.add_argument("--gguf", required=True)
-    p.add_argument("--gguf-f16", help="an --dtype f16 export: its llama.cpp error is printed, not checked")
+    p.add_argument("--gguf", required=True, action="append",
+                   help="DTYPE=PATH of a `tinylm export gguf --dtype DTYPE` file (f32 required): "
+                        "llama.cpp's logits are checked for f32 and printed for the others")
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--ids", required=True, help="(B, T) ids given to tinylm forward")
     p.add_argument("--logits", required=True, help="tinylm forward's logits")
@@ -108,23 +123,26 @@ def main():
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--skip-llama-cpp", action="store_true")
     args = p.parse_args()
+    ggufs = dict(spec.split("=", 1) for spec in args.gguf)
     ids, logits = np.load(args.ids), np.load(args.logits)
     text = open(args.text, encoding="utf-8").read()
     text_ids = np.load(args.text_ids).astype(np.int64).tolist()
     ok = True
     results = [check_transformers(args, ids, logits, text_ids, text)]
     if not args.skip_llama_cpp:
-        results.append(check_llama_cpp(args, ids, logits, text_ids, text, args.gguf))
+        results.append(check_llama_cpp(args, ids, logits, text_ids, text, ggufs["f32"]))
     for r in results:
         tol = 1e-4 if r["tool"] == "transformers" else 1e-3
         ok &= r["logits_rel_err"] <= tol and r["ids_equal"] and r["decode_equal"]
         print(json.dumps(r))
-    if args.gguf_f16 and not args.skip_llama_cpp:
-        r = check_llama_cpp(args, ids, logits, text_ids, text, args.gguf_f16, "llama.cpp f16 (not checked)")
-        print(json.dumps(r))
-    g = check_gguf_tensors(args)
-    ok &= g["max_abs_diff"] == 0.0 and not g["unmatched"] and g["architecture"] == "llama"
-    print(json.dumps(g))
+    for dtype, path in ggufs.items():
+        if dtype != "f32" and not args.skip_llama_cpp:
+            r = check_llama_cpp(args, ids, logits, text_ids, text, path, f"llama.cpp {dtype} (not checked)")
+            print(json.dumps(r))
+    for dtype, path in ggufs.items():
+        g = check_gguf_tensors(args, dtype, path)
+        ok &= not g["tensors_differing"] and not g["unmatched"] and g["architecture"] == "llama"
+        print(json.dumps(g))
     print("all checks passed" if ok else "CHECK FAILED")
     sys.exit(0 if ok else 1)
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `tinylm export` against the tools it targets, on a model trained here for a few
 # steps (untied and tied embeddings): transformers' logits and tokenizer, llama.cpp's
-# logits and tokenizer (llama-cpp-python, built from source by pip), the GGUF file
-# read back by the `gguf` package. See bench/export_check.py.
+# logits and tokenizer (llama-cpp-python, built from source by pip) on the f32 GGUF
+# (and printed for the f16, bf16 and q8_0 ones), each GGUF file read back by the
+# `gguf` package. See bench/export_check.py.
 #
 #   python3 -m venv .venv-bench && .venv-bench/bin/pip install -r bench/requirements.txt
 #   PYTHON=.venv-bench/bin/python bench/export_check.sh
@@ -49,11 +50,15 @@ for tie in false true; do
         --lr-max 3e-3 --warmup-steps 10 --eval-interval 0 --eval-batches 4 --threads "$THREADS" \
         > /dev/null 2>&1
     "$TINYLM" export hf --checkpoint "$run/checkpoint.safetensors" --out "$run/hf"
-    "$TINYLM" export gguf --checkpoint "$run/checkpoint.safetensors" --out "$run/model.gguf"
-    "$TINYLM" export gguf --checkpoint "$run/checkpoint.safetensors" --out "$run/model-f16.gguf" --dtype f16
+    ggufs=()
+    for dtype in f32 f16 bf16 q8_0; do
+        "$TINYLM" export gguf --checkpoint "$run/checkpoint.safetensors" --out "$run/model-$dtype.gguf" \
+            --dtype "$dtype"
+        ggufs+=(--gguf "$dtype=$run/model-$dtype.gguf")
+    done
     "$TINYLM" forward --weights "$run/checkpoint.safetensors" --input "$TMP/ids.npy" \
         --logits-out "$run/logits.npy" --threads "$THREADS"
-    "$PYTHON" bench/export_check.py --hf "$run/hf" --gguf "$run/model.gguf" --gguf-f16 "$run/model-f16.gguf" \
+    "$PYTHON" bench/export_check.py --hf "$run/hf" "${ggufs[@]}" \
         --checkpoint "$run/checkpoint.safetensors" --ids "$TMP/ids.npy" --logits "$run/logits.npy" \
         --text "$TMP/text.txt" --text-ids "$TMP/text.npy" --threads "$THREADS" ${CHECK_ARGS:-}
 done

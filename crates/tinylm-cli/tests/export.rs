@@ -103,19 +103,27 @@ fn export_import_round_trip_and_every_command_reads_every_form() {
         "--out",
         &d("hf"),
     ]);
-    ok(&[
-        "export",
-        "gguf",
-        "--checkpoint",
-        &d("ckpt.safetensors"),
-        "--out",
-        &d("m.gguf"),
-        "--dtype",
-        "f16",
-    ]);
-    assert!(std::fs::read(d("m.gguf"))
-        .unwrap()
-        .starts_with(b"GGUF\x03\0\0\0"));
+    // Each storage type by its llama.cpp name: the file's `general.file_type`
+    // (ALL_F32 0, MOSTLY_F16 1, MOSTLY_Q8_0 7, MOSTLY_BF16 32) follows it.
+    for (dtype, file_type) in [("f32", 0u32), ("f16", 1), ("bf16", 32), ("q8_0", 7)] {
+        let out = d(&format!("m-{dtype}.gguf"));
+        ok(&[
+            "export",
+            "gguf",
+            "--checkpoint",
+            &d("ckpt.safetensors"),
+            "--out",
+            &out,
+            "--dtype",
+            dtype,
+        ]);
+        let bytes = std::fs::read(&out).unwrap();
+        assert!(bytes.starts_with(b"GGUF\x03\0\0\0"));
+        let key = b"general.file_type";
+        let at = bytes.windows(key.len()).position(|w| w == key).unwrap() + key.len();
+        let value = u32::from_le_bytes(bytes[at + 4..at + 8].try_into().unwrap());
+        assert_eq!(value, file_type, "{dtype}");
+    }
     ok(&[
         "import",
         "hf",
@@ -172,24 +180,50 @@ fn export_import_round_trip_and_every_command_reads_every_form() {
             "1",
         ]);
         evals.push(eval.split("windows").next().unwrap().to_string());
-        texts.push(ok(&[
-            "generate",
-            "--checkpoint",
-            weights,
-            "--prompt",
-            "Once upon",
-            "--max-tokens",
-            "8",
-            "--temperature",
-            "0",
-            "--threads",
-            "1",
-        ]));
+        texts.push(ok(&greedy_8(weights, &[])));
     }
     assert!(logits.windows(2).all(|w| w[0] == w[1]));
     assert!(evals.windows(2).all(|w| w[0] == w[1]), "{evals:?}");
     assert!(texts.windows(2).all(|w| w[0] == w[1]), "{texts:?}");
     assert!(texts[0].starts_with("Once upon"));
+    // --verbose leaves the text as it is and reports to stderr the load, the prompt's
+    // tokens and the 7 tokens generated after the first.
+    let ckpt = d("ckpt.safetensors");
+    let out = tinylm(&greedy_8(&ckpt, &["--verbose"]));
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout), texts[0]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let bpe = tinylm_bpe::files::Bpe::load(&dir.path().join("tok")).unwrap();
+    let tokenizer = tinylm_bpe::encode::Tokenizer::new(bpe.vocab, &bpe.merges, &[]).unwrap();
+    let prompt_tokens = tokenizer.encode("Once upon").len();
+    for needle in [
+        "load:".to_string(),
+        format!("/ {prompt_tokens} tokens ("),
+        "first token:".to_string(),
+        "/ 7 tokens after the first (".to_string(),
+    ] {
+        assert!(stderr.contains(&needle), "'{needle}' not in {stderr}");
+    }
+}
+
+/// `tinylm generate`'s arguments for 8 greedy tokens after "Once upon" from `weights`
+/// on one thread, then `extra`.
+fn greedy_8<'a>(weights: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "generate",
+        "--checkpoint",
+        weights,
+        "--prompt",
+        "Once upon",
+        "--max-tokens",
+        "8",
+        "--temperature",
+        "0",
+        "--threads",
+        "1",
+    ];
+    args.extend_from_slice(extra);
+    args
 }
 
 #[test]

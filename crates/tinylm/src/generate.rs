@@ -173,15 +173,7 @@ pub fn generate<B: Backend<f32>>(
             "prompt token id {id} at position {i} is >= vocab_size {vocab}"
         )));
     }
-    let start: Vec<u32> = match (prompt.is_empty(), eos) {
-        (false, _) => prompt[prompt.len().saturating_sub(ctx)..].to_vec(),
-        (true, Some(eos)) => vec![eos],
-        (true, None) => {
-            return Err(Error::Invalid(
-                "empty prompt and no end-of-text token to start from".into(),
-            ))
-        }
-    };
+    let start = prompt_window(prompt, ctx, eos)?;
     let mut out = Vec::new();
     if max_new_tokens == 0 {
         return Ok(out);
@@ -212,6 +204,18 @@ pub fn generate<B: Backend<f32>>(
         }
     }
     Ok(out)
+}
+
+/// The tokens [`generate`] reads before drawing the first new one: the prompt's last
+/// `context_length` tokens, or `eos` alone for an empty prompt (an error without one).
+pub fn prompt_window(prompt: &[u32], context_length: usize, eos: Option<u32>) -> Result<Vec<u32>> {
+    match (prompt.is_empty(), eos) {
+        (false, _) => Ok(prompt[prompt.len().saturating_sub(context_length)..].to_vec()),
+        (true, Some(eos)) => Ok(vec![eos]),
+        (true, None) => Err(Error::Invalid(
+            "empty prompt and no end-of-text token to start from".into(),
+        )),
+    }
 }
 
 /// Turns generated ids into text as they come: each [`TextStream::push`] returns the

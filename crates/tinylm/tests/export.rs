@@ -531,6 +531,8 @@ struct Gguf {
     kv: BTreeMap<String, Value>,
     /// name → (dims fastest-first, ggml type, values as f32)
     tensors: BTreeMap<String, (Vec<u64>, u32, Vec<f32>)>,
+    /// name → the tensor's bytes as stored
+    bytes: BTreeMap<String, Vec<u8>>,
 }
 
 /// A read position in a GGUF file.
@@ -599,23 +601,46 @@ fn read_gguf(bytes: &[u8]) -> Gguf {
         .collect();
     let data_start = c.at.div_ceil(32) * 32;
     assert!(bytes[c.at..data_start].iter().all(|&b| b == 0));
+    let mut stored = BTreeMap::new();
     let tensors = infos
         .into_iter()
         .map(|(name, dims, ty, offset)| {
             assert_eq!(offset % 32, 0, "{name} is not aligned");
             let n = dims.iter().product::<u64>() as usize;
             let start = data_start + offset as usize;
+            let len = match ty {
+                0 => 4 * n,
+                1 | 30 => 2 * n,
+                8 => n / 32 * 34,
+                other => panic!("unexpected tensor type {other}"),
+            };
+            let data = &bytes[start..start + len];
             let values = match ty {
-                0 => bytes[start..start + 4 * n]
+                0 => data
                     .chunks_exact(4)
                     .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
                     .collect(),
-                1 => bytes[start..start + 2 * n]
+                1 => data
                     .chunks_exact(2)
                     .map(|b| half::f16::from_le_bytes(b.try_into().unwrap()).to_f32())
                     .collect(),
-                other => panic!("unexpected tensor type {other}"),
+                // bf16: the upper half of an f32.
+                30 => data
+                    .chunks_exact(2)
+                    .map(|b| {
+                        f32::from_bits((u16::from_le_bytes(b.try_into().unwrap()) as u32) << 16)
+                    })
+                    .collect(),
+                // Q8_0: blocks of an f16 scale d and 32 int8 q, x = d·q.
+                _ => data
+                    .chunks_exact(34)
+                    .flat_map(|block| {
+                        let d = half::f16::from_le_bytes([block[0], block[1]]).to_f32();
+                        block[2..].iter().map(move |&q| d * q as i8 as f32)
+                    })
+                    .collect(),
             };
+            stored.insert(name.clone(), data.to_vec());
             (name, (dims, ty, values))
         })
         .collect();
@@ -623,6 +648,7 @@ fn read_gguf(bytes: &[u8]) -> Gguf {
         version,
         kv,
         tensors,
+        bytes: stored,
     }
 }
 
@@ -644,10 +670,18 @@ fn llama_cpp_unpermute(w: &[f32], heads: usize, cols: usize) -> Vec<f32> {
 
 #[test]
 fn gguf_file_has_every_llama_key_shape_and_tensor() {
-    for (tie, dtype) in [(false, GgufDtype::F32), (true, GgufDtype::F16)] {
+    // Q8_0 with d_model 96 (rows of 96: three blocks) and d_ff 40 (ffn_down's rows of 40:
+    // the f16 fallback).
+    for (tie, dtype, d_model) in [
+        (false, GgufDtype::F32, 24),
+        (true, GgufDtype::F16, 24),
+        (true, GgufDtype::Bf16, 24),
+        (false, GgufDtype::Q8_0, 96),
+    ] {
         let dir = tempfile::tempdir().unwrap();
         let mut config = config(tie);
         config.vocab_size = 320; // larger than the tokenizer: padded with unused tokens
+        config.d_model = d_model;
         let tok = tokenizer(dir.path(), 290);
         let params = ParamLayout::new(&config).init(9);
         let path = dir.path().join("m.gguf");
@@ -671,16 +705,25 @@ fn gguf_file_has_every_llama_key_shape_and_tensor() {
         let expected: BTreeMap<String, Value> = [
             ("general.architecture", "llama".into()),
             ("general.name", "tinylm".into()),
-            ("general.file_type", (dtype.ggml_type()).into()),
+            (
+                "general.file_type",
+                match dtype {
+                    GgufDtype::F32 => 0,
+                    GgufDtype::F16 => 1,
+                    GgufDtype::Q8_0 => 7,
+                    GgufDtype::Bf16 => 32,
+                }
+                .into(),
+            ),
             ("general.alignment", 32.into()),
             ("llama.vocab_size", 320.into()),
             ("llama.context_length", 16.into()),
-            ("llama.embedding_length", 24.into()),
+            ("llama.embedding_length", d_model.into()),
             ("llama.block_count", 2.into()),
             ("llama.feed_forward_length", 40.into()),
             ("llama.attention.head_count", 3.into()),
             ("llama.attention.head_count_kv", 3.into()),
-            ("llama.rope.dimension_count", 8.into()),
+            ("llama.rope.dimension_count", (d_model / 3).into()),
             ("llama.rope.freq_base", 500.0.into()),
             (
                 "llama.attention.layer_norm_rms_epsilon",
@@ -740,39 +783,91 @@ fn gguf_file_has_every_llama_key_shape_and_tensor() {
             let (dims, ty, values) = &g.tensors[&gname];
             let shape: Vec<u64> = spec.shape.iter().rev().map(|&d| d as u64).collect();
             assert_eq!(dims, &shape, "{gname}");
-            let want_ty = if spec.shape.len() == 1 {
-                0
-            } else {
-                dtype.ggml_type()
+            let want_ty = match (spec.shape.len(), dtype) {
+                (1, _) => 0,
+                (_, GgufDtype::Q8_0) if spec.shape[1] % 32 != 0 => 1,
+                (_, GgufDtype::F32) => 0,
+                (_, GgufDtype::F16) => 1,
+                (_, GgufDtype::Q8_0) => 8,
+                (_, GgufDtype::Bf16) => 30,
             };
             assert_eq!(*ty, want_ty, "{gname}");
             let hf_name = tinylm::export::rename(&spec.name, tinylm::export::Naming::Hf);
             let hf_values = &hf_tensors[&hf_name].1;
             let from_hf = match gname.ends_with("attn_q.weight") || gname.ends_with("attn_k.weight")
             {
-                true => llama_cpp_unpermute(hf_values, 3, 24),
+                true => llama_cpp_unpermute(hf_values, 3, d_model),
                 false => hf_values.clone(),
             };
-            let stored: Vec<f32> = match *ty {
-                1 => from_hf
-                    .iter()
-                    .map(|&x| half::f16::from_f32(x).to_f32())
-                    .collect(),
-                _ => from_hf,
-            };
-            assert_eq!(values, &stored, "{gname}");
-            let ours: Vec<f32> = params[spec.range()]
-                .iter()
-                .map(|&x| {
-                    if *ty == 1 {
-                        half::f16::from_f32(x).to_f32()
-                    } else {
-                        x
-                    }
-                })
-                .collect();
-            assert_eq!(values, &ours, "{gname}: not tinylm's own rows");
+            assert_eq!(g.bytes[&gname], stored_as(*ty, &from_hf), "{gname}");
+            let ours = &params[spec.range()];
+            let bytes = &g.bytes[&gname];
+            assert_eq!(
+                bytes,
+                &stored_as(*ty, ours),
+                "{gname}: not tinylm's own rows"
+            );
+            // Q8_0 read back as d·q: within half a step d = max|x|/127 of each value,
+            // plus |q| ≤ 127 times d's rounding to f16 (a relative 2⁻¹¹).
+            for (block, stored) in ours.chunks(32).zip(values.chunks(32)) {
+                let amax = block.iter().fold(0f32, |m, x| m.max(x.abs()));
+                for (x, y) in block.iter().zip(stored) {
+                    let tolerance = match *ty {
+                        8 => amax / 127.0 * (0.5 + 127.0 / 2048.0),
+                        _ => x.abs() / 256.0 + 1e-7,
+                    };
+                    assert!((x - y).abs() <= tolerance, "{gname}: {x} read back as {y}");
+                }
+            }
         }
+    }
+}
+
+/// The bytes of `values` stored as ggml type `ty`: f32 and f16 as they are, bf16
+/// by ggml's rounding (`ggml_compute_fp32_to_bf16`, written out here), Q8_0 by the
+/// writer's blocks (checked against llama.cpp's own quantizer by
+/// `gguf_bf16_and_q8_0_bytes_are_llama_cpps`).
+fn stored_as(ty: u32, values: &[f32]) -> Vec<u8> {
+    match ty {
+        0 => values.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        1 => (values.iter())
+            .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
+            .collect(),
+        30 => values
+            .iter()
+            .flat_map(|x| {
+                let u = x.to_bits();
+                let bits = match u & 0x7fff_ffff > 0x7f80_0000 {
+                    true => (u >> 16) | 64,
+                    false => (u + (0x7fff + ((u >> 16) & 1))) >> 16,
+                };
+                (bits as u16).to_le_bytes()
+            })
+            .collect(),
+        8 => gguf::quantize_q8_0(values),
+        other => panic!("unexpected tensor type {other}"),
+    }
+}
+
+/// bf16 and Q8_0 bytes equal those of llama.cpp's Python package `gguf`
+/// (`gguf.quants.quantize`, bit-exact with ggml's C) for values that probe the
+/// edge cases: ties, a zero block, scales that underflow f16, subnormals, the
+/// largest magnitude negative (`tests/fixtures/gguf_quants.py` wrote them).
+#[test]
+fn gguf_bf16_and_q8_0_bytes_are_llama_cpps() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf_quants.json");
+    let fixture: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let values: Vec<f32> = fixture["values_f32_bits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|bits| f32::from_bits(bits.as_u64().unwrap() as u32))
+        .collect();
+    assert_eq!(values.len(), 8 * 32);
+    let hex = |bytes: &[u8]| bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    for (dtype, key) in [(GgufDtype::Bf16, "bf16"), (GgufDtype::Q8_0, "q8_0")] {
+        let ours = hex(&dtype.encode(&values));
+        assert_eq!(ours, fixture[key].as_str().unwrap(), "{key}");
     }
 }
 

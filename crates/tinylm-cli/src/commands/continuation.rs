@@ -4,14 +4,33 @@
 use anyhow::Result;
 use std::io::Write;
 use std::ops::ControlFlow;
-use tinylm::generate::{generate, Sampler, TextStream};
+use std::time::Instant;
+use tinylm::generate::{generate, prompt_window, Sampler, TextStream};
 use tinylm::kernels::Backend;
 use tinylm::Model;
 use tinylm_bpe::encode::Tokenizer;
 
+/// A prompt's continuation as [`write_continuation`] wrote it: the text, and when
+/// its tokens came.
+pub struct Continuation {
+    /// The prompt and its continuation.
+    pub text: String,
+    /// Tokens the model read before drawing the first new one: the prompt's
+    /// window, or `<|endoftext|>` alone for an empty prompt.
+    pub prompt_tokens: usize,
+    /// Tokens drawn (an ending `<|endoftext|>` not counted).
+    pub new_tokens: usize,
+    /// When the prompt's tokens went in.
+    pub started: Instant,
+    /// When the first new token was drawn (none if the first was `<|endoftext|>`).
+    pub first_token: Option<Instant>,
+    /// When the last new token was drawn (none if the first was `<|endoftext|>`).
+    pub last_token: Option<Instant>,
+}
+
 /// Writes `prompt` and then its continuation to `out` token by token (flushed as
 /// each character completes), up to `max_tokens` or `<|endoftext|>`; an empty
-/// prompt starts a new document. Returns the whole text.
+/// prompt starts a new document.
 pub fn write_continuation<B: Backend<f32>>(
     model: &mut Model<f32, B>,
     tokenizer: &Tokenizer,
@@ -20,7 +39,7 @@ pub fn write_continuation<B: Backend<f32>>(
     max_tokens: usize,
     sampler: &mut Sampler,
     out: &mut dyn Write,
-) -> Result<String> {
+) -> Result<Continuation> {
     let mut text = String::new();
     let mut emit = |piece: &str| -> Result<()> {
         text.push_str(piece);
@@ -31,13 +50,13 @@ pub fn write_continuation<B: Backend<f32>>(
     let mut stream = TextStream::new(tokenizer);
     let mut failure = None;
     let ids = tokenizer.encode(prompt);
-    generate(
-        model,
-        &ids,
-        max_tokens,
-        sampler,
-        Some(eos),
-        |id| match stream
+    let prompt_tokens = prompt_window(&ids, model.config().context_length, Some(eos))?.len();
+    let (started, mut first_token, mut last_token) = (Instant::now(), None, None);
+    let new = generate(model, &ids, max_tokens, sampler, Some(eos), |id| {
+        let now = Instant::now();
+        first_token.get_or_insert(now);
+        last_token = Some(now);
+        match stream
             .push(id)
             .map_err(anyhow::Error::from)
             .and_then(|piece| emit(&piece))
@@ -47,13 +66,20 @@ pub fn write_continuation<B: Backend<f32>>(
                 failure = Some(e);
                 ControlFlow::Break(())
             }
-        },
-    )?;
+        }
+    })?;
     if let Some(e) = failure {
         return Err(e);
     }
     emit(&(stream.finish() + "\n"))?;
-    Ok(text)
+    Ok(Continuation {
+        text,
+        prompt_tokens,
+        new_tokens: new.len(),
+        started,
+        first_token,
+        last_token,
+    })
 }
 
 /// Whether `err` is a write into a closed pipe (`tinylm generate … | head`).

@@ -53,7 +53,10 @@ struct GgufArgs {
     /// The `.gguf` file to write.
     #[arg(long)]
     out: PathBuf,
-    /// How the matrices are stored (RMSNorm gains stay f32).
+    /// How the matrices are stored, as llama.cpp's `convert_hf_to_gguf.py
+    /// --outtype` stores them: RMSNorm gains stay f32; q8_0 (blocks of 32 int8
+    /// values with an f16 scale) covers the embedding and output layer too, and
+    /// stores a matrix whose rows are not a multiple of 32 in f16.
     #[arg(long, value_enum, default_value_t = Dtype::F32)]
     dtype: Dtype,
 }
@@ -62,6 +65,9 @@ struct GgufArgs {
 enum Dtype {
     F32,
     F16,
+    Bf16,
+    #[value(name = "q8_0")]
+    Q8_0,
 }
 
 pub fn run(args: ExportArgs) -> Result<()> {
@@ -76,6 +82,8 @@ pub fn run(args: ExportArgs) -> Result<()> {
             let dtype = match a.dtype {
                 Dtype::F32 => GgufDtype::F32,
                 Dtype::F16 => GgufDtype::F16,
+                Dtype::Bf16 => GgufDtype::Bf16,
+                Dtype::Q8_0 => GgufDtype::Q8_0,
             };
             gguf::export(&w.config, &w.params, &tokenizer, &a.out, dtype)?;
             eprintln!("{} -> {}", a.source.checkpoint.display(), a.out.display());

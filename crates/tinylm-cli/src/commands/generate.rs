@@ -1,11 +1,12 @@
 //! `tinylm generate`: continue a prompt with a trained model, streaming the text to
 //! stdout as it is produced.
 
-use super::continuation::{is_broken_pipe, write_continuation};
+use super::continuation::{is_broken_pipe, write_continuation, Continuation};
 use super::tokenizer::{load_with_end_of_text, tokenizer_dir};
 use anyhow::{bail, Result};
 use clap::Args;
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 use tinylm::accounting::InferenceMemory;
 use tinylm::device::AnyBackend;
 use tinylm::generate::Sampler;
@@ -44,12 +45,26 @@ pub struct GenerateArgs {
     /// Worker threads [default: all cores].
     #[arg(long)]
     threads: Option<usize>,
+    /// At the end, print to stderr where the time went: the load (thread pool,
+    /// tokenizer, weights), the prompt and the generation, with their tokens/s.
+    #[arg(long)]
+    verbose: bool,
     #[command(flatten)]
     device: super::flags::DeviceArgs,
 }
 
+/// When each part of loading ended, from the command's start.
+struct Load {
+    start: Instant,
+    threads: Instant,
+    tokenizer: Instant,
+    weights: Instant,
+}
+
 pub fn run(args: GenerateArgs) -> Result<()> {
+    let start = Instant::now();
     super::set_threads(args.threads)?;
+    let threads = Instant::now();
     let sampler = Sampler::new(args.temperature, args.top_p, args.top_k, args.seed)?;
     let ckpt = weights::open(&args.checkpoint, None)?;
     let tokenizer_dir = tokenizer_dir(
@@ -58,6 +73,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         &args.checkpoint,
     )?;
     let (tokenizer, eos) = load_with_end_of_text(&tokenizer_dir)?;
+    let tokenizer_loaded = Instant::now();
     if tokenizer.vocab_size() > ckpt.config.vocab_size {
         bail!(
             "{}: the tokenizer has {} tokens but the model of {} only {}",
@@ -78,11 +94,57 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let backend = AnyBackend::open(args.device.device, args.device.precision)?;
     let written = on_backend!(backend, backend => {
         let mut model = ckpt.model(backend)?;
+        let load = Load { start, threads, tokenizer: tokenizer_loaded, weights: Instant::now() };
         let (prompt, out) = (&args.prompt, &mut std::io::stdout().lock());
         write_continuation(&mut model, &tokenizer, eos, prompt, args.max_tokens, &mut sampler, out)
+            .map(|continuation| (load, continuation))
     });
     match written {
         Err(e) if is_broken_pipe(&e) => Ok(()),
-        other => other.map(drop),
+        Err(e) => Err(e),
+        Ok((load, continuation)) => {
+            if args.verbose {
+                eprint!("{}", timings(&load, &continuation));
+            }
+            Ok(())
+        }
     }
+}
+
+/// Where the time went, as llama.cpp reports it: the load, the prompt (its tokens
+/// read up to the first new token), the time to that token from the start, and the
+/// generation (the tokens after the first, each one decoding step).
+fn timings(load: &Load, run: &Continuation) -> String {
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let rate = |n: usize, d: Duration| n as f64 / d.as_secs_f64().max(1e-9);
+    let since = |a: Instant, b: Instant| b.saturating_duration_since(a);
+    let mut lines = format!(
+        "load:        {:9.2} ms (thread pool {:.2} ms, header and tokenizer {:.2} ms, weights {:.2} ms)\n",
+        ms(since(load.start, load.weights)),
+        ms(since(load.start, load.threads)),
+        ms(since(load.threads, load.tokenizer)),
+        ms(since(load.tokenizer, load.weights)),
+    );
+    let Some(first) = run.first_token else {
+        return lines + "no new token: the model ended the text at once\n";
+    };
+    let prompt = since(run.started, first);
+    lines += &format!(
+        "prompt:      {:9.2} ms / {} tokens ({:.2} tokens/s)\n",
+        ms(prompt),
+        run.prompt_tokens,
+        rate(run.prompt_tokens, prompt)
+    );
+    lines += &format!(
+        "first token: {:9.2} ms after the start\n",
+        ms(since(load.start, first))
+    );
+    let after_first = run.new_tokens - 1;
+    let generation = since(first, run.last_token.unwrap_or(first));
+    lines
+        + &format!(
+            "generation:  {:9.2} ms / {after_first} tokens after the first ({:.2} tokens/s)\n",
+            ms(generation),
+            rate(after_first, generation)
+        )
 }

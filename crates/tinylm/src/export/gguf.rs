@@ -22,33 +22,103 @@ use tinylm_bpe::pretokenize::Pattern;
 /// `general.alignment`'s default, which llama.cpp assumes when the key is absent.
 pub const ALIGNMENT: usize = 32;
 
-/// How the matrices are stored; 1-D tensors (the RMSNorm gains) are always f32.
+/// How a tensor's values are stored: the ggml types tinylm writes, as llama.cpp's
+/// `convert_hf_to_gguf.py --outtype f32|f16|bf16|q8_0` stores them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GgufDtype {
     F32,
     F16,
+    /// bfloat16: an `f32` rounded to its upper 16 bits, to nearest, ties to even
+    /// (ggml's `ggml_compute_fp32_to_bf16`; a NaN stays a quiet NaN).
+    Bf16,
+    /// Blocks of [`Q8_0_BLOCK`] values along a row: see [`quantize_q8_0`].
+    Q8_0,
 }
 
+/// Values per Q8_0 block (ggml's `QK8_0`).
+pub const Q8_0_BLOCK: usize = 32;
+
+/// Bytes of one Q8_0 block: an f16 scale and 32 int8 values.
+const Q8_0_BLOCK_BYTES: usize = 2 + Q8_0_BLOCK;
+
 impl GgufDtype {
-    /// The ggml type id (`GGML_TYPE_F32` = 0, `GGML_TYPE_F16` = 1).
+    /// The ggml type id: `GGML_TYPE_F32` = 0, `F16` = 1, `Q8_0` = 8, `BF16` = 30.
     pub fn ggml_type(self) -> u32 {
         match self {
             GgufDtype::F32 => 0,
             GgufDtype::F16 => 1,
+            GgufDtype::Q8_0 => 8,
+            GgufDtype::Bf16 => 30,
         }
     }
 
-    fn bytes(self) -> usize {
+    /// `general.file_type` of a file whose matrices are stored so: `ALL_F32` = 0,
+    /// `MOSTLY_F16` = 1, `MOSTLY_Q8_0` = 7, `MOSTLY_BF16` = 32.
+    pub fn file_type(self) -> u32 {
         match self {
-            GgufDtype::F32 => 4,
-            GgufDtype::F16 => 2,
+            GgufDtype::F32 => 0,
+            GgufDtype::F16 => 1,
+            GgufDtype::Q8_0 => 7,
+            GgufDtype::Bf16 => 32,
         }
     }
 
-    /// `general.file_type`: `ALL_F32` = 0, `MOSTLY_F16` = 1.
-    fn file_type(self) -> u32 {
-        self.ggml_type()
+    /// How a file of this type stores the tensor of `shape` (row-major, PyTorch
+    /// order), as llama.cpp's converter decides: 1-D tensors (the RMSNorm gains) in
+    /// f32; a matrix whose rows do not split into Q8_0 blocks in f16 (the
+    /// converter's fallback); every other matrix, the token embedding and the
+    /// output layer included, in this type.
+    pub fn for_tensor(self, shape: &[usize]) -> GgufDtype {
+        let row = shape.last().copied().unwrap_or(1);
+        match self {
+            _ if shape.len() <= 1 => GgufDtype::F32,
+            GgufDtype::Q8_0 if !row.is_multiple_of(Q8_0_BLOCK) => GgufDtype::F16,
+            dtype => dtype,
+        }
     }
+
+    /// Bytes that `n` values take (a whole number of blocks for Q8_0).
+    fn bytes(self, n: usize) -> usize {
+        match self {
+            GgufDtype::F32 => 4 * n,
+            GgufDtype::F16 | GgufDtype::Bf16 => 2 * n,
+            GgufDtype::Q8_0 => n / Q8_0_BLOCK * Q8_0_BLOCK_BYTES,
+        }
+    }
+
+    /// `values` as this type's little-endian bytes.
+    pub fn encode(self, values: &[f32]) -> Vec<u8> {
+        match self {
+            GgufDtype::F32 => values.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            GgufDtype::F16 => (values.iter())
+                .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
+                .collect(),
+            GgufDtype::Bf16 => (values.iter())
+                .flat_map(|&x| half::bf16::from_f32(x).to_le_bytes())
+                .collect(),
+            GgufDtype::Q8_0 => quantize_q8_0(values),
+        }
+    }
+}
+
+/// ggml's `quantize_row_q8_0_ref`: `values` (a whole number of blocks of
+/// [`Q8_0_BLOCK`]) as blocks of an f16 scale `d = max|x| / 127` and 32 int8 `q =
+/// round(x · (1/d))` (in `f32`, halves away from zero; `q = 0` where `d = 0`), so
+/// that `x ≈ d·q`.
+pub fn quantize_q8_0(values: &[f32]) -> Vec<u8> {
+    assert!(
+        values.len().is_multiple_of(Q8_0_BLOCK),
+        "Q8_0 quantizes whole blocks of {Q8_0_BLOCK} values"
+    );
+    let mut out = Vec::with_capacity(GgufDtype::Q8_0.bytes(values.len()));
+    for block in values.chunks_exact(Q8_0_BLOCK) {
+        let amax = block.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let d = amax / 127.0;
+        let inv_d = if d == 0.0 { 0.0 } else { 1.0 / d };
+        out.extend(half::f16::from_f32(d).to_le_bytes());
+        out.extend(block.iter().map(|&x| (x * inv_d).round() as i8 as u8));
+    }
+    out
 }
 
 /// llama.cpp's token types.
@@ -191,15 +261,10 @@ pub fn export(
         .iter()
         .map(|s| {
             let dims = s.shape.iter().rev().map(|&d| d as u64).collect();
-            let dtype = if s.shape.len() == 1 {
-                GgufDtype::F32
-            } else {
-                dtype
-            };
             (
                 rename(&s.name, Naming::Gguf),
                 dims,
-                dtype,
+                dtype.for_tensor(&s.shape),
                 &params[s.range()],
             )
         })
@@ -224,19 +289,13 @@ pub fn export(
                 .try_for_each(|d| counted.write_all(&d.to_le_bytes()))?;
             counted.write_all(&dtype.ggml_type().to_le_bytes())?;
             counted.write_all(&(offset as u64).to_le_bytes())?;
-            offset = align(offset + values.len() * dtype.bytes());
+            offset = align(offset + dtype.bytes(values.len()));
         }
         header_len += counted.count;
         let w = counted.inner;
         w.write_all(&vec![0u8; align(header_len) - header_len])?;
         for (_, _, dtype, values) in &tensors {
-            let bytes: Vec<u8> = match dtype {
-                GgufDtype::F32 => values.iter().flat_map(|x| x.to_le_bytes()).collect(),
-                GgufDtype::F16 => values
-                    .iter()
-                    .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
-                    .collect(),
-            };
+            let bytes = dtype.encode(values);
             w.write_all(&bytes)?;
             w.write_all(&vec![0u8; align(bytes.len()) - bytes.len()])?;
         }
