@@ -3,7 +3,7 @@
 //! incremental UTF-8 decoding for streaming the text.
 
 use crate::kernels::Backend;
-use crate::model::Model;
+use crate::model::{Model, NewTokens};
 use crate::{Error, Result};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -148,13 +148,14 @@ pub fn argmax(logits: &[f32]) -> u32 {
 /// token as soon as it is drawn, returns `Break`. Returns the new tokens.
 ///
 /// The model sees at most `context_length` tokens: a longer prompt keeps its last
-/// ones. Positions go through the model one at a time with a KV cache, so each new
-/// token costs one [`Model::decode_step`]. When the window is full, the cache is
-/// rebuilt from the last `context_length − 1` tokens before the next step: every
-/// token is predicted from exactly the last `context_length` tokens, as a full
-/// forward pass over that window would (RoPE positions restart at 0 in the new
-/// window, as they do in training), at the price of `context_length` decode steps
-/// per token once the window slides. An empty prompt starts from `eos`.
+/// ones. The prompt goes through the model in one decoding pass that fills the KV
+/// cache ([`Model::decode`] of one sequence), then each new token costs one
+/// [`Model::decode_step`]. When the window is full, the cache is rebuilt from the
+/// last `context_length` tokens in one pass: every token is predicted from exactly
+/// the last `context_length` tokens, as a full forward pass over that window would
+/// (RoPE positions restart at 0 in the new window, as they do in training), at the
+/// price of a pass over the whole window per token once the window slides. An
+/// empty prompt starts from `eos`.
 pub fn generate<B: Backend<f32>>(
     model: &mut Model<f32, B>,
     prompt: &[u32],
@@ -163,45 +164,29 @@ pub fn generate<B: Backend<f32>>(
     eos: Option<u32>,
     mut on_token: impl FnMut(u32) -> ControlFlow<()>,
 ) -> Result<Vec<u32>> {
-    let (ctx, vocab) = (model.config().context_length, model.config().vocab_size);
-    if let Some((i, id)) = prompt
-        .iter()
-        .enumerate()
-        .find(|&(_, &id)| id as usize >= vocab)
-    {
-        return Err(Error::Invalid(format!(
-            "prompt token id {id} at position {i} is >= vocab_size {vocab}"
-        )));
-    }
-    let start: Vec<u32> = match (prompt.is_empty(), eos) {
-        (false, _) => prompt[prompt.len().saturating_sub(ctx)..].to_vec(),
-        (true, Some(eos)) => vec![eos],
-        (true, None) => {
-            return Err(Error::Invalid(
-                "empty prompt and no end-of-text token to start from".into(),
-            ))
-        }
-    };
+    let ctx = model.config().context_length;
+    let start = start_tokens(prompt, eos, model.config().vocab_size)?;
     let mut out = Vec::new();
     if max_new_tokens == 0 {
         return Ok(out);
     }
-    // `window` ends with the token to feed next; the cache holds all but that one.
-    let mut window = start;
+    // `window`: the tokens the model sees; the cache holds its first `cached`.
+    let mut window = start[start.len().saturating_sub(ctx)..].to_vec();
     let mut cache = model.new_cache()?;
-    for &id in &window[..window.len() - 1] {
-        model.decode_step(&mut cache, id)?;
-    }
+    let mut cached = 0;
     loop {
-        if cache.len() == ctx {
+        if window.len() > ctx {
             window.drain(..window.len() - ctx);
             cache.clear();
-            for &id in &window[..ctx - 1] {
-                model.decode_step(&mut cache, id)?;
-            }
+            cached = 0;
         }
-        let last = *window.last().expect("window is never empty");
-        let token = sampler.sample(model.decode_step(&mut cache, last)?);
+        let tokens = &window[cached..];
+        let logits = model.decode(&mut [NewTokens {
+            cache: &mut cache,
+            tokens,
+        }])?;
+        cached = window.len();
+        let token = sampler.sample(logits);
         if Some(token) == eos {
             break;
         }
@@ -212,6 +197,23 @@ pub fn generate<B: Backend<f32>>(
         }
     }
     Ok(out)
+}
+
+/// What generation starts from: `prompt`, checked against the vocabulary of
+/// `vocab_size` ids, or for an empty prompt `eos` (a new document).
+pub fn start_tokens(prompt: &[u32], eos: Option<u32>, vocab_size: usize) -> Result<Vec<u32>> {
+    if let Some((i, id)) = (prompt.iter().enumerate()).find(|&(_, &id)| id as usize >= vocab_size) {
+        return Err(Error::Invalid(format!(
+            "prompt token id {id} at position {i} is >= vocab_size {vocab_size}"
+        )));
+    }
+    match (prompt.is_empty(), eos) {
+        (false, _) => Ok(prompt.to_vec()),
+        (true, Some(eos)) => Ok(vec![eos]),
+        (true, None) => Err(Error::Invalid(
+            "empty prompt and no end-of-text token to start from".into(),
+        )),
+    }
 }
 
 /// Turns generated ids into text as they come: each [`TextStream::push`] returns the

@@ -24,4 +24,4 @@ pub mod weights;
 
 pub use config::ModelConfig;
 pub use error::{Error, Result};
-pub use model::{KvCache, Model};
+pub use model::{KvCache, Model, NewTokens};

@@ -73,7 +73,8 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let target = args.device.target();
     eprintln!(
         "{}",
-        InferenceMemory::generation(&ckpt.config, target).describe(target)
+        InferenceMemory::decoding(&ckpt.config, 1, ckpt.config.context_length, target)
+            .describe(target)
     );
     let backend = AnyBackend::open(args.device.device, args.device.precision)?;
     let written = on_backend!(backend, backend => {
