@@ -2,6 +2,7 @@
 //! hand-written forward and backward kernels, its training loop and generation.
 
 pub mod accounting;
+pub mod batching;
 pub mod buffers;
 pub mod checkpoint;
 pub mod config;
