@@ -269,3 +269,47 @@ impl<'t> TextStream<'t> {
         String::from_utf8_lossy(&self.pending).into_owned()
     }
 }
+
+/// Cuts streamed text at the first occurrence of any of some stop strings (the
+/// OpenAI API's `stop`): each [`StopText::push`] returns the text that can be shown
+/// now — all but a tail that may be the start of a stop string — and whether a stop
+/// string was reached, in which case the text ends before it.
+pub struct StopText {
+    stops: Vec<String>,
+    held: String,
+}
+
+impl StopText {
+    /// Empty stop strings are ignored.
+    pub fn new(stops: Vec<String>) -> Self {
+        StopText {
+            stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
+            held: String::new(),
+        }
+    }
+
+    /// Adds `piece`; returns the text now safe to show, and `true` once a stop
+    /// string is reached (the text then ends just before it; push no more).
+    pub fn push(&mut self, piece: &str) -> (String, bool) {
+        self.held.push_str(piece);
+        let first_stop = (self.stops.iter())
+            .filter_map(|stop| self.held.find(stop.as_str()))
+            .min();
+        if let Some(at) = first_stop {
+            self.held.truncate(at);
+            return (std::mem::take(&mut self.held), true);
+        }
+        // Hold back the longest tail that begins some stop string.
+        let keep_from = (self.held.char_indices())
+            .map(|(i, _)| i)
+            .find(|&i| (self.stops.iter()).any(|stop| stop.starts_with(&self.held[i..])))
+            .unwrap_or(self.held.len());
+        let tail = self.held.split_off(keep_from);
+        (std::mem::replace(&mut self.held, tail), false)
+    }
+
+    /// What is held back when the text ends without a stop string.
+    pub fn finish(self) -> String {
+        self.held
+    }
+}
