@@ -2,8 +2,8 @@
 //! stdout as it is produced.
 
 use super::continuation::{is_broken_pipe, write_continuation};
-use super::tokenizer::{load_with_end_of_text, tokenizer_dir};
-use anyhow::{bail, Result};
+use super::tokenizer::for_model;
+use anyhow::Result;
 use clap::Args;
 use std::path::PathBuf;
 use tinylm::accounting::InferenceMemory;
@@ -52,21 +52,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     super::set_threads(args.threads)?;
     let sampler = Sampler::new(args.temperature, args.top_p, args.top_k, args.seed)?;
     let ckpt = weights::open(&args.checkpoint, None)?;
-    let tokenizer_dir = tokenizer_dir(
-        args.tokenizer.as_deref(),
-        ckpt.tokenizer.as_deref(),
-        &args.checkpoint,
-    )?;
-    let (tokenizer, eos) = load_with_end_of_text(&tokenizer_dir)?;
-    if tokenizer.vocab_size() > ckpt.config.vocab_size {
-        bail!(
-            "{}: the tokenizer has {} tokens but the model of {} only {}",
-            tokenizer_dir.display(),
-            tokenizer.vocab_size(),
-            args.checkpoint.display(),
-            ckpt.config.vocab_size
-        );
-    }
+    let (tokenizer, eos) = for_model(args.tokenizer.as_deref(), &ckpt, &args.checkpoint)?;
     // A tokenizer that came out smaller than the model's vocabulary decodes only its
     // own ids: the model's others are never drawn.
     let mut sampler = sampler.vocabulary(tokenizer.vocab_size());
@@ -83,7 +69,11 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         write_continuation(&mut model, &tokenizer, eos, prompt, args.max_tokens, &mut sampler, out)
     });
     match written {
+        Ok(continuation) => {
+            eprintln!("{}", continuation.timings());
+            Ok(())
+        }
         Err(e) if is_broken_pipe(&e) => Ok(()),
-        other => other.map(drop),
+        Err(e) => Err(e),
     }
 }

@@ -445,7 +445,8 @@ fn evaluate_and_sample<B: Backend<f32>>(
             &mut sampler,
             &mut stdout.lock(),
         )
-        .map_err(failed)?;
+        .map_err(failed)?
+        .text;
         samples += &format!("--- sample {} ---\n{text}", i + 1);
     }
     Ok(samples)
