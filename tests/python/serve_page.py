@@ -27,8 +27,8 @@ FLAGS = [
 def generate_on_page(url, prompt, screenshot=None, **settings):
     """Types ``prompt`` (and ``settings``: field id → value) into the page at
     ``url``, presses Generate and waits for the text to end. Returns what the
-    page showed: the output's text, the lengths of the text seen while it was
-    streaming, its chunk count and its stats line."""
+    page showed: the output's text, its chunk count, how many times the browser
+    changed the output's text on the way, and the stats line."""
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
         try:
@@ -38,18 +38,21 @@ def generate_on_page(url, prompt, screenshot=None, **settings):
             page.fill("#prompt", prompt)
             for field, value in settings.items():
                 page.fill(f"#{field}", str(value))
+            # Every change of the output's text, as the browser makes it.
+            page.evaluate("""() => {
+                window.textChanges = 0;
+                new MutationObserver((changes) => { window.textChanges += changes.length; })
+                    .observe(document.getElementById("output"),
+                             {subtree: true, characterData: true, childList: true});
+            }""")
             page.click("#generate")
-            seen = []
             output = page.locator("#output")
-            while output.get_attribute("data-state") == "streaming":
-                seen.append(len(output.inner_text()))
-                page.wait_for_timeout(5)
             page.wait_for_function("document.getElementById('output').dataset.state !== 'streaming'")
             result = {
                 "state": output.get_attribute("data-state"),
                 "text": output.inner_text(),
                 "chunks": int(output.get_attribute("data-chunks")),
-                "seen": seen,
+                "text_changes": page.evaluate("window.textChanges"),
                 "stats": page.locator("#stats").inner_text(),
             }
             if screenshot:

@@ -19,7 +19,8 @@ def test_the_page_streams_the_completion_of_a_typed_prompt(server, tmp_path):
         top_p=0.95, seed=4,
     ).choices[0].text
     assert shown["text"] == "The little bird" + want
-    # The text came in many chunks; the stats line counts the tokens.
-    assert shown["chunks"] > 10
+    # The text came in many chunks, each shown as it came; the stats line counts
+    # the tokens.
+    assert shown["chunks"] > 10 and shown["text_changes"] > 10, shown
     assert "tokens in" in shown["stats"] and "first token after" in shown["stats"]
     assert (tmp_path / "page.png").stat().st_size > 10_000
