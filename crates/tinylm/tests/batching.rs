@@ -3,6 +3,9 @@
 //! midway, end-of-text and length endings — each sequence's tokens are the ones
 //! `generate` draws for it alone with the same sampler.
 
+mod ids;
+
+use ids::ids;
 use std::collections::HashMap;
 use std::ops::ControlFlow;
 use tinylm::batching::{Batcher, Drawn, Finish, Request};
@@ -19,12 +22,6 @@ fn config() -> ModelConfig {
         d_ff: 64,
         ..ModelConfig::tinystories()
     }
-}
-
-fn ids(n: usize, vocab: usize, salt: usize) -> Vec<u32> {
-    (0..n)
-        .map(|i| ((i * 7919 + salt * 104729) % vocab) as u32)
-        .collect()
 }
 
 fn sampler(k: usize) -> Sampler {
