@@ -16,6 +16,7 @@ Prints one line per round and the best of each figure. Standard library only.
 import argparse
 import http.client
 import json
+import os
 import re
 import socket
 import subprocess
@@ -99,6 +100,18 @@ def generate_first_token_ms(tinylm, checkpoint, threads):
     return float(re.search(r"first token after ([0-9.]+) ms", out).group(1))
 
 
+def describe_machine():
+    """The CPU as /proc/cpuinfo names it, its cores and their load."""
+    fields = {}
+    for line in open("/proc/cpuinfo"):
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    avx512 = "AVX-512F" if "avx512f" in fields.get("flags", "").split() else "no AVX-512"
+    load = " ".join(open("/proc/loadavg").read().split()[:3])
+    print(f"CPU: {fields.get('model name')} (family {fields.get('cpu family')}, model "
+          f"{fields.get('model')}), {avx512}; {os.cpu_count()} cores, load average {load}")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("tinylm")
@@ -109,6 +122,7 @@ def main():
     parser.add_argument("--requests", type=int, default=3, help="per client and round")
     parser.add_argument("--threads", type=int, default=0, help="0: all cores")
     args = parser.parse_args()
+    describe_machine()
     threads = ["--threads", str(args.threads)] if args.threads else []
     server = subprocess.Popen(
         [args.tinylm, "serve", "--checkpoint", args.checkpoint, "--port", "0",

@@ -6,7 +6,8 @@
 # models: the quickstart's (2.6M parameters, trained for MINUTES, default 0.5)
 # and a ~95M-parameter one (GPT-2 small's shape, d_ff 2,304, the quickstart's
 # 2,048-token vocabulary, context 256, one training step: its weights are all
-# but random, which costs the same time). The CPU comes first.
+# but random, which costs the same time). Each model's run names the CPU and
+# the machine's load first.
 #
 #   bench/serve.sh                       # all cores
 #   THREADS=2 CLIENTS=8 bench/serve.sh
@@ -22,11 +23,6 @@ cargo build --release -q -p tinylm-cli
 TINYLM=${CARGO_TARGET_DIR:-target}/release/tinylm
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-
-echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
-cpu_field() { sed -n "s/^$1[[:space:]]*: //p" /proc/cpuinfo | head -1; }
-echo "CPU: $(cpu_field 'model name') (family $(cpu_field 'cpu family'), model $(cpu_field model))," \
-    "$(grep -qw avx512f /proc/cpuinfo && echo AVX-512F || echo 'no AVX-512')"
 
 echo "== making the models"
 "$TINYLM" quickstart --minutes "$MINUTES" --out "$TMP/qs" --threads "$THREADS" > "$TMP/qs.log" 2>&1
