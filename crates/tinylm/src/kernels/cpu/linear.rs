@@ -205,7 +205,8 @@ fn few_rows_linear<F: Float>(out: &mut [F], a: &[F], b: &[F], s: MatMul) -> bool
 }
 
 /// Columns `cols` of [`few_rows_linear`]'s product, with the widest vectors the CPU
-/// has: for each row of `b`, four rows of `a` at a time in four independent sums.
+/// has: two rows of `b` at a time against four rows of `a`, in eight independent
+/// sums (each vector loaded once for the products it takes part in).
 struct FewRows<'a> {
     out: &'a SharedMut<f32>,
     a: &'a [f32],
@@ -219,50 +220,66 @@ impl pulp::WithSimd for FewRows<'_> {
 
     #[inline(always)]
     fn with_simd<S: pulp::Simd>(self, simd: S) {
-        let (k, n) = (self.s.k, self.s.n);
+        let (m, k, n) = (self.s.m, self.s.k, self.s.n);
+        let (a, b) = (self.a, self.b);
         let dot_tail = |x: &[f32], w: &[f32]| x.iter().zip(w).map(|(x, w)| x * w).sum::<f32>();
-        for j in self.cols {
-            let w = &self.b[j * k..(j + 1) * k];
-            let (w_vecs, w_tail) = S::as_simd_f32s(w);
-            let write = |i: usize, sum: f32| {
-                // SAFETY: `i < m` and `j < n`, so the index is inside `out` (`m * n`
-                // long, checked by the caller), and only this task writes column `j`.
-                unsafe {
-                    let o = self.out.get().add(i * n + j);
-                    *o = if self.s.accumulate { *o + sum } else { sum };
-                }
-            };
-            let mut groups = self.a.chunks_exact(4 * k);
-            for (g, rows) in groups.by_ref().enumerate() {
-                let x: [&[f32]; 4] = std::array::from_fn(|r| &rows[r * k..(r + 1) * k]);
+        let write = |i: usize, j: usize, sum: f32| {
+            // SAFETY: `i < m` and `j < n`, so the index is inside `out` (`m * n` long,
+            // checked by the caller), and only this task writes column `j`.
+            unsafe {
+                let o = self.out.get().add(i * n + j);
+                *o = if self.s.accumulate { *o + sum } else { sum };
+            }
+        };
+        let groups = m / 4;
+        let mut j = self.cols.start;
+        while j < self.cols.end {
+            // Rows j and j + 1 of `b`; the last of an odd block pairs with itself
+            // (and is written once).
+            let j1 = (j + 1).min(self.cols.end - 1);
+            let (w0, w_tail0) = S::as_simd_f32s(&b[j * k..(j + 1) * k]);
+            let (w1, w_tail1) = S::as_simd_f32s(&b[j1 * k..(j1 + 1) * k]);
+            let tail_at = k - w_tail0.len();
+            for g in 0..groups {
+                let x: [&[f32]; 4] = std::array::from_fn(|r| &a[(4 * g + r) * k..][..k]);
                 let xv = x.map(|x| S::as_simd_f32s(x).0);
-                let mut acc = [simd.splat_f32s(0.0); 4];
-                for (c, &wv) in w_vecs.iter().enumerate() {
-                    acc[0] = simd.mul_add_f32s(xv[0][c], wv, acc[0]);
-                    acc[1] = simd.mul_add_f32s(xv[1][c], wv, acc[1]);
-                    acc[2] = simd.mul_add_f32s(xv[2][c], wv, acc[2]);
-                    acc[3] = simd.mul_add_f32s(xv[3][c], wv, acc[3]);
+                let mut acc0 = [simd.splat_f32s(0.0); 4];
+                let mut acc1 = [simd.splat_f32s(0.0); 4];
+                for c in 0..w0.len() {
+                    let (u, v) = (w0[c], w1[c]);
+                    acc0[0] = simd.mul_add_f32s(xv[0][c], u, acc0[0]);
+                    acc1[0] = simd.mul_add_f32s(xv[0][c], v, acc1[0]);
+                    acc0[1] = simd.mul_add_f32s(xv[1][c], u, acc0[1]);
+                    acc1[1] = simd.mul_add_f32s(xv[1][c], v, acc1[1]);
+                    acc0[2] = simd.mul_add_f32s(xv[2][c], u, acc0[2]);
+                    acc1[2] = simd.mul_add_f32s(xv[2][c], v, acc1[2]);
+                    acc0[3] = simd.mul_add_f32s(xv[3][c], u, acc0[3]);
+                    acc1[3] = simd.mul_add_f32s(xv[3][c], v, acc1[3]);
                 }
                 for r in 0..4 {
-                    let tail = &x[r][k - w_tail.len()..];
-                    write(
-                        4 * g + r,
-                        simd.reduce_sum_f32s(acc[r]) + dot_tail(tail, w_tail),
-                    );
+                    let x_tail = &x[r][tail_at..];
+                    let sum0 = simd.reduce_sum_f32s(acc0[r]) + dot_tail(x_tail, w_tail0);
+                    write(4 * g + r, j, sum0);
+                    if j1 != j {
+                        let sum1 = simd.reduce_sum_f32s(acc1[r]) + dot_tail(x_tail, w_tail1);
+                        write(4 * g + r, j1, sum1);
+                    }
                 }
             }
-            let done = (self.a.len() - groups.remainder().len()) / k;
-            for (r, x) in groups.remainder().chunks_exact(k).enumerate() {
-                let (x_vecs, x_tail) = S::as_simd_f32s(x);
-                let mut acc = simd.splat_f32s(0.0);
-                for (&xv, &wv) in x_vecs.iter().zip(w_vecs) {
-                    acc = simd.mul_add_f32s(xv, wv, acc);
+            for i in 4 * groups..m {
+                let (xv, x_tail) = S::as_simd_f32s(&a[i * k..(i + 1) * k]);
+                let (mut acc0, mut acc1) = (simd.splat_f32s(0.0), simd.splat_f32s(0.0));
+                for c in 0..w0.len() {
+                    acc0 = simd.mul_add_f32s(xv[c], w0[c], acc0);
+                    acc1 = simd.mul_add_f32s(xv[c], w1[c], acc1);
                 }
-                write(
-                    done + r,
-                    simd.reduce_sum_f32s(acc) + dot_tail(x_tail, w_tail),
-                );
+                write(i, j, simd.reduce_sum_f32s(acc0) + dot_tail(x_tail, w_tail0));
+                if j1 != j {
+                    let sum1 = simd.reduce_sum_f32s(acc1) + dot_tail(x_tail, w_tail1);
+                    write(i, j1, sum1);
+                }
             }
+            j += 2;
         }
     }
 }
@@ -318,7 +335,9 @@ mod tests {
     }
 
     fn products_equal_the_plain_sum<F: Float>() {
-        let (k, n) = (37, 300);
+        // k: whole vectors and a tail; n: odd, and large enough that products of 16
+        // rows are split among threads (in blocks of an odd number of columns).
+        let (k, n) = (37, 2001);
         for m in [1, 2, 3, 4, 5, 7, 8, 16, 17, 40] {
             for (a_transposed, b_transposed, accumulate) in [
                 (false, true, false),
