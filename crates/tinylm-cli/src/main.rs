@@ -39,6 +39,8 @@ enum Command {
     Eval(commands::eval::EvalArgs),
     /// Continue a prompt with a trained model, streaming the text.
     Generate(commands::generate::GenerateArgs),
+    /// A model behind the OpenAI API (completions, streamed), with a page to try it.
+    Serve(commands::serve::ServeArgs),
     /// From a text file to a model that writes stories: tokenizer, training, samples.
     Quickstart(commands::quickstart::QuickstartArgs),
     /// The assignment's datasets by name, from the Hugging Face Hub, tokenized on request.
@@ -63,6 +65,7 @@ fn main() {
         Command::Plot(args) => commands::plot::run(args),
         Command::Eval(args) => commands::eval::run(args),
         Command::Generate(args) => commands::generate::run(args),
+        Command::Serve(args) => commands::serve::run(args),
         Command::Quickstart(args) => commands::quickstart::run(args),
         Command::Data(args) => commands::data::run(args),
         Command::Export(args) => commands::export::run(args),

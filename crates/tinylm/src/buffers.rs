@@ -79,8 +79,9 @@ pub fn kv_cache<F: Float, A: Allocator<F>>(a: &A, c: &ModelConfig) -> Result<Vec
 }
 
 /// The shape of a forward pass: `b` sequences of `t` new positions attending
-/// `keys` positions — `keys = t` for a full pass; when decoding one position
-/// against a KV cache, `keys = context_length` and the `qkv` rows live in the cache.
+/// `keys` positions — `keys = t` for a full pass; for a decoding pass (`decode`),
+/// `t` new rows of one or more sequences appended to their KV caches, each attending
+/// at most `keys = context_length` positions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct PassShape {
     pub b: usize,
@@ -100,11 +101,12 @@ impl PassShape {
         }
     }
 
-    /// One position decoded against a KV cache of `context_length` positions.
-    pub fn decode(context_length: usize) -> Self {
+    /// A decoding pass of `rows` new positions, in all, against KV caches of
+    /// `context_length` positions.
+    pub fn decode(rows: usize, context_length: usize) -> Self {
         PassShape {
             b: 1,
-            t: 1,
+            t: rows,
             keys: context_length,
             decode: true,
         }
@@ -116,10 +118,11 @@ pub(crate) struct LayerActs<Buf> {
     /// `(N, C)`, `(N)`: pre-norm `ln1(x)`; post-norm `ln1(r1)` (= the FFN input).
     pub ln1: Buf,
     pub rstd1: Buf,
-    /// `(N, 3C)` queries (after RoPE), keys (after RoPE), values; empty when decoding
-    /// (they live in the KV cache).
+    /// `(N, 3C)` queries (after RoPE), keys (after RoPE), values; when decoding,
+    /// copied from here into each sequence's KV cache.
     pub qkv: Buf,
-    /// `(B, H, Tq, T)` attention probabilities.
+    /// `(B, H, Tq, T)` attention probabilities; when decoding, each sequence's
+    /// `(H, Tq, T)` one after another, at most `(H, N, context_length)`.
     pub att: Buf,
     /// `(N, C)` attention output before `output_proj`.
     pub atty: Buf,
@@ -153,6 +156,26 @@ pub(crate) struct Activations<Buf, Ids> {
     pub logits: Buf,
 }
 
+/// Everything a decoding pass ([`Model::decode`](crate::Model::decode)) writes: `N`
+/// new rows of `S` sequences, one block's buffers reused by every block (nothing is
+/// kept for a backward pass).
+pub(crate) struct DecodeActivations<Buf, Ids> {
+    pub rows: usize,
+    pub sequences: usize,
+    /// `(N)` the new token ids, each sequence's after the previous one's.
+    pub ids: Ids,
+    /// `(N, C)` twice: a block's input and its output, swapped after each block.
+    pub resid: [Buf; 2],
+    pub layer: LayerActs<Buf>,
+    /// `(S, C)` each sequence's last row after the last block.
+    pub last: Buf,
+    /// `(S, C)`, `(S)`: `ln_final` of those rows (pre-norm only).
+    pub lnf: Buf,
+    pub lnf_rstd: Buf,
+    /// `(S, V)` each sequence's next-token logits.
+    pub logits: Buf,
+}
+
 /// Backward scratch for one `(B, T)`, reused by every block.
 pub(crate) struct GradActivations<Buf> {
     /// `(N, C)` gradient flowing down the residual stream, and a second `(N, C)`.
@@ -175,7 +198,7 @@ impl<Buf> LayerActs<Buf> {
         c: &ModelConfig,
         shape: PassShape,
     ) -> Result<Self> {
-        let PassShape { b, t, keys, decode } = shape;
+        let PassShape { b, t, keys, .. } = shape;
         let n = b * t;
         let (d, f) = (c.d_model, c.d_ff);
         let (pre, post, norms) = (
@@ -200,7 +223,7 @@ impl<Buf> LayerActs<Buf> {
         Ok(LayerActs {
             ln1: act("ln1 output", "(B, T, C)", norms, n * d)?,
             rstd1: stat("ln1 1/rms", norms)?,
-            qkv: act("q, k, v after RoPE", "(B, T, 3C)", !decode, n * 3 * d)?,
+            qkv: act("q, k, v after RoPE", "(B, T, 3C)", true, n * 3 * d)?,
             att: act(
                 "attention probabilities",
                 "(B, H, T, T)",
@@ -257,6 +280,34 @@ impl<Buf, Ids> Activations<Buf, Ids> {
                 n * c.vocab_size,
                 BufKind::Activations,
             )?,
+        })
+    }
+}
+
+impl<Buf, Ids> DecodeActivations<Buf, Ids> {
+    /// Buffers for a decoding pass of `rows` new positions of `sequences` sequences.
+    pub fn new<F: Float, A: Allocator<F, Buf = Buf, Ids = Ids>>(
+        a: &A,
+        c: &ModelConfig,
+        rows: usize,
+        sequences: usize,
+    ) -> Result<Self> {
+        let (n, s, d) = (rows, sequences, c.d_model);
+        let pre_only = |len| if c.norm == Norm::Pre { len } else { 0 };
+        let act = |name, shape, len| a.alloc(role(name, shape), len, BufKind::Activations);
+        Ok(DecodeActivations {
+            rows,
+            sequences,
+            ids: a.alloc_ids(role("token ids", "(N)"), n)?,
+            resid: [
+                act("block input", "(N, C)", n * d)?,
+                act("block output", "(N, C)", n * d)?,
+            ],
+            layer: LayerActs::new(a, c, PassShape::decode(n, c.context_length))?,
+            last: act("last rows", "(S, C)", s * d)?,
+            lnf: act("ln_final output", "(S, C)", pre_only(s * d))?,
+            lnf_rstd: a.alloc(role("ln_final 1/rms", "(S)"), pre_only(s), BufKind::Full)?,
+            logits: act("logits", "(S, V)", s * c.vocab_size)?,
         })
     }
 }

@@ -3,7 +3,7 @@
 //! incremental UTF-8 decoding for streaming the text.
 
 use crate::kernels::Backend;
-use crate::model::Model;
+use crate::model::{Model, NewTokens};
 use crate::{Error, Result};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -148,13 +148,14 @@ pub fn argmax(logits: &[f32]) -> u32 {
 /// token as soon as it is drawn, returns `Break`. Returns the new tokens.
 ///
 /// The model sees at most `context_length` tokens: a longer prompt keeps its last
-/// ones. Positions go through the model one at a time with a KV cache, so each new
-/// token costs one [`Model::decode_step`]. When the window is full, the cache is
-/// rebuilt from the last `context_length − 1` tokens before the next step: every
-/// token is predicted from exactly the last `context_length` tokens, as a full
-/// forward pass over that window would (RoPE positions restart at 0 in the new
-/// window, as they do in training), at the price of `context_length` decode steps
-/// per token once the window slides. An empty prompt starts from `eos`.
+/// ones. The prompt goes through the model in one decoding pass that fills the KV
+/// cache ([`Model::decode`] of one sequence), then each new token costs one
+/// [`Model::decode_step`]. When the window is full, the cache is rebuilt from the
+/// last `context_length` tokens in one pass: every token is predicted from exactly
+/// the last `context_length` tokens, as a full forward pass over that window would
+/// (RoPE positions restart at 0 in the new window, as they do in training), at the
+/// price of a pass over the whole window per token once the window slides. An
+/// empty prompt starts from `eos`.
 pub fn generate<B: Backend<f32>>(
     model: &mut Model<f32, B>,
     prompt: &[u32],
@@ -163,37 +164,29 @@ pub fn generate<B: Backend<f32>>(
     eos: Option<u32>,
     mut on_token: impl FnMut(u32) -> ControlFlow<()>,
 ) -> Result<Vec<u32>> {
-    let (ctx, vocab) = (model.config().context_length, model.config().vocab_size);
-    if let Some((i, id)) = prompt
-        .iter()
-        .enumerate()
-        .find(|&(_, &id)| id as usize >= vocab)
-    {
-        return Err(Error::Invalid(format!(
-            "prompt token id {id} at position {i} is >= vocab_size {vocab}"
-        )));
-    }
-    let start = prompt_window(prompt, ctx, eos)?;
+    let ctx = model.config().context_length;
+    let start = start_tokens(prompt, eos, model.config().vocab_size)?;
     let mut out = Vec::new();
     if max_new_tokens == 0 {
         return Ok(out);
     }
-    // `window` ends with the token to feed next; the cache holds all but that one.
-    let mut window = start;
+    // `window`: the tokens the model sees; the cache holds its first `cached`.
+    let mut window = start[start.len().saturating_sub(ctx)..].to_vec();
     let mut cache = model.new_cache()?;
-    for &id in &window[..window.len() - 1] {
-        model.decode_step(&mut cache, id)?;
-    }
+    let mut cached = 0;
     loop {
-        if cache.len() == ctx {
+        if window.len() > ctx {
             window.drain(..window.len() - ctx);
             cache.clear();
-            for &id in &window[..ctx - 1] {
-                model.decode_step(&mut cache, id)?;
-            }
+            cached = 0;
         }
-        let last = *window.last().expect("window is never empty");
-        let token = sampler.sample(model.decode_step(&mut cache, last)?);
+        let tokens = &window[cached..];
+        let logits = model.decode(&mut [NewTokens {
+            cache: &mut cache,
+            tokens,
+        }])?;
+        cached = window.len();
+        let token = sampler.sample(logits);
         if Some(token) == eos {
             break;
         }
@@ -206,11 +199,16 @@ pub fn generate<B: Backend<f32>>(
     Ok(out)
 }
 
-/// The tokens [`generate`] reads before drawing the first new one: the prompt's last
-/// `context_length` tokens, or `eos` alone for an empty prompt (an error without one).
-pub fn prompt_window(prompt: &[u32], context_length: usize, eos: Option<u32>) -> Result<Vec<u32>> {
+/// What generation starts from: `prompt`, checked against the vocabulary of
+/// `vocab_size` ids, or for an empty prompt `eos` (a new document).
+pub fn start_tokens(prompt: &[u32], eos: Option<u32>, vocab_size: usize) -> Result<Vec<u32>> {
+    if let Some((i, id)) = (prompt.iter().enumerate()).find(|&(_, &id)| id as usize >= vocab_size) {
+        return Err(Error::Invalid(format!(
+            "prompt token id {id} at position {i} is >= vocab_size {vocab_size}"
+        )));
+    }
     match (prompt.is_empty(), eos) {
-        (false, _) => Ok(prompt[prompt.len().saturating_sub(context_length)..].to_vec()),
+        (false, _) => Ok(prompt.to_vec()),
         (true, Some(eos)) => Ok(vec![eos]),
         (true, None) => Err(Error::Invalid(
             "empty prompt and no end-of-text token to start from".into(),
@@ -269,5 +267,49 @@ impl<'t> TextStream<'t> {
     /// unfinished character).
     pub fn finish(self) -> String {
         String::from_utf8_lossy(&self.pending).into_owned()
+    }
+}
+
+/// Cuts streamed text at the first occurrence of any of some stop strings (the
+/// OpenAI API's `stop`): each [`StopText::push`] returns the text that can be shown
+/// now — all but a tail that may be the start of a stop string — and whether a stop
+/// string was reached, in which case the text ends before it.
+pub struct StopText {
+    stops: Vec<String>,
+    held: String,
+}
+
+impl StopText {
+    /// Empty stop strings are ignored.
+    pub fn new(stops: Vec<String>) -> Self {
+        StopText {
+            stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
+            held: String::new(),
+        }
+    }
+
+    /// Adds `piece`; returns the text now safe to show, and `true` once a stop
+    /// string is reached (the text then ends just before it; push no more).
+    pub fn push(&mut self, piece: &str) -> (String, bool) {
+        self.held.push_str(piece);
+        let first_stop = (self.stops.iter())
+            .filter_map(|stop| self.held.find(stop.as_str()))
+            .min();
+        if let Some(at) = first_stop {
+            self.held.truncate(at);
+            return (std::mem::take(&mut self.held), true);
+        }
+        // Hold back the longest tail that begins some stop string.
+        let keep_from = (self.held.char_indices())
+            .map(|(i, _)| i)
+            .find(|&i| (self.stops.iter()).any(|stop| stop.starts_with(&self.held[i..])))
+            .unwrap_or(self.held.len());
+        let tail = self.held.split_off(keep_from);
+        (std::mem::replace(&mut self.held, tail), false)
+    }
+
+    /// What is held back when the text ends without a stop string.
+    pub fn finish(self) -> String {
+        self.held
     }
 }

@@ -2,6 +2,7 @@
 //! hand-written forward and backward kernels, its training loop and generation.
 
 pub mod accounting;
+pub mod batching;
 pub mod buffers;
 pub mod checkpoint;
 pub mod config;
@@ -24,4 +25,4 @@ pub mod weights;
 
 pub use config::ModelConfig;
 pub use error::{Error, Result};
-pub use model::{KvCache, Model};
+pub use model::{KvCache, Model, NewTokens};

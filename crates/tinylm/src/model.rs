@@ -24,7 +24,7 @@
 //! `x`) and `Norm::Post` (what follows a residual add: `ln(r)` or `r`) — and its
 //! backward counterparts. [`transformer_block`] runs one block on its own.
 
-use crate::buffers::{self, Activations, GradActivations, LayerActs, PassShape};
+use crate::buffers::{self, Activations, DecodeActivations, GradActivations, LayerActs, PassShape};
 use crate::config::{ModelConfig, Norm, Positional};
 use crate::kernels::cpu::rope::rope_tables;
 use crate::kernels::{
@@ -50,9 +50,9 @@ pub struct Model<F: Float = f32, B: Backend<F> = Cpu> {
     acts: Option<Activations<B::Buf, B::Ids>>,
     /// Gradient scratch for backward, same `(B, T)` as `acts`.
     grad_acts: Option<GradActivations<B::Buf>>,
-    /// Single-token activations for [`Model::decode_step`].
-    decode_acts: Option<Activations<B::Buf, B::Ids>>,
-    /// Host copy of the last logits [`Model::forward`] or [`Model::decode_step`] returned.
+    /// The last decoding pass's activations ([`Model::decode`]).
+    decode_acts: Option<DecodeActivations<B::Buf, B::Ids>>,
+    /// Host copy of the last logits [`Model::forward`] or [`Model::decode`] returned.
     host_logits: Vec<F>,
     /// Whether `acts` holds a `forward_loss` (logits replaced by their gradient).
     loss_ready: bool,
@@ -84,6 +84,13 @@ impl KvCache {
     pub fn new(config: &ModelConfig) -> Self {
         Self::with_backend::<f32, Cpu>(&Cpu, config).expect("host allocation")
     }
+}
+
+/// One sequence's part of a decoding pass ([`Model::decode`]): its KV cache and the
+/// tokens appended to it (at positions `cache.len()..`).
+pub struct NewTokens<'a, Buf = Vec<f32>> {
+    pub cache: &'a mut KvCache<Buf>,
+    pub tokens: &'a [u32],
 }
 
 impl<Buf: Buffer> KvCache<Buf> {
@@ -143,7 +150,7 @@ struct ParamGrads<'a, Buf> {
 struct PassBuffers<'a, F: Float, B: Backend<F>> {
     acts: &'a mut Option<Activations<B::Buf, B::Ids>>,
     grad_acts: &'a mut Option<GradActivations<B::Buf>>,
-    decode_acts: &'a mut Option<Activations<B::Buf, B::Ids>>,
+    decode_acts: &'a mut Option<DecodeActivations<B::Buf, B::Ids>>,
     grads: &'a mut B::Buf,
 }
 
@@ -617,39 +624,72 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
     }
 
     /// Appends `token` at position `cache.len()` and returns the logits `(V)` for the
-    /// next token, attending to everything in the cache.
+    /// next token, attending to everything in the cache: [`Model::decode`] of one
+    /// sequence and one token.
     pub fn decode_step(&mut self, cache: &mut KvCache<B::Buf>, token: u32) -> Result<&[F]> {
+        self.decode(&mut [NewTokens {
+            cache,
+            tokens: &[token],
+        }])
+    }
+
+    /// One forward pass over the new tokens of several sequences, each appended to its
+    /// own KV cache at its own position: every matrix product runs once over all
+    /// `N = Σ tokens` rows, attention per sequence over its cache. Returns the logits
+    /// `(S, V)` for the token after each sequence's last new one. A prompt goes
+    /// through in one pass (its positions attend causally among themselves), a
+    /// decoded token as one row; both can share a pass.
+    pub fn decode(&mut self, sequences: &mut [NewTokens<B::Buf>]) -> Result<&[F]> {
         let c = &self.config;
-        if cache.qkv.len() != c.num_layers
-            || cache.d_model != c.d_model
-            || cache.context_length != c.context_length
-        {
-            return Err(Error::Invalid(
-                "KV cache was made for a different model configuration".into(),
-            ));
+        if sequences.is_empty() {
+            return Err(Error::Invalid("a decoding pass needs a sequence".into()));
         }
-        if cache.len >= c.context_length {
-            return Err(Error::Invalid(format!(
-                "KV cache is full: {} positions = context_length",
-                cache.len
-            )));
+        for (s, seq) in sequences.iter().enumerate() {
+            let cache = &seq.cache;
+            if cache.qkv.len() != c.num_layers
+                || cache.d_model != c.d_model
+                || cache.context_length != c.context_length
+            {
+                return Err(Error::Invalid(
+                    "KV cache was made for a different model configuration".into(),
+                ));
+            }
+            if seq.tokens.is_empty() {
+                return Err(Error::Invalid(format!("sequence {s} has no new token")));
+            }
+            if cache.len + seq.tokens.len() > c.context_length {
+                return Err(Error::Invalid(format!(
+                    "KV cache is full: {} positions + {} new > context_length {}",
+                    cache.len,
+                    seq.tokens.len(),
+                    c.context_length
+                )));
+            }
+            if let Some(i) = (seq.tokens.iter()).position(|&id| id as usize >= c.vocab_size) {
+                return Err(Error::Invalid(format!(
+                    "token id {} at position {} is >= vocab_size {}",
+                    seq.tokens[i],
+                    cache.len + i,
+                    c.vocab_size
+                )));
+            }
         }
-        if token as usize >= c.vocab_size {
-            return Err(Error::Invalid(format!(
-                "token id {token} at position {} is >= vocab_size {}",
-                cache.len, c.vocab_size
-            )));
-        }
-        if self.decode_acts.is_none() {
-            let acts = Activations::new(&self.backend, c, PassShape::decode(c.context_length))
-                .map_err(|e| for_shape(e, "decoding activations", 1, 1))?;
+        let ids: Vec<u32> = sequences.iter().flat_map(|s| s.tokens).copied().collect();
+        let (rows, seqs) = (ids.len(), sequences.len());
+        if (self.decode_acts.as_ref()).is_none_or(|a| (a.rows, a.sequences) != (rows, seqs)) {
+            // Free the old shape's buffers before allocating the new ones.
+            self.decode_acts = None;
+            let acts = DecodeActivations::new(&self.backend, c, rows, seqs)
+                .map_err(|e| for_shape(e, "decoding activations", seqs, rows))?;
             self.decode_acts = Some(acts);
         }
         let (model, bufs) = self.split();
         let acts = bufs.decode_acts.as_mut().expect("allocated above");
-        model.backend.upload_ids(&mut acts.ids, &[token])?;
-        forward_pass(&model, acts, Some(cache));
-        cache.len += 1;
+        model.backend.upload_ids(&mut acts.ids, &ids)?;
+        decode_pass(&model, acts, sequences);
+        for seq in sequences.iter_mut() {
+            seq.cache.len += seq.tokens.len();
+        }
         let logits = &self.decode_acts.as_ref().expect("allocated above").logits;
         self.host_logits.resize(logits.len(), F::ZERO);
         self.backend.download(logits.all(), &mut self.host_logits)?;
@@ -692,7 +732,7 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
 
     fn run_forward(&mut self) {
         let (model, bufs) = self.split();
-        forward_pass(&model, bufs.acts.as_mut().expect("prepared"), None);
+        forward_pass(&model, bufs.acts.as_mut().expect("prepared"));
     }
 
     /// The view every pass reads, and beside it, borrowed apart, what passes write.
@@ -743,17 +783,14 @@ fn for_shape(e: Error, what: &str, b: usize, t: usize) -> Error {
     }
 }
 
-/// The forward pass from `acts.ids` to `acts.logits`. With a cache, `acts` is one
-/// token (`B = T = 1`) at position `cache.len()`, its keys and values are appended
-/// to the cache (the caller advances `len`) and attention reads the whole cache.
+/// The forward pass from `acts.ids` to `acts.logits`.
 fn forward_pass<F: Float, B: Backend<F>>(
     model: &ModelView<F, B>,
     acts: &mut Activations<B::Buf, B::Ids>,
-    mut cache: Option<&mut KvCache<B::Buf>>,
 ) {
     let (be, config, layout) = (model.backend, model.config, model.layout);
     let (b, t) = (acts.b, acts.t);
-    let shape = model.attn_shape(b, t, cache.as_ref().map_or(0, |kv| kv.len));
+    let shape = model.attn_shape(b, t, 0);
     be.embedding_forward(
         acts.resid[0].all_mut(),
         &acts.ids,
@@ -762,8 +799,7 @@ fn forward_pass<F: Float, B: Backend<F>>(
     for (l, (layer, layer_acts)) in layout.layers.iter().zip(&mut acts.layers).enumerate() {
         let (before, after) = acts.resid.split_at_mut(l + 1);
         let (x, out) = (before[l].all(), &mut after[0]);
-        let kv = cache.as_deref_mut().map(|kv| &mut kv.qkv[l]);
-        block_forward(model, layer, layer_acts, x, out, kv, shape);
+        block_forward(model, layer, layer_acts, x, out, Attention::Full(shape));
     }
     let last = acts.resid[config.num_layers].all();
     let hidden = model.norm(
@@ -777,36 +813,109 @@ fn forward_pass<F: Float, B: Backend<F>>(
     model.linear(acts.logits.all_mut(), hidden, &layout.lm_head, head);
 }
 
+/// A decoding pass: from `acts.ids` — the new tokens of `sequences`, one sequence's
+/// after another's — through every block (one set of block buffers, reused), each
+/// sequence's new keys and values appended to its cache (the caller advances the
+/// caches' lengths), to `acts.logits (S, V)` of each sequence's last new row.
+fn decode_pass<F: Float, B: Backend<F>>(
+    model: &ModelView<F, B>,
+    acts: &mut DecodeActivations<B::Buf, B::Ids>,
+    sequences: &mut [NewTokens<B::Buf>],
+) {
+    let (be, config, layout) = (model.backend, model.config, model.layout);
+    let c = config.d_model;
+    be.embedding_forward(
+        acts.resid[0].all_mut(),
+        &acts.ids,
+        model.get(&layout.token_embeddings),
+    );
+    for (l, layer) in layout.layers.iter().enumerate() {
+        let [x, out] = &mut acts.resid;
+        let attention = Attention::Cached {
+            sequences: &mut *sequences,
+            layer: l,
+        };
+        block_forward(model, layer, &mut acts.layer, x.all(), out, attention);
+        acts.resid.swap(0, 1);
+    }
+    let mut end = 0;
+    for (s, seq) in sequences.iter().enumerate() {
+        end += seq.tokens.len();
+        let last_row = acts.resid[0].at((end - 1) * c..end * c);
+        be.copy(acts.last.at_mut(s * c..(s + 1) * c), last_row);
+    }
+    let hidden = model.norm(
+        Norm::Pre,
+        &layout.ln_final,
+        acts.last.all(),
+        &mut acts.lnf,
+        &mut acts.lnf_rstd,
+    );
+    let head = MatMul::linear(sequences.len(), c, config.vocab_size);
+    model.linear(acts.logits.all_mut(), hidden, &layout.lm_head, head);
+}
+
+/// Where a block's attention finds its queries, keys and values.
+enum Attention<'a, 'c, Buf> {
+    /// A full pass over `B` sequences of `T` positions: every row in `acts.qkv`.
+    Full(AttnShape),
+    /// A decoding pass: each sequence's new rows of `acts.qkv` (one sequence's after
+    /// another's) are appended to layer `layer` of its KV cache, and attend to every
+    /// position there.
+    Cached {
+        sequences: &'a mut [NewTokens<'c, Buf>],
+        layer: usize,
+    },
+}
+
 /// One block (the diagram at the top): `out (N, C)` from `x (N, C)`, keeping in
-/// `acts` what backward needs. Attention's `[q | k | v]` rows `(B, T, 3C)` are
-/// `acts.qkv`, or when decoding (`shape.q0` positions cached) the layer's KV cache
-/// rows `kv`, to which this pass's rows are appended.
+/// `acts` what backward needs; attention as `attention` says.
 fn block_forward<F: Float, B: Backend<F>>(
     model: &ModelView<F, B>,
     layer: &LayerOffsets,
     acts: &mut LayerActs<B::Buf>,
     x: Span<B::Buf>,
     out: &mut B::Buf,
-    kv: Option<&mut B::Buf>,
-    shape: AttnShape,
+    attention: Attention<B::Buf>,
 ) {
     let be = model.backend;
-    let n = shape.b * shape.tq();
     let (c, f) = (model.config.d_model, model.config.d_ff);
+    let n = x.len / c;
     // r1 = x + attention(RoPE(pre(x)·W_qkvᵀ))·W_oᵀ, y = post(r1)
     let attn_in = model.norm(Norm::Pre, &layer.ln1, x, &mut acts.ln1, &mut acts.rstd1);
-    let qkv = kv.unwrap_or(&mut acts.qkv);
-    let new_rows = 3 * c * shape.q0..3 * c * (shape.q0 + n);
     let w_qkv = qkv_range(layer);
     let qkv_product = MatMul::linear(n, c, 3 * c);
-    model.linear(qkv.at_mut(new_rows.clone()), attn_in, &w_qkv, qkv_product);
-    model.rope(qkv.at_mut(new_rows), shape, false);
-    be.attention_forward(
-        acts.atty.all_mut(),
-        acts.att.at_mut(0..shape.b * shape.h * shape.tq() * shape.t),
-        qkv.at(0..3 * c * shape.t * shape.b),
-        shape,
-    );
+    model.linear(acts.qkv.all_mut(), attn_in, &w_qkv, qkv_product);
+    match attention {
+        Attention::Full(shape) => {
+            model.rope(acts.qkv.all_mut(), shape, false);
+            be.attention_forward(
+                acts.atty.all_mut(),
+                acts.att.all_mut(),
+                acts.qkv.all(),
+                shape,
+            );
+        }
+        Attention::Cached { sequences, layer } => {
+            let (mut row, mut att) = (0, 0);
+            for seq in sequences {
+                let (q0, tq) = (seq.cache.len, seq.tokens.len());
+                let shape = model.attn_shape(1, tq, q0);
+                let rows = 3 * c * row..3 * c * (row + tq);
+                model.rope(acts.qkv.at_mut(rows.clone()), shape, false);
+                let kv = &mut seq.cache.qkv[layer];
+                be.copy(kv.at_mut(3 * c * q0..3 * c * shape.t), acts.qkv.at(rows));
+                let att_len = shape.h * tq * shape.t;
+                be.attention_forward(
+                    acts.atty.at_mut(c * row..c * (row + tq)),
+                    acts.att.at_mut(att..att + att_len),
+                    kv.at(0..3 * c * shape.t),
+                    shape,
+                );
+                (row, att) = (row + tq, att + att_len);
+            }
+        }
+    }
     be.copy(acts.r1.all_mut(), x);
     let residual_add = MatMul::linear(n, c, c).accumulating();
     model.linear(
@@ -1145,7 +1254,14 @@ pub fn transformer_block(
     let (x, mut out) = (x.to_vec(), vec![0.0; x.len()]);
     let layer = &model.layout.layers[0];
     let shape = model.attn_shape(b, t, 0);
-    block_forward(&model, layer, &mut acts, x.all(), &mut out, None, shape);
+    block_forward(
+        &model,
+        layer,
+        &mut acts,
+        x.all(),
+        &mut out,
+        Attention::Full(shape),
+    );
     Ok(out)
 }
 

@@ -31,7 +31,7 @@ use tinylm::kernels::{Allocator, AttnShape, Backend, BatchPart, BufKind, Buffer,
 use tinylm::optim::global_norm;
 use tinylm::params::ParamLayout;
 use tinylm::train::{train, LogRecord, Progress, TrainConfig};
-use tinylm::Model;
+use tinylm::{Model, NewTokens};
 
 const PRECISIONS: [Precision; 2] = [Precision::Fp32, Precision::Bf16];
 
@@ -872,6 +872,51 @@ fn kv_cache_decoding_on_the_gpu_matches_its_full_forward() {
                 model.decode_step(&mut cache, 0).is_err(),
                 "a full cache is an error"
             );
+        }
+    }
+}
+
+/// Several sequences decoded together on the GPU — two prompts of different lengths
+/// in one pass, then a pass where one decodes a token while a third joins with its
+/// prompt — give the logits of decoding each alone on the GPU, one token at a time.
+#[test]
+fn batched_decoding_on_the_gpu_matches_one_sequence_at_a_time() {
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    for precision in PRECISIONS {
+        for c in ablations(model_config) {
+            let (p, v) = (perturbed_params(&c, 9), c.vocab_size);
+            let mut model = Model::with_backend(c.clone(), &p, gpu(precision)).unwrap();
+            let texts: Vec<Vec<u32>> = [10, 14, 21]
+                .iter()
+                .map(|&n| random_ids(&mut rng, n, v))
+                .collect();
+            let alone: Vec<Vec<Vec<f32>>> = (texts.iter())
+                .map(|text| {
+                    let mut cache = model.new_cache().unwrap();
+                    (text.iter())
+                        .map(|&id| model.decode_step(&mut cache, id).unwrap().to_vec())
+                        .collect()
+                })
+                .collect();
+            let passes: [&[(usize, std::ops::Range<usize>)]; 2] =
+                [&[(0, 0..9), (1, 0..14)], &[(0, 9..10), (2, 0..21)]];
+            let mut caches: Vec<_> = (0..3).map(|_| model.new_cache().unwrap()).collect();
+            for (k, pass) in passes.iter().enumerate() {
+                let mut by_sequence: Vec<_> = caches.iter_mut().map(Some).collect();
+                let mut sequences: Vec<_> = (pass.iter())
+                    .map(|(i, range)| NewTokens {
+                        cache: by_sequence[*i].take().unwrap(),
+                        tokens: &texts[*i][range.clone()],
+                    })
+                    .collect();
+                let got = model.decode(&mut sequences).unwrap().to_vec();
+                for (s, (i, range)) in pass.iter().enumerate() {
+                    let what = format!("{precision:?} {c:?} pass {k}, sequence {i}");
+                    let want = &alone[*i][range.end - 1];
+                    let got = &got[s * v..(s + 1) * v];
+                    assert_close(got, want, model_tolerance(precision), &what);
+                }
+            }
         }
     }
 }

@@ -3,6 +3,9 @@
 //! last `context_length` tokens, long prompts keep their last tokens, and seeded
 //! sampling is deterministic.
 
+mod ids;
+
+use ids::ids;
 use std::ops::ControlFlow;
 use tinylm::config::{Norm, Positional};
 use tinylm::generate::{argmax, generate, Sampler};
@@ -19,13 +22,6 @@ fn config() -> ModelConfig {
         d_ff: 64,
         ..ModelConfig::tinystories()
     }
-}
-
-/// Deterministic pseudo-random ids below `vocab`.
-fn ids(n: usize, vocab: usize, salt: usize) -> Vec<u32> {
-    (0..n)
-        .map(|i| ((i * 7919 + salt * 104729) % vocab) as u32)
-        .collect()
 }
 
 fn generate_all(model: &mut Model, prompt: &[u32], n: usize, sampler: &mut Sampler) -> Vec<u32> {

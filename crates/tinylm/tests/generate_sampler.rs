@@ -1,7 +1,7 @@
 //! Sampling: greedy, temperature, top-k and the smallest top-p nucleus, on hand-made
-//! distributions; streaming UTF-8 decoding of generated ids.
+//! distributions; streaming UTF-8 decoding of generated ids; stop strings.
 
-use tinylm::generate::{argmax, Sampler, TextStream};
+use tinylm::generate::{argmax, Sampler, StopText, TextStream};
 use tinylm_bpe::encode::Tokenizer;
 
 /// Logits whose softmax is `probs` (up to rounding).
@@ -185,4 +185,40 @@ fn a_vocabulary_limit_never_draws_the_ids_above_it() {
     }
     // Without the limit the same sampler draws them.
     assert_eq!(Sampler::greedy().sample(&logits), 3);
+}
+
+/// Stop strings cut the text before the first of them, even when they arrive split
+/// over pieces; text that only looks like a stop string's start comes out when the
+/// next piece rules it out.
+#[test]
+fn stop_text_cuts_before_the_first_stop_string_across_pieces() {
+    let run = |stops: &[&str], pieces: &[&str]| {
+        let mut stop = StopText::new(stops.iter().map(|s| s.to_string()).collect());
+        let mut shown = Vec::new();
+        for piece in pieces {
+            let (text, stopped) = stop.push(piece);
+            shown.push(text);
+            if stopped {
+                return (shown, true);
+            }
+        }
+        shown.push(stop.finish());
+        (shown, false)
+    };
+    let (shown, stopped) = run(
+        &["\n\n", "The end"],
+        &["Once", " upon\n", "a time\n", "\nmore"],
+    );
+    assert!(stopped);
+    assert_eq!(shown, ["Once", " upon", "\na time", ""]);
+    let (shown, stopped) = run(&["The end"], &["It was The", " en", "try. The e", "nd!"]);
+    assert!(stopped);
+    assert_eq!(shown, ["It was ", "", "The entry. ", ""]);
+    assert_eq!(shown.concat(), "It was The entry. ");
+    // The earliest stop wins, wherever it is in the list; no stop: everything.
+    let (shown, _) = run(&["c", "ab"], &["xxabc"]);
+    assert_eq!(shown, ["xx"]);
+    let (shown, stopped) = run(&["zz", ""], &["héllo z", "é"]);
+    assert!(!stopped);
+    assert_eq!(shown.concat(), "héllo zé");
 }

@@ -1,5 +1,7 @@
 //! The model against an independent naive forward (plain loops, straight from the
-//! SPEC), KV-cache decoding against full passes, overfitting one batch, bad input.
+//! SPEC), KV-cache decoding against full passes, batched decoding of several
+//! sequences against one token of one sequence at a time, overfitting one batch,
+//! bad input.
 
 mod common;
 
@@ -10,7 +12,7 @@ use tinylm::config::{Ffn, ModelConfig, Norm, Positional};
 use tinylm::kernels::BatchPart;
 use tinylm::optim::AdamW;
 use tinylm::params::ParamLayout;
-use tinylm::{KvCache, Model};
+use tinylm::{KvCache, Model, NewTokens};
 
 fn config(norm: Norm, positional: Positional, ffn: Ffn, tie_embeddings: bool) -> ModelConfig {
     ModelConfig {
@@ -243,6 +245,109 @@ fn kv_cache_decoding_matches_full_forward_at_every_position() {
         cache.clear();
         let first = model.decode_step(&mut cache, ids[0]).unwrap();
         assert!((first[0] - full[0]).abs() < 1e-4);
+    }
+}
+
+/// The largest difference between two rows of logits, relative to the largest logit.
+fn relative_diff(got: &[f32], want: &[f32]) -> f32 {
+    let scale = want.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+    let worst = got.iter().zip(want).map(|(a, b)| (a - b).abs());
+    worst.fold(0.0f32, f32::max) / scale
+}
+
+/// Several sequences decoded together — prompts of different lengths prefilled in
+/// one pass, then one token each per pass, a sequence joining with its prompt
+/// while the others decode, another leaving — give each sequence the logits that
+/// decoding it alone, one token at a time, gives.
+#[test]
+fn batched_decoding_equals_one_sequence_at_a_time() {
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    for c in ablations(config) {
+        let c = ModelConfig {
+            context_length: 40,
+            ..c
+        };
+        let v = c.vocab_size;
+        let mut model = Model::from_params(c.clone(), perturbed_params(&c, 8)).unwrap();
+        // Each sequence's whole text, and the logits after each of its tokens when
+        // it is decoded alone, one token per step.
+        let texts: Vec<Vec<u32>> = [31, 18, 25, 34]
+            .iter()
+            .map(|&n| random_ids(&mut rng, n, v))
+            .collect();
+        let alone: Vec<Vec<Vec<f32>>> = texts
+            .iter()
+            .map(|text| {
+                let mut cache = model.new_cache().unwrap();
+                let steps = text
+                    .iter()
+                    .map(|&id| model.decode_step(&mut cache, id).unwrap().to_vec());
+                steps.collect()
+            })
+            .collect();
+        // The passes: sequence i feeds `text[i][fed[i]..fed[i] + n]` for each (i, n).
+        let passes: &[&[(usize, usize)]] = &[
+            &[(0, 7), (1, 1), (2, 12)],
+            &[(0, 1), (1, 1), (2, 1)],
+            &[(0, 1), (3, 20), (1, 1), (2, 1)],
+            &[(1, 1), (3, 1), (0, 1)],
+            &[(3, 1), (1, 14)],
+            &[(0, 21), (3, 12), (2, 11)],
+        ];
+        let mut caches: Vec<_> = (0..texts.len())
+            .map(|_| model.new_cache().unwrap())
+            .collect();
+        let mut fed = vec![0; texts.len()];
+        for (k, pass) in passes.iter().enumerate() {
+            let mut by_seq: Vec<Option<&mut KvCache>> = caches.iter_mut().map(Some).collect();
+            let mut sequences: Vec<NewTokens> = pass
+                .iter()
+                .map(|&(i, n)| NewTokens {
+                    cache: by_seq[i].take().unwrap(),
+                    tokens: &texts[i][fed[i]..fed[i] + n],
+                })
+                .collect();
+            let logits = model.decode(&mut sequences).unwrap().to_vec();
+            assert_eq!(logits.len(), pass.len() * v);
+            for (s, &(i, n)) in pass.iter().enumerate() {
+                fed[i] += n;
+                assert_eq!(caches[i].len(), fed[i]);
+                let got = &logits[s * v..(s + 1) * v];
+                let diff = relative_diff(got, &alone[i][fed[i] - 1]);
+                assert!(diff < 1e-5, "{c:?} pass {k}, sequence {i}: {diff}");
+            }
+        }
+        assert_eq!(fed, [31, 18, 25, 34]);
+        // Bad passes are refused before any cache changes.
+        let [a, b, ..] = &mut caches[..] else {
+            unreachable!()
+        };
+        let mut over = [
+            NewTokens {
+                cache: a,
+                tokens: &[1; 10],
+            },
+            NewTokens {
+                cache: b,
+                tokens: &[],
+            },
+        ];
+        let err = model.decode(&mut over).unwrap_err().to_string();
+        assert!(
+            err.contains("full: 31 positions + 10 new > context_length 40"),
+            "{err}"
+        );
+        over[0].tokens = &[1];
+        let err = model.decode(&mut over).unwrap_err().to_string();
+        assert!(err.contains("sequence 1 has no new token"), "{err}");
+        over[1].tokens = &[99];
+        let err = model.decode(&mut over).unwrap_err().to_string();
+        assert!(
+            err.contains("token id 99 at position 18 is >= vocab_size 19"),
+            "{err}"
+        );
+        assert!(model.decode(&mut []).is_err());
+        assert_eq!((caches[0].len(), caches[1].len()), (31, 18));
     }
 }
 

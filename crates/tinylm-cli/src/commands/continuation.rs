@@ -5,7 +5,7 @@ use anyhow::Result;
 use std::io::Write;
 use std::ops::ControlFlow;
 use std::time::Instant;
-use tinylm::generate::{generate, prompt_window, Sampler, TextStream};
+use tinylm::generate::{generate, Sampler, TextStream};
 use tinylm::kernels::Backend;
 use tinylm::Model;
 use tinylm_bpe::encode::Tokenizer;
@@ -50,7 +50,8 @@ pub fn write_continuation<B: Backend<f32>>(
     let mut stream = TextStream::new(tokenizer);
     let mut failure = None;
     let ids = tokenizer.encode(prompt);
-    let prompt_tokens = prompt_window(&ids, model.config().context_length, Some(eos))?.len();
+    // The prompt's window, or `<|endoftext|>` alone for an empty prompt.
+    let prompt_tokens = ids.len().clamp(1, model.config().context_length);
     let (started, mut first_token, mut last_token) = (Instant::now(), None, None);
     let new = generate(model, &ids, max_tokens, sampler, Some(eos), |id| {
         let now = Instant::now();

@@ -2,8 +2,8 @@
 //! stdout as it is produced.
 
 use super::continuation::{is_broken_pipe, write_continuation, Continuation};
-use super::tokenizer::{load_with_end_of_text, tokenizer_dir};
-use anyhow::{bail, Result};
+use super::tokenizer::for_model;
+use anyhow::Result;
 use clap::Args;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -67,29 +67,16 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let threads = Instant::now();
     let sampler = Sampler::new(args.temperature, args.top_p, args.top_k, args.seed)?;
     let ckpt = weights::open(&args.checkpoint, None)?;
-    let tokenizer_dir = tokenizer_dir(
-        args.tokenizer.as_deref(),
-        ckpt.tokenizer.as_deref(),
-        &args.checkpoint,
-    )?;
-    let (tokenizer, eos) = load_with_end_of_text(&tokenizer_dir)?;
+    let (tokenizer, eos) = for_model(args.tokenizer.as_deref(), &ckpt, &args.checkpoint)?;
     let tokenizer_loaded = Instant::now();
-    if tokenizer.vocab_size() > ckpt.config.vocab_size {
-        bail!(
-            "{}: the tokenizer has {} tokens but the model of {} only {}",
-            tokenizer_dir.display(),
-            tokenizer.vocab_size(),
-            args.checkpoint.display(),
-            ckpt.config.vocab_size
-        );
-    }
     // A tokenizer that came out smaller than the model's vocabulary decodes only its
     // own ids: the model's others are never drawn.
     let mut sampler = sampler.vocabulary(tokenizer.vocab_size());
     let target = args.device.target();
     eprintln!(
         "{}",
-        InferenceMemory::generation(&ckpt.config, target).describe(target)
+        InferenceMemory::decoding(&ckpt.config, 1, ckpt.config.context_length, target)
+            .describe(target)
     );
     let backend = AnyBackend::open(args.device.device, args.device.precision)?;
     let written = on_backend!(backend, backend => {

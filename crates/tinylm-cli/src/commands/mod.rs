@@ -17,6 +17,7 @@ pub mod info;
 pub mod plot;
 pub mod quickstart;
 pub mod ranks;
+pub mod serve;
 pub mod sweep;
 pub mod tokenizer;
 pub mod train;

@@ -8,7 +8,7 @@
 //! ([`step_buffers`]), which a test compares with the planner's count, buffer by
 //! buffer.
 
-use crate::buffers::{self, Activations, GradActivations, PassShape};
+use crate::buffers::{self, Activations, DecodeActivations, GradActivations, PassShape};
 use crate::config::{ModelConfig, Norm};
 use crate::device::{resolve, Device};
 use crate::distributed::MPI_CHUNK;
@@ -244,12 +244,14 @@ fn workspace(c: &ModelConfig, pass: PassShape, train: bool, target: Target) -> V
         return Vec::new();
     }
     let PassShape { b, t, keys, decode } = pass;
+    // A decoding pass attends per sequence: at most `keys` positions, of which at
+    // most all are new.
     let shape = AttnShape {
         b,
         t: keys,
         h: c.num_heads,
         d: c.head_dim(),
-        q0: keys - t,
+        q0: keys - t.min(keys),
     };
     let mut slots = vec![
         (Scratch::Attention, attention_scratch_len(shape)),
@@ -440,7 +442,8 @@ pub struct InferenceMemory {
     /// The model's buffers, the pass's (and generation's KV cache) and the kernels'
     /// work space.
     pub buffers: Vec<Entry>,
-    /// The logits copied to the host: `(B, T, V)` f32, or `(V)` per decoded token.
+    /// The logits copied to the host: `(B, T, V)` f32, or `(S, V)` when decoding
+    /// `S` sequences.
     pub host_logits: u64,
 }
 
@@ -461,21 +464,25 @@ impl InferenceMemory {
         }
     }
 
-    /// Generation: the KV cache for the whole context and the buffers of one
-    /// position attending to all of it.
-    pub fn generation(c: &ModelConfig, target: Target) -> Self {
+    /// Decoding `sequences` sequences together (generation: one; a server: its
+    /// slots): a KV cache of the whole context for each, and the buffers of a
+    /// decoding pass of at most `rows` new positions (a whole prompt at most:
+    /// `context_length`).
+    pub fn decoding(c: &ModelConfig, sequences: usize, rows: usize, target: Target) -> Self {
         let planner = Planner { target };
         let r = Recorder::new(&planner);
-        let ctx = c.context_length;
         model_buffers(&r, c).expect("planning allocates nothing");
-        Activations::new(r.part(Part::Activations), c, PassShape::decode(ctx))
+        DecodeActivations::new(r.part(Part::Activations), c, rows, sequences)
             .expect("planning allocates nothing");
-        buffers::kv_cache(r.part(Part::KvCache), c).expect("planning allocates nothing");
+        for _ in 0..sequences {
+            buffers::kv_cache(r.part(Part::KvCache), c).expect("planning allocates nothing");
+        }
         let mut buffers = r.entries();
-        buffers.extend(workspace(c, PassShape::decode(ctx), false, target));
+        let pass = PassShape::decode(rows, c.context_length);
+        buffers.extend(workspace(c, pass, false, target));
         InferenceMemory {
             buffers,
-            host_logits: 4 * c.vocab_size as u64,
+            host_logits: 4 * (sequences * c.vocab_size) as u64,
         }
     }
 
@@ -657,14 +664,24 @@ mod tests {
         assert_eq!(rank.bytes(Part::Moments), moments);
     }
 
-    /// Generation holds the parameters, a KV cache of the whole context, one
-    /// position's buffers, and no gradient, moments or backward scratch.
+    /// Decoding holds the parameters, a KV cache of the whole context per
+    /// sequence, one block's buffers for the pass's rows, and no gradient, moments
+    /// or backward scratch.
     #[test]
-    fn generation_holds_the_cache_and_one_position() {
+    fn decoding_holds_the_caches_and_one_pass() {
         let c = ModelConfig::tinystories();
-        let g = InferenceMemory::generation(&c, Target::Cpu);
+        let g = InferenceMemory::decoding(&c, 1, 1, Target::Cpu);
         let (ctx, d) = (c.context_length as u64, c.d_model as u64);
         assert_eq!(g.kv_cache(), 4 * c.num_layers as u64 * ctx * 3 * d);
+        let four = InferenceMemory::decoding(&c, 4, 1, Target::Cpu);
+        assert_eq!(four.kv_cache(), 4 * g.kv_cache());
+        assert_eq!(four.host_logits, 4 * g.host_logits);
+        // A block's buffers are reused by every block (4 here), and only the last
+        // row's logits are computed: a whole-context prompt takes under a third of
+        // a full forward pass's activations.
+        let prompt = InferenceMemory::decoding(&c, 1, c.context_length, Target::Cpu);
+        let full = InferenceMemory::forward(&c, 1, c.context_length, Target::Cpu);
+        assert!(3 * prompt.activations() < full.activations());
         let step = Memory::new(&c, 1, 1, Target::Cpu);
         assert_eq!(
             g.parameters(),

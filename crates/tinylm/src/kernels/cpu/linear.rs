@@ -6,7 +6,14 @@ use super::memory::SharedMut;
 use crate::kernels::{Float, MatMul};
 use gemm::Parallelism;
 use rayon::prelude::*;
+use std::any::TypeId;
 use std::ops::Range;
+
+/// Linear layers' products `x Wᵀ` of at most this many rows (a decoding pass's few
+/// sequences) run as dot products ([`few_rows_linear`]): `gemm` streams the weights
+/// through memory fast for one row, but for two rows or more it packs them first and
+/// takes several times as long.
+const FEW_ROWS: usize = 16;
 
 /// Products smaller than this many multiply-adds run on the calling thread: the
 /// fork-join costs more than it saves.
@@ -16,6 +23,11 @@ const PARALLEL_MIN_MACS: usize = 1 << 20;
 /// so the vocabulary-wide LM head becomes several tasks per thread: they balance
 /// when one thread is slowed, and each block's packed right operand stays small.
 const PARALLEL_MAX_COLS: usize = 1024;
+
+/// Parallel products give each thread a block of at least this many output rows;
+/// products of fewer rows (a decoding pass's few sequences) are split by columns
+/// only, so the right operand (the weights) streams through memory once.
+const PARALLEL_MIN_ROWS: usize = 64;
 
 /// The instruction set `gemm`'s kernels run with on this CPU, as `gemm` picks it at
 /// run time: AVX-512F when the `avx512` feature is built in and the CPU has it, else
@@ -123,6 +135,13 @@ pub fn matmul<F: Float>(out: &mut [F], a: &[F], b: &[F], s: MatMul) {
     if s.m * s.n == 0 {
         return;
     }
+    if (2..=FEW_ROWS).contains(&s.m)
+        && s.b_transposed
+        && !s.a_transposed
+        && few_rows_linear(out, a, b, s)
+    {
+        return;
+    }
     let a_rs = if s.a_transposed { s.m } else { s.k };
     let b_rs = if s.b_transposed { s.k } else { s.n };
     let a = View::new(a, a_rs, s.a_transposed);
@@ -154,26 +173,142 @@ pub fn matmul<F: Float>(out: &mut [F], a: &[F], b: &[F], s: MatMul) {
     });
 }
 
+/// `out (m, n) (+)= a (m, k) · bᵀ` for `b (n, k)` (a linear layer's `x Wᵀ`) and few
+/// rows `m`, in `f32`: each row of `b` is read from memory once and dotted with
+/// every row of `a`, which stay in cache ([`FewRows`]); blocks of `b`'s rows are
+/// split among the threads. Whether it ran (`F` is `f32`).
+fn few_rows_linear<F: Float>(out: &mut [F], a: &[F], b: &[F], s: MatMul) -> bool {
+    if TypeId::of::<F>() != TypeId::of::<f32>() {
+        return false;
+    }
+    // SAFETY: `F` is `f32` (checked above): the same type, so the same layout.
+    let f32s = |x: &[F]| unsafe { std::slice::from_raw_parts(x.as_ptr().cast::<f32>(), x.len()) };
+    let (a, b) = (f32s(a), f32s(b));
+    let out = SharedMut(out.as_mut_ptr().cast::<f32>());
+    let (m, k, n) = (s.m, s.k, s.n);
+    let parts = match m * k * n >= PARALLEL_MIN_MACS {
+        // Several blocks per thread, so they balance when one thread is slowed.
+        true => (4 * rayon::current_num_threads()).min(n),
+        false => 1,
+    };
+    let cols = n.div_ceil(parts);
+    (0..parts).into_par_iter().for_each(|part| {
+        pulp::Arch::new().dispatch(FewRows {
+            out: &out,
+            a,
+            b,
+            s,
+            cols: part * cols..((part + 1) * cols).min(n),
+        });
+    });
+    true
+}
+
+/// Columns `cols` of [`few_rows_linear`]'s product, with the widest vectors the CPU
+/// has: two rows of `b` at a time against four rows of `a`, in eight independent
+/// sums (each vector loaded once for the products it takes part in).
+struct FewRows<'a> {
+    out: &'a SharedMut<f32>,
+    a: &'a [f32],
+    b: &'a [f32],
+    s: MatMul,
+    cols: Range<usize>,
+}
+
+impl pulp::WithSimd for FewRows<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, simd: S) {
+        let (m, k, n) = (self.s.m, self.s.k, self.s.n);
+        let (a, b) = (self.a, self.b);
+        let dot_tail = |x: &[f32], w: &[f32]| x.iter().zip(w).map(|(x, w)| x * w).sum::<f32>();
+        let write = |i: usize, j: usize, sum: f32| {
+            // SAFETY: `i < m` and `j < n`, so the index is inside `out` (`m * n` long,
+            // checked by the caller), and only this task writes column `j`.
+            unsafe {
+                let o = self.out.get().add(i * n + j);
+                *o = if self.s.accumulate { *o + sum } else { sum };
+            }
+        };
+        let groups = m / 4;
+        let mut j = self.cols.start;
+        while j < self.cols.end {
+            // Rows j and j + 1 of `b`; the last of an odd block pairs with itself
+            // (and is written once).
+            let j1 = (j + 1).min(self.cols.end - 1);
+            let (w0, w_tail0) = S::as_simd_f32s(&b[j * k..(j + 1) * k]);
+            let (w1, w_tail1) = S::as_simd_f32s(&b[j1 * k..(j1 + 1) * k]);
+            let tail_at = k - w_tail0.len();
+            for g in 0..groups {
+                let x: [&[f32]; 4] = std::array::from_fn(|r| &a[(4 * g + r) * k..][..k]);
+                let xv = x.map(|x| S::as_simd_f32s(x).0);
+                let mut acc0 = [simd.splat_f32s(0.0); 4];
+                let mut acc1 = [simd.splat_f32s(0.0); 4];
+                for c in 0..w0.len() {
+                    let (u, v) = (w0[c], w1[c]);
+                    acc0[0] = simd.mul_add_f32s(xv[0][c], u, acc0[0]);
+                    acc1[0] = simd.mul_add_f32s(xv[0][c], v, acc1[0]);
+                    acc0[1] = simd.mul_add_f32s(xv[1][c], u, acc0[1]);
+                    acc1[1] = simd.mul_add_f32s(xv[1][c], v, acc1[1]);
+                    acc0[2] = simd.mul_add_f32s(xv[2][c], u, acc0[2]);
+                    acc1[2] = simd.mul_add_f32s(xv[2][c], v, acc1[2]);
+                    acc0[3] = simd.mul_add_f32s(xv[3][c], u, acc0[3]);
+                    acc1[3] = simd.mul_add_f32s(xv[3][c], v, acc1[3]);
+                }
+                for r in 0..4 {
+                    let x_tail = &x[r][tail_at..];
+                    let sum0 = simd.reduce_sum_f32s(acc0[r]) + dot_tail(x_tail, w_tail0);
+                    write(4 * g + r, j, sum0);
+                    if j1 != j {
+                        let sum1 = simd.reduce_sum_f32s(acc1[r]) + dot_tail(x_tail, w_tail1);
+                        write(4 * g + r, j1, sum1);
+                    }
+                }
+            }
+            for i in 4 * groups..m {
+                let (xv, x_tail) = S::as_simd_f32s(&a[i * k..(i + 1) * k]);
+                let (mut acc0, mut acc1) = (simd.splat_f32s(0.0), simd.splat_f32s(0.0));
+                for c in 0..w0.len() {
+                    acc0 = simd.mul_add_f32s(xv[c], w0[c], acc0);
+                    acc1 = simd.mul_add_f32s(xv[c], w1[c], acc1);
+                }
+                write(i, j, simd.reduce_sum_f32s(acc0) + dot_tail(x_tail, w_tail0));
+                if j1 != j {
+                    let sum1 = simd.reduce_sum_f32s(acc1) + dot_tail(x_tail, w_tail1);
+                    write(i, j1, sum1);
+                }
+            }
+            j += 2;
+        }
+    }
+}
+
 /// Runs `block(rows, cols)` on every block of a product's output `(m, n)` as the
-/// products split it, in one fork-join: one row block per rayon thread and column
-/// blocks of at most `PARALLEL_MAX_COLS` when the product is large, else the whole
-/// output on the calling thread; blocks are whole `(mr, nr)` tiles but the last in
-/// each direction.
+/// products split it, in one fork-join: when the product is large, one row block
+/// per rayon thread (of at least `PARALLEL_MIN_ROWS` rows: fewer rows make one
+/// block) and column blocks of at most `PARALLEL_MAX_COLS` (at least one per thread
+/// when the rows make one block), else the whole output on the calling thread;
+/// blocks are whole `(mr, nr)` tiles but the last in each direction.
 pub(crate) fn for_each_output_block(
     s: MatMul,
     (mr, nr): (usize, usize),
     block: impl Fn(Range<usize>, Range<usize>) + Sync,
 ) {
     let parallel = s.m * s.k * s.n >= PARALLEL_MIN_MACS;
+    let threads = rayon::current_num_threads();
     let row_parts = if parallel {
-        rayon::current_num_threads().min(s.m.div_ceil(mr))
+        threads.min(s.m.div_ceil(mr.max(PARALLEL_MIN_ROWS)))
     } else {
         1
     };
-    let col_parts = if parallel {
-        s.n.div_ceil(PARALLEL_MAX_COLS)
-    } else {
-        1
+    let col_parts = match (parallel, row_parts) {
+        (false, _) => 1,
+        (true, 1) => {
+            s.n.div_ceil(PARALLEL_MAX_COLS)
+                .max(threads.min(s.n.div_ceil(nr)))
+        }
+        (true, _) => s.n.div_ceil(PARALLEL_MAX_COLS),
     };
     let rows = s.m.div_ceil(row_parts).next_multiple_of(mr);
     let cols = s.n.div_ceil(col_parts).next_multiple_of(nr);
@@ -184,4 +319,74 @@ pub(crate) fn for_each_output_block(
             block(r0..r1, c0..c1);
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Products of every row count around the few-rows path, each operand stored
+    /// either way, written or accumulated, equal the plain sum (exactly: the
+    /// operands are small integers), in `f32` and `f64`.
+    #[test]
+    fn products_of_few_rows_equal_the_plain_sum() {
+        products_equal_the_plain_sum::<f32>();
+        products_equal_the_plain_sum::<f64>();
+    }
+
+    fn products_equal_the_plain_sum<F: Float>() {
+        // k: whole vectors and a tail; n: odd, and large enough that products of 16
+        // rows are split among threads (in blocks of an odd number of columns).
+        let (k, n) = (37, 2001);
+        for m in [1, 2, 3, 4, 5, 7, 8, 16, 17, 40] {
+            for (a_transposed, b_transposed, accumulate) in [
+                (false, true, false),
+                (false, true, true),
+                (false, false, true),
+                (true, false, false),
+                (true, true, true),
+            ] {
+                let s = MatMul {
+                    m,
+                    k,
+                    n,
+                    a_transposed,
+                    b_transposed,
+                    accumulate,
+                };
+                let int = |x: usize| F::from_f64(x as f64);
+                let a: Vec<F> = (0..m * k).map(|i| int((i * 7) % 13) - int(6)).collect();
+                let b: Vec<F> = (0..k * n).map(|i| int((i * 5) % 11) - int(5)).collect();
+                let at = |i: usize, p: usize| {
+                    if a_transposed {
+                        a[p * m + i]
+                    } else {
+                        a[i * k + p]
+                    }
+                };
+                let bt = |p: usize, j: usize| {
+                    if b_transposed {
+                        b[j * k + p]
+                    } else {
+                        b[p * n + j]
+                    }
+                };
+                let start: Vec<F> = (0..m * n).map(|i| int(i % 3)).collect();
+                let mut out = start.clone();
+                matmul(&mut out, &a, &b, s);
+                for i in 0..m {
+                    for j in 0..n {
+                        let sum: F = (0..k).map(|p| at(i, p) * bt(p, j)).sum();
+                        let want = sum
+                            + if accumulate {
+                                start[i * n + j]
+                            } else {
+                                F::ZERO
+                            };
+                        assert_eq!(out[i * n + j], want, "{s:?} at ({i}, {j})");
+                    }
+                }
+            }
+        }
+    }
 }

@@ -1,0 +1,236 @@
+//! Continuous batching: many sequences decoded together by one [`Model::decode`]
+//! pass per step over every active sequence. A sequence joins at the next step —
+//! its prompt goes through in that pass, beside one token of each sequence that
+//! is decoding — and leaves when it ends or is removed, freeing its slot (and its
+//! KV cache, kept for the next sequence). A pass takes at most `context_length`
+//! rows: every decoding sequence's token, then prompts, a long one spread over
+//! several passes if others fill the first.
+
+use crate::generate::Sampler;
+use crate::kernels::{Backend, Buffer};
+use crate::model::{KvCache, Model, NewTokens};
+use crate::{Error, Result};
+use rayon::prelude::*;
+
+/// A sequence to decode: its prompt (at least one token), at most `max_tokens` new
+/// tokens drawn by `sampler`, ending early at `eos` when given.
+pub struct Request {
+    pub prompt: Vec<u32>,
+    pub max_tokens: usize,
+    pub sampler: Sampler,
+    pub eos: Option<u32>,
+}
+
+/// Why a sequence ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Finish {
+    /// The model drew the end-of-text token (which is not returned).
+    EndOfText,
+    /// It drew `max_tokens` tokens.
+    Length,
+}
+
+/// What a step did for one sequence whose new tokens all went through its pass: the
+/// token it drew, unless it drew the end of the text, and whether it ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Drawn {
+    pub id: u64,
+    pub token: Option<u32>,
+    pub finish: Option<Finish>,
+}
+
+struct Sequence<Buf> {
+    id: u64,
+    cache: KvCache<Buf>,
+    /// Tokens not yet in the cache: what is left of the prompt, or the last token
+    /// drawn.
+    feed: Vec<u32>,
+    sampler: Sampler,
+    /// Tokens it may still draw.
+    left: usize,
+    eos: Option<u32>,
+}
+
+/// The sequences decoded together, at most `slots` of them.
+pub struct Batcher<Buf> {
+    slots: usize,
+    context_length: usize,
+    sequences: Vec<Sequence<Buf>>,
+    /// The KV caches of ended sequences, for the next ones.
+    spare: Vec<KvCache<Buf>>,
+}
+
+impl<Buf: Buffer> Batcher<Buf> {
+    /// Room for `slots` sequences of `model` (`1 ≤ slots ≤ context_length`, so a
+    /// pass always holds every decoding sequence's token).
+    pub fn new<B: Backend<f32, Buf = Buf>>(model: &Model<f32, B>, slots: usize) -> Result<Self> {
+        let context_length = model.config().context_length;
+        if !(1..=context_length).contains(&slots) {
+            return Err(Error::Config(format!(
+                "slots must be between 1 and the context length {context_length}, got {slots}"
+            )));
+        }
+        Ok(Batcher {
+            slots,
+            context_length,
+            sequences: Vec::new(),
+            spare: Vec::new(),
+        })
+    }
+
+    /// Sequences being decoded.
+    pub fn len(&self) -> usize {
+        self.sequences.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.sequences.is_empty()
+    }
+
+    /// Whether every slot is taken.
+    pub fn is_full(&self) -> bool {
+        self.sequences.len() == self.slots
+    }
+
+    /// Decodes `request` as sequence `id` from the next step on. The prompt and the
+    /// new tokens must fit in the context (a sequence never slides its window), the
+    /// prompt's ids in the vocabulary, and a slot must be free.
+    pub fn add<B: Backend<f32, Buf = Buf>>(
+        &mut self,
+        model: &Model<f32, B>,
+        id: u64,
+        request: Request,
+    ) -> Result<()> {
+        let Request {
+            prompt,
+            max_tokens,
+            sampler,
+            eos,
+        } = request;
+        let vocab = model.config().vocab_size;
+        if self.is_full() {
+            return Err(Error::Invalid(format!(
+                "all {} slots are taken",
+                self.slots
+            )));
+        }
+        if prompt.is_empty() || max_tokens == 0 {
+            return Err(Error::Invalid(
+                "a sequence needs a prompt token and at least one new token".into(),
+            ));
+        }
+        if prompt.len() + max_tokens > self.context_length {
+            return Err(Error::Invalid(format!(
+                "{} prompt tokens + {max_tokens} new ones exceed the context length {}",
+                prompt.len(),
+                self.context_length
+            )));
+        }
+        if let Some(i) = prompt.iter().position(|&t| t as usize >= vocab) {
+            return Err(Error::Invalid(format!(
+                "prompt token id {} at position {i} is >= vocab_size {vocab}",
+                prompt[i]
+            )));
+        }
+        let cache = match self.spare.pop() {
+            Some(cache) => cache,
+            None => model.new_cache()?,
+        };
+        self.sequences.push(Sequence {
+            id,
+            cache,
+            feed: prompt,
+            sampler,
+            left: max_tokens,
+            eos,
+        });
+        Ok(())
+    }
+
+    /// Stops decoding sequence `id` (its client left, or its text reached a stop
+    /// string), freeing its slot; whether it was there.
+    pub fn remove(&mut self, id: u64) -> bool {
+        match self.sequences.iter().position(|s| s.id == id) {
+            Some(i) => {
+                let mut cache = self.sequences.remove(i).cache;
+                cache.clear();
+                self.spare.push(cache);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// One decoding pass over every sequence — each decoding one its last token,
+    /// each prefilling as much of its prompt as the pass's `context_length` rows
+    /// leave — then a token drawn for each whose feed went through whole (in
+    /// parallel). Ended sequences leave. Returns what each drew, in the order they
+    /// joined.
+    pub fn step<B: Backend<f32, Buf = Buf>>(
+        &mut self,
+        model: &mut Model<f32, B>,
+    ) -> Result<Vec<Drawn>> {
+        let decoding = self.sequences.iter().filter(|s| s.feed.len() == 1).count();
+        let mut rows_left = self.context_length - decoding;
+        let takes: Vec<usize> = (self.sequences.iter())
+            .map(|s| match s.feed.len() {
+                1 => 1,
+                n => {
+                    let take = n.min(rows_left);
+                    rows_left -= take;
+                    take
+                }
+            })
+            .collect();
+        let mut pass: Vec<NewTokens<Buf>> = (self.sequences.iter_mut())
+            .zip(&takes)
+            .filter(|(_, &take)| take > 0)
+            .map(|(s, &take)| NewTokens {
+                cache: &mut s.cache,
+                tokens: &s.feed[..take],
+            })
+            .collect();
+        if pass.is_empty() {
+            return Ok(Vec::new());
+        }
+        let vocab = model.config().vocab_size;
+        let logits = model.decode(&mut pass)?;
+        drop(pass);
+        let in_pass = (self.sequences.iter_mut())
+            .zip(takes)
+            .filter(|(_, take)| *take > 0);
+        let drawn: Vec<Option<Drawn>> = in_pass
+            .zip(logits.chunks_exact(vocab))
+            .collect::<Vec<_>>()
+            .into_par_iter()
+            .map(|((s, take), logits)| {
+                s.feed.drain(..take);
+                if !s.feed.is_empty() {
+                    return None; // more of its prompt goes in the next pass
+                }
+                let token = s.sampler.sample(logits);
+                if Some(token) == s.eos {
+                    return Some(Drawn {
+                        id: s.id,
+                        token: None,
+                        finish: Some(Finish::EndOfText),
+                    });
+                }
+                s.left -= 1;
+                s.feed.push(token);
+                Some(Drawn {
+                    id: s.id,
+                    token: Some(token),
+                    finish: (s.left == 0).then_some(Finish::Length),
+                })
+            })
+            .collect();
+        let drawn: Vec<Drawn> = drawn.into_iter().flatten().collect();
+        for d in &drawn {
+            if d.finish.is_some() {
+                self.remove(d.id);
+            }
+        }
+        Ok(drawn)
+    }
+}

@@ -1,0 +1,172 @@
+//! Continuous batching against generation one sequence at a time: sequences that
+//! join while others decode, a prompt spread over two passes, a sequence removed
+//! midway, end-of-text and length endings — each sequence's tokens are the ones
+//! `generate` draws for it alone with the same sampler.
+
+mod ids;
+
+use ids::ids;
+use std::collections::HashMap;
+use std::ops::ControlFlow;
+use tinylm::batching::{Batcher, Drawn, Finish, Request};
+use tinylm::generate::{generate, Sampler};
+use tinylm::{Model, ModelConfig};
+
+fn config() -> ModelConfig {
+    ModelConfig {
+        vocab_size: 53,
+        context_length: 40,
+        d_model: 32,
+        num_layers: 2,
+        num_heads: 4,
+        d_ff: 64,
+        ..ModelConfig::tinystories()
+    }
+}
+
+fn sampler(k: usize) -> Sampler {
+    match k % 2 {
+        0 => Sampler::greedy(),
+        _ => Sampler::new(0.9, 0.95, None, k as u64).unwrap(),
+    }
+}
+
+#[test]
+fn batched_sequences_draw_what_each_draws_alone() {
+    let c = config();
+    let mut model = Model::new(c.clone(), 21).unwrap();
+    // (prompt length, max tokens, step at which it is added)
+    let plan = [
+        (5, 20, 0),
+        (1, 12, 0),
+        (9, 30, 0),
+        (36, 4, 2), // joins while 3 sequences decode: its prompt fits the 37 rows left
+        (38, 2, 3), // waits for a slot, then its prompt takes two passes
+        (3, 25, 3),
+        (12, 10, 9),
+    ];
+    let eos = 7;
+    let alone: Vec<Vec<u32>> = (plan.iter().enumerate())
+        .map(|(k, &(len, max, _))| {
+            let prompt = ids(len, c.vocab_size, k);
+            let mut s = sampler(k);
+            generate(&mut model, &prompt, max, &mut s, Some(eos), |_| {
+                ControlFlow::Continue(())
+            })
+            .unwrap()
+        })
+        .collect();
+    let mut batcher = Batcher::new(&model, 4).unwrap();
+    let mut waiting: Vec<usize> = Vec::new();
+    let mut got: HashMap<u64, Vec<u32>> = HashMap::new();
+    let mut ended: HashMap<u64, Finish> = HashMap::new();
+    let mut most = 0;
+    for step in 0.. {
+        waiting.extend((0..plan.len()).filter(|&k| plan[k].2 == step));
+        while !batcher.is_full() && !waiting.is_empty() {
+            let k = waiting.remove(0);
+            let (len, max, _) = plan[k];
+            let request = Request {
+                prompt: ids(len, c.vocab_size, k),
+                max_tokens: max,
+                sampler: sampler(k),
+                eos: Some(eos),
+            };
+            batcher.add(&model, k as u64, request).unwrap();
+        }
+        most = most.max(batcher.len());
+        if batcher.is_empty() && step > 9 {
+            break;
+        }
+        for Drawn { id, token, finish } in batcher.step(&mut model).unwrap() {
+            assert!(
+                !ended.contains_key(&id),
+                "sequence {id} drew after it ended"
+            );
+            got.entry(id).or_default().extend(token);
+            if let Some(finish) = finish {
+                ended.insert(id, finish);
+            }
+        }
+    }
+    assert_eq!(most, 4, "the slots were all used");
+    for (k, want) in alone.iter().enumerate() {
+        let id = k as u64;
+        assert_eq!(
+            got.get(&id).cloned().unwrap_or_default(),
+            *want,
+            "sequence {k}"
+        );
+        let finish = match want.len() == plan[k].1 {
+            true => Finish::Length,
+            false => Finish::EndOfText,
+        };
+        assert_eq!(ended[&id], finish, "sequence {k}");
+    }
+    assert!(ended.values().any(|&f| f == Finish::EndOfText));
+}
+
+#[test]
+fn a_removed_sequence_frees_its_slot_and_bad_requests_are_refused() {
+    let c = config();
+    let mut model = Model::new(c.clone(), 3).unwrap();
+    let request = |len: usize, max_tokens: usize| Request {
+        prompt: ids(len, c.vocab_size, len),
+        max_tokens,
+        sampler: Sampler::greedy(),
+        eos: None,
+    };
+    let mut batcher = Batcher::new(&model, 2).unwrap();
+    batcher.add(&model, 1, request(4, 30)).unwrap();
+    batcher.add(&model, 2, request(6, 30)).unwrap();
+    let err = batcher
+        .add(&model, 3, request(4, 3))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("all 2 slots are taken"), "{err}");
+    for _ in 0..3 {
+        assert_eq!(batcher.step(&mut model).unwrap().len(), 2);
+    }
+    assert!(batcher.remove(1));
+    assert!(!batcher.remove(1));
+    // The freed slot (and its cache, cleared) takes a new sequence, which draws
+    // what it draws alone.
+    batcher.add(&model, 3, request(9, 5)).unwrap();
+    let mut drawn = Vec::new();
+    while !batcher.is_empty() {
+        let step = batcher.step(&mut model).unwrap();
+        drawn.extend(step.iter().filter(|d| d.id == 3).filter_map(|d| d.token));
+        if drawn.len() == 5 {
+            assert!(batcher.remove(2));
+        }
+    }
+    let alone = generate(
+        &mut model,
+        &ids(9, c.vocab_size, 9),
+        5,
+        &mut Sampler::greedy(),
+        None,
+        |_| ControlFlow::Continue(()),
+    );
+    assert_eq!(drawn, alone.unwrap());
+    for (len, max, what) in [
+        (0, 3, "a prompt token"),
+        (4, 0, "at least one new token"),
+        (
+            30,
+            11,
+            "30 prompt tokens + 11 new ones exceed the context length 40",
+        ),
+    ] {
+        let err = batcher
+            .add(&model, 9, request(len, max))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(what), "{err}");
+    }
+    let mut bad = request(3, 3);
+    bad.prompt[1] = 53;
+    let err = batcher.add(&model, 9, bad).unwrap_err().to_string();
+    assert!(err.contains("token id 53 at position 1"), "{err}");
+    assert!(Batcher::new(&model, 0).is_err() && Batcher::new(&model, 41).is_err());
+}
