@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 use tinylm::kernels::profile::Kind;
-use tinylm::kernels::{Cpu, Profiled};
+use tinylm::kernels::{Backend, Profiled};
 use tinylm::{Model, ModelConfig, Result};
 
 use super::model::{adamw, Step};
@@ -11,10 +11,15 @@ use super::model::{adamw, Step};
 /// Steps the profile times (after one untimed).
 const PROFILED_STEPS: usize = 5;
 
-/// The timed step again on the CPU with every kernel call timed, from `params`:
-/// prints the split per kind of kernel.
-pub fn profile(c: &ModelConfig, params: &[f32], step: &Step) -> Result<()> {
-    let mut model = Model::with_backend(c.clone(), params, Profiled::new(Cpu))?;
+/// The timed step again on the CPU `backend` (in the run's precision) with every
+/// kernel call timed, from `params`: prints the split per kind of kernel.
+pub fn profile<B: Backend<f32>>(
+    backend: B,
+    c: &ModelConfig,
+    params: &[f32],
+    step: &Step,
+) -> Result<()> {
+    let mut model = Model::with_backend(c.clone(), params, Profiled::new(backend))?;
     let mut opt = model.new_adamw(adamw())?;
     let mut total = 0.0;
     for i in 0..=PROFILED_STEPS {

@@ -8,14 +8,14 @@ use crate::kernels::Float;
 /// transparent huge pages before its first touch (`madvise`; a no-op where the
 /// kernel has them off): the products' packing and attention walk rows that lie
 /// kilobytes apart, and 2 MiB pages spare those walks most of their TLB misses.
-pub fn zeroed<F: Float>(len: usize) -> Vec<F> {
-    let buf = vec![F::ZERO; len];
+pub fn zeroed<T: Copy + Default>(len: usize) -> Vec<T> {
+    let buf = vec![T::default(); len];
     #[cfg(target_os = "linux")]
     {
         const HUGE_PAGE: usize = 2 << 20;
         let (start, end) = (
             buf.as_ptr() as usize,
-            buf.as_ptr() as usize + len * size_of::<F>(),
+            buf.as_ptr() as usize + len * size_of::<T>(),
         );
         let first = start.next_multiple_of(HUGE_PAGE);
         let last = end / HUGE_PAGE * HUGE_PAGE;
