@@ -288,15 +288,19 @@ def bench(args):
     b, t = args.batch_size, args.seq_len or c["context_length"]
     flops = 3 * forward_flops(c, b, t)
     for variant in args.variants.split(","):
+        # "-bf16": forward and loss under CPU autocast to bf16 (PyTorch's mixed precision).
+        base, bf16 = variant.removesuffix("-bf16"), variant.endswith("-bf16")
         torch.manual_seed(0)
-        model = TransformerLM(c, sdpa=variant != "eager")
+        model = TransformerLM(c, sdpa=base != "eager")
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
-        fwd = torch.compile(model) if variant == "compile" else model
+        fwd = torch.compile(model) if base == "compile" else model
         ids = torch.randint(0, c["vocab_size"], (b, t))
         targets = torch.randint(0, c["vocab_size"], (b, t))
 
         def step():
-            loss = F.cross_entropy(fwd(ids).reshape(-1, c["vocab_size"]), targets.reshape(-1))
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                logits = fwd(ids)
+                loss = F.cross_entropy(logits.reshape(-1, c["vocab_size"]), targets.reshape(-1))
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -330,7 +334,8 @@ def main():
     p.add_argument("--ids-dtype", default="int64", choices=["int64", "int32", "uint16", "uint32"])
     p.add_argument("--tolerance", type=float, default=1e-4, help="max relative error allowed in --check")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--variants", default="eager,sdpa,compile", help="comma-separated: eager, sdpa, compile")
+    p.add_argument("--variants", default="eager,sdpa,compile",
+                   help="comma-separated: eager, sdpa, compile, each also with -bf16 (CPU autocast)")
     p.add_argument("--steps", type=int, default=10, help="timed steps per repeat")
     p.add_argument("--repeat", type=int, default=3, help="best of this many repeats")
     p.add_argument("--warmup", type=int, default=3)
