@@ -20,9 +20,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Mutex;
 use tinylm::accounting::{step_buffers, Entry, Memory, Part, Planner, Target};
 use tinylm::config::{Ffn, ModelConfig, Norm, Positional};
-use tinylm::device::AnyBackend;
 use tinylm::kernels::{Backend, BatchPart, Cpu, CpuBf16};
-use tinylm::on_backend;
 use tinylm::optim::AdamW;
 use tinylm::Model;
 
@@ -144,37 +142,36 @@ fn step_parts(entries: &[Entry]) -> i64 {
         .sum()
 }
 
-/// The CPU's backends: `f32`, and bf16 mixed precision (its product-only
-/// activations in bf16, the parameters with their bf16 copy).
-fn cpu_backends() -> [(Target, AnyBackend); 2] {
-    [
-        (Target::Cpu, AnyBackend::Cpu(Cpu)),
-        (Target::CpuBf16, AnyBackend::CpuBf16(CpuBf16::new())),
-    ]
-}
-
-#[test]
-fn every_buffer_the_cpu_allocates_is_accounted_in_every_ablation() {
-    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    for (target, backend) in cpu_backends() {
-        for c in ablations(config) {
-            for (b, t) in [(1, 1), (2, 7), (3, 64)] {
-                let planned = step_buffers(&Planner { target }, &c, b, t).unwrap();
-                let allocated = on_backend!(&backend, backend => {
-                    step_buffers::<f32, _>(backend, &c, b, t).unwrap()
-                });
-                let what = format!("{target:?}, {c:?}, batch {b} x {t}");
-                assert_same(&allocated, &planned, &what);
-                let memory = Memory::new(&c, b, t, target);
-                assert_eq!(memory.buffers, planned, "the CPU has no work space");
-            }
+/// Every buffer `backend` (a CPU backend, whose buffers `target` sizes) allocates
+/// for a step is the one accounted, in every ablation.
+fn cpu_buffers_are_accounted<B: Backend<f32>>(backend: &B, target: Target) {
+    for c in ablations(config) {
+        for (b, t) in [(1, 1), (2, 7), (3, 64)] {
+            let planned = step_buffers(&Planner { target }, &c, b, t).unwrap();
+            let allocated = step_buffers::<f32, _>(backend, &c, b, t).unwrap();
+            assert_same(
+                &allocated,
+                &planned,
+                &format!("{target:?}, {c:?}, batch {b} x {t}"),
+            );
+            let memory = Memory::new(&c, b, t, target);
+            assert_eq!(memory.buffers, planned, "the CPU has no work space");
         }
     }
 }
 
 #[test]
-fn a_training_step_on_the_cpu_holds_the_accounted_bytes_in_every_ablation() {
+fn every_buffer_the_cpu_allocates_is_accounted_in_every_ablation() {
     let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    cpu_buffers_are_accounted(&Cpu, Target::Cpu);
+    // bf16 mixed precision: the product-only activations in bf16, the parameters
+    // with their bf16 copy.
+    cpu_buffers_are_accounted(&CpuBf16::new(), Target::CpuBf16);
+}
+
+/// A training step on `backend` (a CPU backend, whose buffers `target` sizes) holds
+/// exactly the accounted bytes, in every ablation.
+fn cpu_step_holds_the_accounted_bytes<B: Backend<f32> + Copy + Send>(backend: B, target: Target) {
     // Every buffer of a step of 8 x 64 tokens holds at least 2 KiB (the norms'
     // 1/rms and the token ids: 512 f32 or u32; bf16 activations of d_model 32).
     let (b, t) = (8, 64);
@@ -184,22 +181,24 @@ fn a_training_step_on_the_cpu_holds_the_accounted_bytes_in_every_ablation() {
         .num_threads(1)
         .build()
         .unwrap();
-    for (target, backend) in cpu_backends() {
-        for c in ablations(config) {
-            let held = on_backend!(&backend, backend => {
-                let new_model = || Model::init_with_backend(c.clone(), 0, *backend).unwrap();
-                pool.install(|| step_and_evaluate(&mut new_model(), b, t));
-                let mut model = new_model();
-                let before = LIVE.load(Ordering::Relaxed);
-                let opt = pool.install(|| step_and_evaluate(&mut model, b, t));
-                let held = LIVE.load(Ordering::Relaxed) - before;
-                drop(opt);
-                held
-            });
-            let planned = step_buffers(&Planner { target }, &c, b, t).unwrap();
-            assert_eq!(held, step_parts(&planned), "{target:?}, {c:?}");
-        }
+    for c in ablations(config) {
+        let new_model = || Model::init_with_backend(c.clone(), 0, backend).unwrap();
+        pool.install(|| step_and_evaluate(&mut new_model(), b, t));
+        let mut model = new_model();
+        let before = LIVE.load(Ordering::Relaxed);
+        let opt = pool.install(|| step_and_evaluate(&mut model, b, t));
+        let held = LIVE.load(Ordering::Relaxed) - before;
+        drop(opt);
+        let planned = step_buffers(&Planner { target }, &c, b, t).unwrap();
+        assert_eq!(held, step_parts(&planned), "{target:?}, {c:?}");
     }
+}
+
+#[test]
+fn a_training_step_on_the_cpu_holds_the_accounted_bytes_in_every_ablation() {
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    cpu_step_holds_the_accounted_bytes(Cpu, Target::Cpu);
+    cpu_step_holds_the_accounted_bytes(CpuBf16::new(), Target::CpuBf16);
 }
 
 #[cfg(feature = "cuda")]
