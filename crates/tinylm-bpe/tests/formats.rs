@@ -9,7 +9,7 @@ use std::path::Path;
 
 use encode_gpt2::generated_text;
 use serde_json::{json, Value};
-use tinylm_bpe::files::{hf, tiktoken, Bpe};
+use tinylm_bpe::files::{hf, tiktoken, Bpe, MAX_UNUSED_IDS};
 use tinylm_bpe::pretokenize::Pattern;
 use tinylm_bpe::train::{train_bpe_with, TrainOptions};
 
@@ -347,6 +347,75 @@ fn rank_file_special_ids_and_placeholders() {
         &[("<|x|>".into(), Some(300)), ("<|y|>".into(), Some(300))],
     ));
     assert!(e.contains("300") && e.contains("<|y|>"), "{e}");
+}
+
+/// An added token's id far above the vocabulary would make as many empty
+/// placeholder tokens; a token of `model.vocab` with the id of another, or of an
+/// added token, was lost.
+#[test]
+fn tokenizer_json_ids_leave_few_unused_and_are_one_tokens_each() {
+    let dir = tempfile::tempdir().unwrap();
+    let bpe = trained(dir.path(), &Pattern::Gpt2);
+    let mut far = hf::to_json(&bpe).unwrap();
+    let end = bpe.vocab.len() as u64;
+    far["added_tokens"][0]["id"] = json!(end + MAX_UNUSED_IDS);
+    let path = dir.path().join("far.json");
+    std::fs::write(&path, far.to_string()).unwrap();
+    assert_eq!(
+        hf::load(&path).unwrap().vocab.len() as u64,
+        end + MAX_UNUSED_IDS + 1
+    );
+    far["added_tokens"][0]["id"] = json!(end + MAX_UNUSED_IDS + 1);
+    let e = refused(dir.path(), "far.json", &far, "added_tokens");
+    assert!(e.contains("ids unused"), "{e}");
+    far["added_tokens"][0]["id"] = json!(u32::MAX);
+    refused(dir.path(), "far.json", &far, "ids unused");
+    // Found by fuzzing (hf_import): an added token given the id of a byte token
+    // dropped that token (and the byte's encoding), and its text was another
+    // token's, so the file written back lost an id.
+    let mut taken = hf::to_json(&bpe).unwrap();
+    taken["added_tokens"][0]["id"] = json!(128);
+    let e = refused(dir.path(), "taken.json", &taken, "model.vocab");
+    assert!(
+        e.contains("has the id 128 of the added token \"<|endoftext|>\""),
+        "{e}"
+    );
+    let mut twice = hf::to_json(&bpe).unwrap();
+    twice["model"]["vocab"]["Ġzzz"] = json!(300);
+    let e = refused(dir.path(), "twice.json", &twice, "model.vocab");
+    assert!(
+        e.contains("\"Ġzzz\" has the id 300, which another token has too"),
+        "{e}"
+    );
+}
+
+/// A special token's id far above the ranks would make as many empty placeholder
+/// tokens (96 GB for the largest `u32`, and `u32::MAX` itself overflowed `id + 1`
+/// and indexed past the vocabulary): ids may leave at most `MAX_UNUSED_IDS` unused.
+#[test]
+fn rank_file_special_ids_leave_few_ids_unused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bytes.tiktoken");
+    std::fs::write(&path, byte_lines().join("\n") + "\n").unwrap();
+    let unused = MAX_UNUSED_IDS as u32;
+    let special = |id| [("<|x|>".to_string(), Some(id))];
+    let bpe = tiktoken::load(&path, Pattern::Gpt4, &special(256 + unused)).unwrap();
+    assert_eq!(bpe.vocab.len(), 257 + unused as usize);
+    for id in [257 + unused, 4_000_000_000, u32::MAX] {
+        let e = err(tiktoken::load(&path, Pattern::Gpt4, &special(id)));
+        let at = format!("{}: the special tokens' id {id} leaves", path.display());
+        assert!(e.contains(&at) && e.contains("ids unused"), "{e}");
+    }
+    // After a special at the largest id, none is left for the next one.
+    let specials = [
+        ("<|x|>".to_string(), Some(u32::MAX)),
+        ("<|y|>".to_string(), None),
+    ];
+    let e = err(tiktoken::load(&path, Pattern::Gpt4, &specials));
+    assert!(
+        e.contains("no id is left for the special token \"<|y|>\""),
+        "{e}"
+    );
 }
 
 /// Writes `lines` as a rank file and loads it, expecting an error naming the file and

@@ -4,30 +4,20 @@
 //! A config with `resume` continues that checkpoint's run with the configuration it
 //! recorded, the config's other keys overriding it ([`resolve_config`]).
 
-use crate::errors::{detached, invalid, model_error};
+use crate::errors::{detached, model_error};
 use crate::model::from_py_json;
 use pyo3::prelude::*;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use tinylm::distributed::World;
-use tinylm::train::{resolve_config, Progress};
-
-/// Reads a training config from a `.toml` or `.json` file.
-fn config_file(path: &PathBuf) -> PyResult<serde_json::Value> {
-    let text =
-        std::fs::read_to_string(path).map_err(|e| model_error(tinylm::Error::io(path, e)))?;
-    let parsed = if path.extension().is_some_and(|e| e == "toml") {
-        toml::from_str(&text).map_err(|e| e.to_string())
-    } else {
-        serde_json::from_str(&text).map_err(|e| e.to_string())
-    };
-    parsed.map_err(|e| invalid(format!("{}: {e}", path.display())))
-}
+use tinylm::train::{read_config_file, resolve_config, Progress};
 
 /// The keys of `config`: a dict, or a `.toml`/`.json` file.
 pub fn given_config(config: &Bound<'_, PyAny>) -> PyResult<serde_json::Value> {
     match config.extract::<PathBuf>() {
-        Ok(path) if !config.is_instance_of::<pyo3::types::PyDict>() => config_file(&path),
+        Ok(path) if !config.is_instance_of::<pyo3::types::PyDict>() => {
+            read_config_file(&path).map_err(model_error)
+        }
         _ => from_py_json(config, "config"),
     }
 }

@@ -236,7 +236,7 @@ impl CheckpointFile {
         config
             .validate()
             .map_err(|e| Error::Invalid(format!("{}: {e}", path.display())))?;
-        let layout = ParamLayout::new(&config);
+        let layout = file.layout(&config)?;
         let mut opened = CheckpointFile {
             file,
             config,

@@ -108,9 +108,79 @@ pub struct ModelConfig {
     pub tie_embeddings: bool,
 }
 
+/// Parameter counts by component: `tinylm info`'s table, and what
+/// [`ModelConfig::validate`] limits.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ParamCounts {
+    /// `token_embeddings.weight` (which is also the output projection when tied).
+    pub embedding: u64,
+    /// `q_proj`, `k_proj`, `v_proj`, `output_proj` of one block.
+    pub attention_per_layer: u64,
+    /// `w1`, `w2` (and `w3` with SwiGLU) of one block.
+    pub ffn_per_layer: u64,
+    /// `ln1` and `ln2` of one block (0 without RMSNorm).
+    pub norms_per_layer: u64,
+    pub num_layers: u64,
+    /// `ln_final.weight` (pre-norm only).
+    pub ln_final: u64,
+    /// `lm_head.weight` (0 when tied to the embedding).
+    pub lm_head: u64,
+}
+
+impl ParamCounts {
+    /// The counts of a valid config (whose total [`ModelConfig::validate`] checks).
+    pub fn new(c: &ModelConfig) -> Self {
+        Self::checked(c).expect("a validated config's parameter count fits in a u64")
+    }
+
+    /// The counts of `c`, or `None` when its total does not fit in a `u64`.
+    pub fn checked(c: &ModelConfig) -> Option<Self> {
+        let (v, d, f) = (c.vocab_size as u64, c.d_model as u64, c.d_ff as u64);
+        let ffn_mats = if c.ffn == Ffn::Swiglu { 3 } else { 2 };
+        let embedding = v.checked_mul(d)?;
+        let counts = ParamCounts {
+            embedding,
+            attention_per_layer: d.checked_mul(d)?.checked_mul(4)?,
+            ffn_per_layer: d.checked_mul(f)?.checked_mul(ffn_mats)?,
+            norms_per_layer: if c.norm == Norm::None {
+                0
+            } else {
+                d.checked_mul(2)?
+            },
+            num_layers: c.num_layers as u64,
+            ln_final: if c.norm == Norm::Pre { d } else { 0 },
+            lm_head: if c.tie_embeddings { 0 } else { embedding },
+        };
+        counts.checked_total().map(|_| counts)
+    }
+
+    fn checked_total(&self) -> Option<u64> {
+        let per_layer = (self.attention_per_layer)
+            .checked_add(self.ffn_per_layer)?
+            .checked_add(self.norms_per_layer)?;
+        (self.num_layers.checked_mul(per_layer)?)
+            .checked_add(self.embedding)?
+            .checked_add(self.ln_final)?
+            .checked_add(self.lm_head)
+    }
+
+    pub fn per_layer(&self) -> u64 {
+        self.attention_per_layer + self.ffn_per_layer + self.norms_per_layer
+    }
+
+    pub fn total(&self) -> u64 {
+        self.checked_total().expect("counted with overflow checks")
+    }
+
+    /// Everything but the token embedding (the CS336 convention: `lm_head` counts).
+    pub fn non_embedding(&self) -> u64 {
+        self.total() - self.embedding
+    }
+}
+
 /// Limits that keep a config from asking for impossible amounts of memory.
 const MAX_LAYERS: usize = 10_000;
-const MAX_PARAMS: u128 = 1 << 40;
+const MAX_PARAMS: u64 = 1 << 40;
 
 fn default_rope_theta() -> f64 {
     10_000.0
@@ -217,17 +287,25 @@ impl ModelConfig {
                 self.num_layers
             ));
         }
-        // An upper bound of the parameter count (every optional tensor present).
-        let (v, d, f, l) = (
-            self.vocab_size as u128,
-            self.d_model as u128,
-            self.d_ff as u128,
-            self.num_layers as u128,
-        );
-        let params = 2 * v * d + l * (4 * d * d + 3 * d * f + 2 * d) + d;
-        if params > MAX_PARAMS {
+        match ParamCounts::checked(self).map(|p| p.total()) {
+            Some(params) if params <= MAX_PARAMS => {}
+            params => {
+                let params = params.map_or("more than 2^64".into(), |n| n.to_string());
+                return bad(format!(
+                    "{params} parameters is more than this build can hold ({MAX_PARAMS})"
+                ));
+            }
+        }
+        // The keys and values of one sequence over the whole context in every layer,
+        // what generation holds: this also bounds RoPE's tables and the context in
+        // `tinylm info`'s arithmetic.
+        let cache = [self.context_length, 3, self.d_model, self.num_layers]
+            .into_iter()
+            .try_fold(1u64, |values, n| values.checked_mul(n as u64));
+        if cache.is_none_or(|values| values > MAX_PARAMS) {
             return bad(format!(
-                "{params} parameters is more than this build can hold ({MAX_PARAMS})"
+                "context_length {} is too long for this model: one sequence's keys and values (context_length × 3 × d_model × num_layers) would be more than {MAX_PARAMS} values",
+                self.context_length
             ));
         }
         Ok(())
@@ -321,5 +399,43 @@ mod tests {
         c.d_model = 4096;
         c.num_heads = 32;
         assert!(c.validate().unwrap_err().to_string().contains("parameters"));
+    }
+
+    /// `d_model = 2^63` overflowed the 128-bit bound of the parameter count (a
+    /// panic in a build with overflow checks).
+    #[test]
+    fn a_shape_whose_parameter_count_overflows_is_refused() {
+        for d_model in [1 << 63, usize::MAX - 3, 1 << 32] {
+            let c = ModelConfig {
+                d_model,
+                num_heads: 2,
+                ..ModelConfig::tinystories()
+            };
+            let err = c.validate().unwrap_err().to_string();
+            assert!(err.contains("parameters is more than"), "{err}");
+        }
+    }
+
+    /// A context whose KV cache (and RoPE tables) no machine holds, which a
+    /// checkpoint's config can claim at no cost in its file's size.
+    #[test]
+    fn a_context_longer_than_the_kv_cache_limit_is_refused() {
+        let c = ModelConfig::tinystories();
+        let longest = (MAX_PARAMS / (3 * 512 * 4)) as usize;
+        let at = |context_length| {
+            ModelConfig {
+                context_length,
+                ..c.clone()
+            }
+            .validate()
+        };
+        assert!(at(longest).is_ok());
+        for context_length in [longest + 1, usize::MAX] {
+            let err = at(context_length).unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("context_length {context_length} is too long")),
+                "{err}"
+            );
+        }
     }
 }

@@ -259,6 +259,22 @@ pub fn save_safetensors(
     write_safetensors(path, &tensors, metadata, &mut [])
 }
 
+/// The layout of `config` (a valid one) for the weights of a file of `tensors`
+/// tensors (`path`). Every layer has at least six tensors, so a config that claims
+/// more layers than the file has tensors is refused before its layout is built:
+/// the layout's size then follows the file's, whatever a config read from the
+/// file or given with it claims.
+pub fn layout_for_file(config: &ModelConfig, tensors: usize, path: &Path) -> Result<ParamLayout> {
+    if config.num_layers > tensors {
+        return Err(Error::Invalid(format!(
+            "{}: the model configuration has {} layers, but the file holds only {tensors} tensors",
+            path.display(),
+            config.num_layers
+        )));
+    }
+    Ok(ParamLayout::new(config))
+}
+
 /// Where a tensor's values are when it is written: in host memory, written from
 /// where they lie; or fetched (from a GPU) into host memory just before, one tensor
 /// at a time, so that writing a model never holds a second copy of it.
@@ -449,6 +465,11 @@ impl SafetensorsFile {
             tensors,
             metadata,
         })
+    }
+
+    /// The layout of `config` for this file ([`layout_for_file`]).
+    pub fn layout(&self, config: &ModelConfig) -> Result<ParamLayout> {
+        layout_for_file(config, self.tensors.len(), &self.path)
     }
 
     pub fn path(&self) -> &Path {

@@ -149,7 +149,7 @@ fn open_file(path: &Path, config: Option<&ModelConfig>) -> Result<OpenedWeights>
     config
         .validate()
         .map_err(|e| Error::Invalid(format!("{}: {e}", path.display())))?;
-    let layout = ParamLayout::new(&config);
+    let layout = file.layout(&config)?;
     weights_of(&file, &layout)?;
     let tokenizer = metadata
         .get("tokenizer")

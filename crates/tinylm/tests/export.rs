@@ -853,3 +853,69 @@ fn weights_load_reads_checkpoints_weight_files_and_hf_directories() {
         assert!(err.contains("expected"), "{name}: {err}");
     }
 }
+
+/// A config (in a checkpoint, given with a weights file, or a directory's
+/// `config.json`) that claims a larger model than its file holds is refused
+/// before anything of the claimed size is allocated: an import allocated the
+/// claimed model (4 TB for 10⁹ × 512 embeddings) before it looked at the
+/// tensors, and every reader built the layout of every claimed layer.
+#[test]
+fn a_config_larger_than_its_file_is_refused_before_allocating() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let config = config(false);
+    let layout = ParamLayout::new(&config);
+    let params = layout.init(4);
+    let deep = ModelConfig {
+        num_layers: 10_000,
+        ..config.clone()
+    };
+    let says_layers = |err: String, path: &Path, tensors: usize| {
+        let expected = format!(
+            "{}: the model configuration has 10000 layers, but the file holds only {tensors} tensors",
+            path.display()
+        );
+        assert!(err.contains(&expected), "{err}");
+    };
+    // A checkpoint whose metadata claims the deep model.
+    let ckpt = d.join("ckpt.safetensors");
+    let meta = BTreeMap::from([("config".to_string(), serde_json::to_string(&deep).unwrap())]);
+    save_safetensors(&ckpt, &layout.tensors(&params), &meta).unwrap();
+    let n = layout.specs.len();
+    says_layers(checkpoint::load(&ckpt).unwrap_err().to_string(), &ckpt, n);
+    says_layers(
+        weights::load(&ckpt, None).unwrap_err().to_string(),
+        &ckpt,
+        n,
+    );
+    // Weights only, with the deep config given.
+    let w = d.join("w.safetensors");
+    save_safetensors(&w, &layout.tensors(&params), &BTreeMap::new()).unwrap();
+    says_layers(
+        weights::load(&w, Some(&deep)).unwrap_err().to_string(),
+        &w,
+        n,
+    );
+    // A Hugging Face directory whose config.json claims it, or a vocabulary of 10⁹.
+    let out = d.join("hf");
+    hf::export(&config, &params, &tokenizer(d, 290), &out).unwrap();
+    let original = read_json(&out.join("config.json"));
+    let weights = out.join("model.safetensors");
+    let mut cfg = original.clone();
+    cfg["num_hidden_layers"] = 10_000.into();
+    std::fs::write(out.join("config.json"), cfg.to_string()).unwrap();
+    says_layers(hf::import(&out).unwrap_err().to_string(), &weights, n);
+    let mut cfg = original;
+    cfg["vocab_size"] = 1_000_000_000.into();
+    std::fs::write(out.join("config.json"), cfg.to_string()).unwrap();
+    let err = hf::import(&out).unwrap_err().to_string();
+    let expected = format!(
+        "tensor 'model.embed_tokens.weight' has shape [{}, {d_model}], expected [1000000000, {d_model}]",
+        config.vocab_size,
+        d_model = config.d_model
+    );
+    assert!(
+        err.contains(&weights.display().to_string()) && err.contains(&expected),
+        "{err}"
+    );
+}

@@ -33,7 +33,7 @@ use serde_json::{json, Map, Value};
 
 use super::byte_table::unicode_to_bytes;
 use super::io::read;
-use super::Bpe;
+use super::{check_unused_ids, Bpe};
 use crate::atomic::write_bytes;
 use crate::pretokenize::{Pattern, GPT4_PATTERN};
 use crate::{invalid, Error, Result};
@@ -267,8 +267,24 @@ pub fn load(path: &Path) -> Result<Bpe> {
             .as_u64()
             .filter(|&id| u32::try_from(id).is_ok())
             .ok_or_else(|| refuse("model.vocab", format!("{token:?} has the id {id}")))?;
-        if !specials.contains_key(&id) {
-            tokens.insert(id, unspell("model.vocab", token)?);
+        if let Some(special) = specials.get(&id) {
+            // An added token listed in the vocabulary too, as `tokenizers` writes it.
+            if special != token.as_bytes() {
+                return Err(refuse(
+                    "model.vocab",
+                    format!(
+                        "{token:?} has the id {id} of the added token {:?}",
+                        String::from_utf8_lossy(special)
+                    ),
+                ));
+            }
+            continue;
+        }
+        if tokens.insert(id, unspell("model.vocab", token)?).is_some() {
+            return Err(refuse(
+                "model.vocab",
+                format!("{token:?} has the id {id}, which another token has too"),
+            ));
         }
     }
     let model_end = tokens.keys().next_back().map_or(0, |&id| id + 1);
@@ -286,6 +302,9 @@ pub fn load(path: &Path) -> Result<Bpe> {
         .keys()
         .next_back()
         .map_or(model_end, |&id| model_end.max(id + 1));
+    check_unused_ids(end, tokens.len() + specials.len(), || {
+        format!("{}: added_tokens: the id {}", path.display(), end - 1)
+    })?;
     let vocab: Vec<Vec<u8>> = (0..end)
         .map(|id| {
             specials

@@ -30,6 +30,29 @@ use byte_table::spell;
 /// The special token that ends a document.
 pub const END_OF_TEXT: &str = "<|endoftext|>";
 
+/// The most ids a tokenizer file may leave unused below its largest one. Each
+/// becomes an empty placeholder token (cl100k_base leaves one, o200k_base 19), so
+/// this keeps a special token's id far above the others from costing memory that
+/// the file's size does not justify.
+pub const MAX_UNUSED_IDS: u64 = 1 << 16;
+
+/// Checks that ids `0..end`, of which `used` are tokens, leave at most
+/// [`MAX_UNUSED_IDS`] unused; `largest` names the largest id for the error.
+pub(crate) fn check_unused_ids(
+    end: u64,
+    used: usize,
+    largest: impl FnOnce() -> String,
+) -> Result<()> {
+    let unused = end.saturating_sub(used as u64);
+    if unused > MAX_UNUSED_IDS {
+        return Err(invalid!(
+            "{} leaves {unused} ids unused below it, more than {MAX_UNUSED_IDS}",
+            largest()
+        ));
+    }
+    Ok(())
+}
+
 /// Writes `dir/vocab.json` and `dir/merges.txt`, creating `dir` if needed.
 pub fn save_tokenizer(dir: &Path, vocab: &Vocab, merges: &Merges) -> Result<()> {
     fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;

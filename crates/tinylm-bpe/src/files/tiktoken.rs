@@ -14,7 +14,7 @@ use rayon::prelude::*;
 use rustc_hash::FxHashMap;
 
 use super::io::read;
-use super::Bpe;
+use super::{check_unused_ids, Bpe};
 use crate::atomic::write_bytes;
 use crate::pretokenize::Pattern;
 use crate::{invalid, Merges, Result, Vocab};
@@ -170,10 +170,19 @@ pub fn load(path: &Path, pattern: Pattern, specials: &[(String, Option<u32>)]) -
         }
     }
     // The special tokens' ids.
-    let mut next = ranked.last().map_or(0, |r| r.0 + 1);
+    let mut next = ranked.last().map_or(0, |r| u64::from(r.0) + 1);
     let mut special_ids: FxHashMap<u32, &str> = FxHashMap::default();
     for (text, id) in specials {
-        let id = id.unwrap_or(next);
+        let id = match id {
+            Some(id) => *id,
+            None => u32::try_from(next).map_err(|_| {
+                invalid!(
+                    "{}: no id is left for the special token {text:?} after the rank {}",
+                    path.display(),
+                    u32::MAX
+                )
+            })?,
+        };
         if text.is_empty() {
             return Err(invalid!(
                 "{}: a special token must not be empty",
@@ -209,7 +218,7 @@ pub fn load(path: &Path, pattern: Pattern, specials: &[(String, Option<u32>)]) -
                 path.display()
             ));
         }
-        next = next.max(id + 1);
+        next = next.max(u64::from(id) + 1);
     }
     // Dense ranks: every id below the last rank is a rank or a special token.
     let mut expected = 0u32;
@@ -225,6 +234,9 @@ pub fn load(path: &Path, pattern: Pattern, specials: &[(String, Option<u32>)]) -
         }
         expected = rank + 1;
     }
+    check_unused_ids(next, ranked.len() + special_ids.len(), || {
+        format!("{}: the special tokens' id {}", path.display(), next - 1)
+    })?;
     let mut vocab: Vocab = vec![Vec::new(); next as usize];
     for (rank, bytes, _) in &ranked {
         vocab[*rank as usize] = bytes.clone();

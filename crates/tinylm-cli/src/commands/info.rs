@@ -123,6 +123,7 @@ pub fn run(args: InfoArgs) -> Result<()> {
         val_data: args.val_data.clone(),
         ..TrainConfig::default()
     };
+    run.check_scale()?;
     let split = run.batch_split(args.ranks)?;
     let shape = RunShape {
         seq_len: t,

@@ -11,18 +11,20 @@
 use super::flags::{flag, flag_values, parse_spelling, show_defaults, ModelArgs};
 use super::ranks::as_rank;
 use super::stop_on_ctrl_c;
-use anyhow::{anyhow, ensure, Context, Result};
+use anyhow::{Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use serde_json::{Map, Value};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use tinylm::accounting::{largest_micro_batch, RunShape};
 use tinylm::device::{self, describe_precision, rank_device, Device, DeviceMemory};
 use tinylm::distributed::World;
 use tinylm::kernels::Precision;
 use tinylm::text::byte_size;
-use tinylm::train::{resolve_config, train, Progress, ResolvedConfig, Schedule, TrainConfig};
+use tinylm::train::{
+    read_config_file, resolve_config, train, Progress, ResolvedConfig, Schedule, TrainConfig,
+};
 
 #[derive(Args, Debug)]
 #[command(mut_args = show_defaults(&TrainConfig::default()))]
@@ -167,7 +169,7 @@ impl TrainArgs {
     /// table (the model's under `model`), and the flags given.
     pub fn given(&self) -> Result<(Value, Vec<(String, Value)>)> {
         let mut given = match &self.config {
-            Some(path) => read_config(path)?,
+            Some(path) => read_config_file(path)?,
             None => Value::Object(Map::new()),
         };
         if let Some(model) = self.model.base()? {
@@ -211,27 +213,6 @@ impl TrainArgs {
             _ => key.to_string(),
         }
     }
-}
-
-/// A TOML or JSON configuration file as a JSON value: a table, its `model` (if
-/// any) a table too, so that the flags can be set in it.
-fn read_config(path: &Path) -> Result<Value> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let value = match path.extension().and_then(|e| e.to_str()) {
-        Some("toml") => toml::from_str::<Value>(&text).map_err(|e| anyhow!("{e}")),
-        Some("json") => serde_json::from_str::<Value>(&text).map_err(|e| anyhow!("{e}")),
-        _ => Err(anyhow!("expected a .toml or .json file")),
-    };
-    let value = value.and_then(|value| {
-        let model = &value["model"];
-        ensure!(
-            value.is_object() && (model.is_object() || model.is_null()),
-            "expected a table of training keys, the model's under `model`"
-        );
-        Ok(value)
-    });
-    value.with_context(|| format!("{}: not a valid configuration", path.display()))
 }
 
 /// A warning when the run will not fit in the memory of this rank's device (a
@@ -533,17 +514,6 @@ mod tests {
                 help.ends_with(&format!("[default: {shown}]")),
                 "{key}: {help}"
             );
-        }
-    }
-
-    #[test]
-    fn a_config_file_that_is_no_table_is_named() {
-        let dir = tempfile::tempdir().unwrap();
-        for (name, text) in [("list.json", "[1]"), ("model.toml", "model = 3\n")] {
-            let path = dir.path().join(name);
-            std::fs::write(&path, text).unwrap();
-            let err = format!("{:#}", read_config(&path).unwrap_err());
-            assert!(err.contains(name) && err.contains("table"), "{err}");
         }
     }
 }

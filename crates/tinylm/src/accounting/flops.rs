@@ -1,4 +1,5 @@
-//! Parameters by component and the FLOPs of every matrix product of a forward pass
+//! Parameters by component (counted in `config.rs`, whose validation limits them)
+//! and the FLOPs of every matrix product of a forward pass
 //! (SPEC §2).
 //!
 //! FLOPs count each `(m×k)(k×n)` product as `2mkn`. Attention scores are counted
@@ -7,55 +8,9 @@
 //! training step is about 3× the forward pass: the backward pass computes two
 //! matmuls (input and weight gradients) per forward one.
 
-use crate::config::{Ffn, ModelConfig, Norm};
+pub use crate::config::ParamCounts;
+use crate::config::{Ffn, ModelConfig};
 use crate::kernels::MatMul;
-
-/// Parameter counts by component.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ParamCounts {
-    /// `token_embeddings.weight` (which is also the output projection when tied).
-    pub embedding: u64,
-    /// `q_proj`, `k_proj`, `v_proj`, `output_proj` of one block.
-    pub attention_per_layer: u64,
-    /// `w1`, `w2` (and `w3` with SwiGLU) of one block.
-    pub ffn_per_layer: u64,
-    /// `ln1` and `ln2` of one block (0 without RMSNorm).
-    pub norms_per_layer: u64,
-    pub num_layers: u64,
-    /// `ln_final.weight` (pre-norm only).
-    pub ln_final: u64,
-    /// `lm_head.weight` (0 when tied to the embedding).
-    pub lm_head: u64,
-}
-
-impl ParamCounts {
-    pub fn new(c: &ModelConfig) -> Self {
-        let (v, d, f) = (c.vocab_size as u64, c.d_model as u64, c.d_ff as u64);
-        let ffn_mats = if c.ffn == Ffn::Swiglu { 3 } else { 2 };
-        ParamCounts {
-            embedding: v * d,
-            attention_per_layer: 4 * d * d,
-            ffn_per_layer: ffn_mats * d * f,
-            norms_per_layer: if c.norm == Norm::None { 0 } else { 2 * d },
-            num_layers: c.num_layers as u64,
-            ln_final: if c.norm == Norm::Pre { d } else { 0 },
-            lm_head: if c.tie_embeddings { 0 } else { v * d },
-        }
-    }
-
-    pub fn per_layer(&self) -> u64 {
-        self.attention_per_layer + self.ffn_per_layer + self.norms_per_layer
-    }
-
-    pub fn total(&self) -> u64 {
-        self.embedding + self.num_layers * self.per_layer() + self.ln_final + self.lm_head
-    }
-
-    /// Everything but the token embedding (the CS336 convention: `lm_head` counts).
-    pub fn non_embedding(&self) -> u64 {
-        self.total() - self.embedding
-    }
-}
 
 /// One matrix product of the forward pass: `count` independent products of `shape`
 /// per occurrence, occurring `copies` times (once per block, or once).
@@ -139,7 +94,7 @@ pub fn training_flops(c: &ModelConfig, batch_size: usize, seq_len: usize) -> u64
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Positional;
+    use crate::config::{Norm, Positional};
     use crate::params::ParamLayout;
 
     #[test]

@@ -13,7 +13,7 @@
 use super::{check_fits, check_llama, is_rope_projection, permute_rope_rows, rename, Naming};
 use crate::config::RMS_NORM_EPS;
 use crate::files::write_dir;
-use crate::params::{load_safetensors, save_safetensors, ParamLayout};
+use crate::params::{layout_for_file, load_safetensors, save_safetensors, ParamLayout};
 use crate::{Error, ModelConfig, Result};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
@@ -165,47 +165,56 @@ pub fn import(dir: &Path) -> Result<Imported> {
         )));
     }
     let (mut tensors, _) = load_safetensors(&weights_path)?;
-    let layout = ParamLayout::new(&config);
-    let mut params = vec![0f32; layout.total];
-    let mut problems = Vec::new();
-    for spec in &layout.specs {
-        let name = rename(&spec.name, Naming::Hf);
-        match tensors.remove(&name) {
-            None => problems.push(format!("missing tensor '{name}' of shape {:?}", spec.shape)),
-            Some((shape, _)) if shape != spec.shape => problems.push(format!(
+    let layout = layout_for_file(&config, tensors.len(), &weights_path)?;
+    let names: Vec<String> = (layout.specs.iter())
+        .map(|spec| rename(&spec.name, Naming::Hf))
+        .collect();
+    // Every tensor is checked before the model is allocated, so that a config.json
+    // claiming a larger model than the file holds costs nothing.
+    let mut problems: Vec<String> = (layout.specs.iter().zip(&names))
+        .filter_map(|(spec, name)| match tensors.get(name) {
+            None => Some(format!("missing tensor '{name}' of shape {:?}", spec.shape)),
+            Some((shape, _)) if *shape != spec.shape => Some(format!(
                 "tensor '{name}' has shape {shape:?}, expected {:?}",
                 spec.shape
             )),
-            Some((_, values)) => {
-                let values = match is_rope_projection(&spec.name) {
-                    true => permute_rope_rows(&values, spec.shape[1], config.head_dim(), false),
-                    false => values,
-                };
-                params[spec.range()].copy_from_slice(&values);
-            }
-        }
-    }
-    if config.tie_embeddings {
-        // Tied: a saved `lm_head.weight` must be the embedding matrix itself.
-        if let Some((_, values)) = tensors.remove("lm_head.weight") {
-            if values[..] != params[layout.token_embeddings.clone()] {
-                problems.push(
-                    "tie_word_embeddings is true but lm_head.weight differs from model.embed_tokens.weight".into(),
-                );
-            }
-        }
-    }
+            Some(_) => None,
+        })
+        .collect();
+    // Tied: a saved `lm_head.weight` must be the embedding matrix itself (below).
+    let tied_head = config.tie_embeddings.then_some("lm_head.weight");
     problems.extend(
-        tensors.keys().map(|name| {
-            format!("unexpected tensor '{name}' (tinylm has no biases or extra weights)")
-        }),
+        (tensors.keys())
+            .filter(|name| !names.contains(name) && Some(name.as_str()) != tied_head)
+            .map(|name| {
+                format!("unexpected tensor '{name}' (tinylm has no biases or extra weights)")
+            }),
     );
-    if !problems.is_empty() {
-        return Err(Error::Invalid(format!(
+    let refuse = |problems: &[String]| {
+        Error::Invalid(format!(
             "{}: {}",
             weights_path.display(),
             problems.join("; ")
-        )));
+        ))
+    };
+    if !problems.is_empty() {
+        return Err(refuse(&problems));
+    }
+    let mut params = vec![0f32; layout.total];
+    for (spec, name) in layout.specs.iter().zip(&names) {
+        let (_, values) = tensors.remove(name).expect("checked above");
+        let values = match is_rope_projection(&spec.name) {
+            true => permute_rope_rows(&values, spec.shape[1], config.head_dim(), false),
+            false => values,
+        };
+        params[spec.range()].copy_from_slice(&values);
+    }
+    if let Some((_, values)) = tied_head.and_then(|name| tensors.remove(name)) {
+        if values[..] != params[layout.token_embeddings.clone()] {
+            return Err(refuse(&[
+                "tie_word_embeddings is true but lm_head.weight differs from model.embed_tokens.weight".into(),
+            ]));
+        }
     }
     let tokenizer_path = dir.join("tokenizer.json");
     let tokenizer = match tokenizer_path.is_file() {

@@ -444,7 +444,7 @@ pub trait Collective<Buf, Stats> {
     fn all_reduce_sum_squares(&self, stats: &mut Stats) -> Result<()>;
 }
 
-/// The kernels one backend provides, over buffers it owns ([`Backend::Buf`]).
+/// The kernels one backend provides, over buffers it owns ([`Allocator::Buf`]).
 /// Shapes: `N` rows of `C` channels etc. (see the module doc); every span is
 /// row-major and exactly the size its shape says.
 ///
@@ -452,7 +452,7 @@ pub trait Collective<Buf, Stats> {
 /// backend that can fail keeps the first failure for [`Backend::sync`]. Values
 /// reach the host only through [`Backend::download`], which waits for the kernels
 /// before it, and [`Backend::read_stats`]: a step's loss and gradient sum of squares
-/// stay in a small buffer of the backend's ([`Backend::Stats`]) until
+/// stay in a small buffer of the backend's ([`Allocator::Stats`]) until
 /// [`Backend::send_stats`] queues their copy to the host, and only reading them
 /// waits — for that copy alone, so the next step can be queued meanwhile.
 pub trait Backend<F: Float>: Allocator<F> + Sync {

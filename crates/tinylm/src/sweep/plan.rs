@@ -8,6 +8,10 @@ use crate::{Error, ModelConfig, Result};
 use serde_json::{Map, Value};
 use std::path::Path;
 
+/// The most runs a sweep plans (each a whole configuration), checked before any
+/// is made.
+pub const MAX_POINTS: usize = 10_000;
+
 /// Keys a sweep sets itself: a grid or a variant may not.
 const RESERVED: [&str; 3] = ["out_dir", "resume", "model"];
 
@@ -196,6 +200,16 @@ pub fn points(base: &Value, axes: &[Axis], variants: &[Variant], out: &Path) -> 
                 v.name
             )));
         }
+    }
+    let count = (axes.iter())
+        .try_fold(variants.len().max(1), |n, axis| {
+            n.checked_mul(axis.values.len())
+        })
+        .filter(|&n| n <= MAX_POINTS);
+    if count.is_none() {
+        return Err(Error::Config(format!(
+            "the sweep has more than {MAX_POINTS} runs: give fewer values or variants"
+        )));
     }
     let given = |keys: &[(&str, &Value)], dir: &str| {
         let mut given = base.clone();
@@ -410,6 +424,27 @@ mod tests {
         assert_eq!(AxisValue::parse("[1]").value, json!("[1]"));
         assert_eq!(AxisValue::of(json!("none")).text, "none");
         assert_eq!(AxisValue::of(json!(0.001)).text, "0.001");
+    }
+
+    #[test]
+    fn a_grid_of_more_than_max_points_runs_is_refused_before_planning() {
+        let ten = |key: &str| Axis::parse(&format!("{key}={}", "1,2,3,4,5,6,7,8,9,10")).unwrap();
+        let axes: Vec<Axis> = ["seed", "steps", "batch_size", "warmup_steps"]
+            .map(ten)
+            .into();
+        assert_eq!(
+            points(&base(), &axes, &[], Path::new("s")).unwrap().len(),
+            MAX_POINTS
+        );
+        let mut more = axes.clone();
+        more.push(ten("eval_interval"));
+        for variants in [vec![], Variant::parse_list("baseline,silu").unwrap()] {
+            let err = points(&base(), &more, &variants, Path::new("s"));
+            assert!(err
+                .unwrap_err()
+                .to_string()
+                .contains("more than 10000 runs"));
+        }
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! its checkpoint recorded with the given keys over it ([`resolve_config`]).
 
 use crate::checkpoint;
+use crate::config::ParamCounts;
 use crate::device::Device;
 use crate::kernels::{AdamWParams, Precision};
 use crate::optim::lr_cosine_schedule;
@@ -10,6 +11,10 @@ use crate::{Error, ModelConfig, Result};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
+
+/// The largest scale of a training step ([`TrainConfig::check_scale`]): 2^56, a
+/// step of about 2^59 FLOPs (GPT-2 XL's at 512 × 1,024 tokens is 2^50).
+pub const MAX_STEP_SCALE: u128 = 1 << 56;
 
 /// What the learning-rate schedule runs over.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -152,7 +157,8 @@ pub struct BatchSplit {
 impl TrainConfig {
     /// Number of optimizer steps: from `max_tokens` when set, else `steps`.
     pub fn total_steps(&self) -> u64 {
-        let tokens_per_step = (self.batch_size * self.model.context_length) as u64;
+        let tokens_per_step =
+            (self.batch_size as u64).saturating_mul(self.model.context_length as u64);
         match self.max_tokens {
             Some(n) => n.div_ceil(tokens_per_step.max(1)),
             None => self.steps,
@@ -244,6 +250,26 @@ impl TrainConfig {
         }
     }
 
+    /// Checks that a step's scale — its tokens `B·T` times the model's parameters
+    /// plus `context_length × d_model × num_layers` — is at most [`MAX_STEP_SCALE`]
+    /// (the model being valid): every count of `tinylm info` for the step, its
+    /// memory and its FLOPs, is less than 128 times that, so none overflows.
+    pub fn check_scale(&self) -> Result<()> {
+        let c = &self.model;
+        let params = u128::from(ParamCounts::new(c).total());
+        let context = [c.context_length, c.d_model, c.num_layers].map(|n| n as u128);
+        let scale = (self.batch_size as u128)
+            .checked_mul(c.context_length as u128)
+            .and_then(|tokens| tokens.checked_mul(params + context.iter().product::<u128>()));
+        if scale.is_none_or(|scale| scale > MAX_STEP_SCALE) {
+            return Err(Error::Config(format!(
+                "batch_size {} is too large for this model: a step of batch_size × context_length tokens times (parameters + context_length × d_model × num_layers) would be more than 2^56",
+                self.batch_size
+            )));
+        }
+        Ok(())
+    }
+
     /// Checks every value is usable.
     pub fn validate(&self) -> Result<()> {
         self.model.validate()?;
@@ -260,6 +286,7 @@ impl TrainConfig {
         if self.zero > 1 {
             return bad(format!("zero must be 0 or 1, got {}", self.zero));
         }
+        self.check_scale()?;
         if self.total_steps() == 0 {
             return bad("the number of steps must be positive".into());
         }
@@ -405,6 +432,26 @@ pub fn resolve_config(mut given: Value, name: &dyn Fn(&str) -> String) -> Result
     Ok(ResolvedConfig { config, changes })
 }
 
+/// A training configuration file as the keys it gives: TOML or JSON by its
+/// extension, a table of training keys whose `model`, if any, is a table too (so
+/// that flags can set keys in it). Errors name the file.
+pub fn read_config_file(path: &Path) -> Result<Value> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let bad = |why: String| Error::Config(format!("{}: {why}", path.display()));
+    let value: Value = match path.extension().and_then(|e| e.to_str()) {
+        Some("toml") => toml::from_str(&text).map_err(|e| bad(e.to_string()))?,
+        Some("json") => serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?,
+        _ => return Err(bad("expected a .toml or .json file".into())),
+    };
+    let model = &value["model"];
+    if !(value.is_object() && (model.is_object() || model.is_null())) {
+        return Err(bad(
+            "expected a table of training keys, the model's under `model`".into(),
+        ));
+    }
+    Ok(value)
+}
+
 /// The training configuration a checkpoint recorded; for a checkpoint without one,
 /// the defaults with the checkpoint's model.
 pub(super) fn recorded_config(path: &Path) -> Result<TrainConfig> {
@@ -458,4 +505,66 @@ pub(crate) fn differences(recorded: &Value, value: &Value) -> Vec<ConfigChange> 
 /// A value as a JSON value.
 fn to_value(value: impl Serialize) -> Value {
     serde_json::to_value(value).expect("serializes")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_config_file_that_is_no_table_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, text) in [
+            ("list.json", "[1]"),
+            ("model.toml", "model = 3\n"),
+            ("run.yaml", "a: 1\n"),
+        ] {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text).unwrap();
+            let err = read_config_file(&path).unwrap_err().to_string();
+            assert!(err.contains(name), "{err}");
+            assert!(
+                err.contains("table") || err.contains(".toml or .json"),
+                "{err}"
+            );
+        }
+        let path = dir.path().join("run.toml");
+        std::fs::write(&path, "steps = 3\n[model]\nd_model = 64\n").unwrap();
+        let given = read_config_file(&path).unwrap();
+        assert_eq!(
+            (given["steps"].as_u64(), given["model"]["d_model"].as_u64()),
+            (Some(3), Some(64))
+        );
+    }
+
+    /// A batch no machine holds made `tinylm info`'s counts of its memory and
+    /// FLOPs wrap around (shares of 1,051%, 26 FLOP per token) and
+    /// `batch_size × context_length` overflow in `total_steps`.
+    #[test]
+    fn a_step_past_the_largest_scale_is_refused() {
+        let base = TrainConfig {
+            train_data: "t.npy".into(),
+            ..TrainConfig::default()
+        };
+        let c = &base.model;
+        let per_sequence = c.context_length as u128
+            * (u128::from(ParamCounts::new(c).total())
+                + (c.context_length * c.d_model * c.num_layers) as u128);
+        let largest = (MAX_STEP_SCALE / per_sequence) as usize;
+        let with = |batch_size| {
+            TrainConfig {
+                batch_size,
+                ..base.clone()
+            }
+            .validate()
+        };
+        assert!(with(largest).is_ok());
+        for batch_size in [largest + 1, 100_000_000_000_000, usize::MAX] {
+            let err = with(batch_size).unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("batch_size {batch_size} is too large")),
+                "{err}"
+            );
+        }
+    }
 }
