@@ -13,7 +13,9 @@
 //! type, parameters carry their bf16 copy ([`MixedBuf`]), and the one model
 //! orchestration runs on either.
 
-use super::bf16::{matmul_bf16_on, Bf16Kernel};
+use super::attention::{attention_backward_on, attention_forward_on, HeadProduct};
+use super::bf16::{matmul_bf16_on, matmul_bf16_view, Bf16Kernel, Operand as Bf16View};
+use super::linear::View;
 use super::memory::zeroed;
 use super::{adamw, rmsnorm, swiglu, Cpu};
 use crate::config::RMS_NORM_EPS;
@@ -49,6 +51,46 @@ impl CpuBf16 {
     /// The kernel its products run on.
     pub fn kernel(&self) -> Bf16Kernel {
         self.kernel
+    }
+}
+
+/// Attention's per-head products on the bf16 kernel: both operands rounded to
+/// bf16 as they are packed, sums and the output in `f32` (the probabilities and
+/// scores themselves stay `f32`; only their product operands are rounded).
+impl HeadProduct<f32> for CpuBf16 {
+    unsafe fn product(
+        &self,
+        shape: (usize, usize, usize),
+        dst: *mut f32,
+        dst_rs: usize,
+        a: View<f32>,
+        b: View<f32>,
+        scale: f32,
+        accumulate: bool,
+    ) {
+        let operand = |v: View<f32>| Bf16View {
+            ptr: v.ptr,
+            rs: v.rs as usize,
+            cs: v.cs as usize,
+        };
+        matmul_bf16_view(
+            self.kernel,
+            shape,
+            dst,
+            dst_rs,
+            operand(a),
+            operand(b),
+            accumulate,
+        );
+        if scale != 1.0 {
+            assert!(!accumulate, "a scaled product is written, not accumulated");
+            let (m, _, n) = shape;
+            for i in 0..m {
+                for x in std::slice::from_raw_parts_mut(dst.add(i * dst_rs), n) {
+                    *x *= scale;
+                }
+            }
+        }
     }
 }
 
@@ -374,7 +416,8 @@ impl Backend<f32> for CpuBf16 {
         qkv: Span<MixedBuf>,
         shape: AttnShape,
     ) {
-        Cpu.attention_forward(f32s_mut(out), f32s_mut(att), f32s(qkv), shape);
+        let (out, att, qkv) = (f32s_mut(out), f32s_mut(att), f32s(qkv));
+        attention_forward_on(out.slice(), att.slice(), qkv.slice(), shape, self);
     }
 
     fn attention_backward(
@@ -386,13 +429,14 @@ impl Backend<f32> for CpuBf16 {
         att: Span<MixedBuf>,
         shape: AttnShape,
     ) {
-        Cpu.attention_backward(
-            f32s_mut(dqkv),
-            f32s_mut(datt),
-            f32s(dout),
-            f32s(qkv),
-            f32s(att),
+        attention_backward_on(
+            f32s_mut(dqkv).slice(),
+            f32s_mut(datt).slice(),
+            f32s(dout).slice(),
+            f32s(qkv).slice(),
+            f32s(att).slice(),
             shape,
+            self,
         );
     }
 
@@ -482,5 +526,88 @@ impl Collective<MixedBuf, StepStats> for MixedCollective<'_> {
 
     fn all_reduce_sum_squares(&self, stats: &mut StepStats) -> Result<()> {
         self.f32s.all_reduce_sum_squares(stats)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::cpu::bf16::round_bf16;
+    use crate::kernels::cpu::softmax::tests::values;
+
+    /// The definition of attention's bf16 products: both operands rounded to bf16
+    /// (nearest, ties to even), the products summed in f64 and stored in `f32`.
+    struct RoundedF64;
+
+    impl HeadProduct<f32> for RoundedF64 {
+        unsafe fn product(
+            &self,
+            (m, k, n): (usize, usize, usize),
+            dst: *mut f32,
+            dst_rs: usize,
+            a: View<f32>,
+            b: View<f32>,
+            scale: f32,
+            accumulate: bool,
+        ) {
+            let at = |v: View<f32>, i: usize, j: usize| {
+                let x = *v.ptr.offset(i as isize * v.rs + j as isize * v.cs);
+                f32::from_bits((round_bf16(x) as u32) << 16) as f64
+            };
+            for i in 0..m {
+                for j in 0..n {
+                    let sum: f64 = (0..k).map(|kk| at(a, i, kk) * at(b, kk, j)).sum();
+                    let c = &mut *dst.add(i * dst_rs + j);
+                    let sum = sum as f32 * scale;
+                    *c = if accumulate { *c + sum } else { sum };
+                }
+            }
+        }
+    }
+
+    fn assert_close(what: &str, got: &[f32], want: &[f32]) {
+        let norm = want.iter().map(|w| w.abs()).fold(0f32, f32::max);
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            assert!((g - w).abs() <= 1e-5 * norm, "{what}[{i}]: {g} vs {w}");
+        }
+    }
+
+    /// Attention forward and backward on each bf16 kernel this CPU runs equal the
+    /// same kernels with every product by the definition (operands rounded to bf16,
+    /// sums in f64), to `f32` rounding: several query blocks and a ragged last one.
+    #[test]
+    fn attention_on_the_bf16_kernels_is_its_rounded_definition() {
+        let s = AttnShape {
+            b: 2,
+            t: 70,
+            h: 2,
+            d: 8,
+            q0: 0,
+        };
+        let (n, c) = (s.b * s.t, s.c());
+        let qkv = values(n * 3 * c, 1.5, 1);
+        let dout = values(n * c, 1.0, 2);
+        let run = |products: &dyn Fn(&mut [f32], &mut [f32], &mut [f32], &mut [f32])| {
+            let (mut out, mut att) = (vec![0.0; n * c], vec![0.0; s.b * s.h * s.t * s.t]);
+            let (mut dqkv, mut datt) = (vec![0.0; qkv.len()], vec![0.0; att.len()]);
+            products(&mut out, &mut att, &mut dqkv, &mut datt);
+            (out, att, dqkv)
+        };
+        let want = run(&|out, att, dqkv, datt| {
+            attention_forward_on(out, att, &qkv, s, &RoundedF64);
+            attention_backward_on(dqkv, datt, &dout, &qkv, att, s, &RoundedF64);
+        });
+        let mut kernels = vec![Bf16Kernel::Portable];
+        kernels.extend(Bf16Kernel::native());
+        for kernel in kernels {
+            let backend = CpuBf16::on(kernel);
+            let got = run(&|out, att, dqkv, datt| {
+                attention_forward_on(out, att, &qkv, s, &backend);
+                attention_backward_on(dqkv, datt, &dout, &qkv, att, s, &backend);
+            });
+            assert_close(&format!("{} out", kernel.name()), &got.0, &want.0);
+            assert_close(&format!("{} att", kernel.name()), &got.1, &want.1);
+            assert_close(&format!("{} dqkv", kernel.name()), &got.2, &want.2);
+        }
     }
 }
