@@ -242,7 +242,8 @@ def check(args):
         np.save(paths["targets.npy"], targets.astype(args.ids_dtype))
         cmd = [args.tinylm, "forward", "--config", paths["config.json"], "--weights", paths["w.safetensors"],
                "--input", paths["ids.npy"], "--targets", paths["targets.npy"],
-               "--logits-out", paths["logits.npy"], "--grads-out", paths["grads.safetensors"]]
+               "--logits-out", paths["logits.npy"], "--grads-out", paths["grads.safetensors"],
+               "--precision", "fp32"]
         run = subprocess.run(cmd, capture_output=True, text=True)
         if run.returncode != 0:
             sys.exit(f"tinylm forward failed ({run.returncode}):\n{run.stderr}")
