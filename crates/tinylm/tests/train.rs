@@ -11,6 +11,7 @@ use tinylm::kernels::{Backend, BatchPart, Precision, StepStats};
 use tinylm::optim::AdamW;
 use tinylm::train::{
     evaluate, resolve_config, train, LogRecord, Progress, RunDir, Schedule, Status, TrainConfig,
+    TrainSummary,
 };
 use tinylm::{checkpoint, Model, ModelConfig};
 use tinylm_bpe::npy;
@@ -89,6 +90,26 @@ fn never() -> AtomicBool {
     AtomicBool::new(false)
 }
 
+/// `cfg`'s run, stopped after step 10 as Ctrl-C would stop it: the flag is read
+/// after each update, so setting it while reporting step 9 ends the run after step 10.
+fn stop_after_step_10(cfg: &TrainConfig) -> TrainSummary {
+    let stop = AtomicBool::new(false);
+    let s = train(cfg, &World::single(), &stop, &mut |p: &Progress| {
+        if p.record.step == 9 {
+            stop.store(true, Ordering::Relaxed);
+        }
+    })
+    .unwrap();
+    assert!(s.stopped_early);
+    assert_eq!(s.steps, 10);
+    s
+}
+
+/// `cfg`'s run to its end.
+fn run_to_end(cfg: &TrainConfig) -> TrainSummary {
+    train(cfg, &World::single(), &never(), &mut |_: &Progress| {}).unwrap()
+}
+
 #[test]
 fn loss_falls_and_outputs_are_written() {
     let dir = tempfile::tempdir().unwrap();
@@ -156,18 +177,9 @@ fn resumed_run_equals_uninterrupted_run_bit_for_bit() {
     train(&cfg, &World::single(), &never(), &mut |_: &Progress| {}).unwrap();
     let straight = read_log(&cfg);
 
-    // Stop after step 10 (as Ctrl-C would: the flag is read after each update, so
-    // setting it while reporting step 9 ends the run after step 10), then resume.
+    // Stop after step 10, then resume.
     cfg.out_dir = dir.path().join("resumed");
-    let stop = AtomicBool::new(false);
-    let s = train(&cfg, &World::single(), &stop, &mut |p: &Progress| {
-        if p.record.step == 9 {
-            stop.store(true, Ordering::Relaxed);
-        }
-    })
-    .unwrap();
-    assert!(s.stopped_early);
-    assert_eq!(s.steps, 10);
+    let s = stop_after_step_10(&cfg);
     // Resuming names only the checkpoint: the rest is the recorded configuration.
     let given = serde_json::json!({ "resume": s.checkpoint });
     let resolved = resolve_config(given, &|key| key.to_string()).unwrap();
@@ -179,13 +191,7 @@ fn resumed_run_equals_uninterrupted_run_bit_for_bit() {
             ..cfg.clone()
         }
     );
-    let s = train(
-        &resolved.config,
-        &World::single(),
-        &never(),
-        &mut |_: &Progress| {},
-    )
-    .unwrap();
+    let s = run_to_end(&resolved.config);
     assert_eq!(s.steps, 24);
     let resumed = read_log(&cfg);
 
@@ -216,29 +222,16 @@ fn a_run_resumes_in_the_other_precision() {
     ] {
         cfg.precision = from;
         cfg.out_dir = dir.path().join(format!("straight-{from}"));
-        train(&cfg, &World::single(), &never(), &mut |_: &Progress| {}).unwrap();
+        run_to_end(&cfg);
         let straight = read_log(&cfg);
 
         cfg.out_dir = dir.path().join(format!("{from}-then-{to}"));
-        let stop = AtomicBool::new(false);
-        let s = train(&cfg, &World::single(), &stop, &mut |p: &Progress| {
-            if p.record.step == 9 {
-                stop.store(true, Ordering::Relaxed);
-            }
-        })
-        .unwrap();
-        assert_eq!(s.steps, 10);
+        let s = stop_after_step_10(&cfg);
         let given = serde_json::json!({ "resume": s.checkpoint, "precision": to.to_string() });
         let resolved = resolve_config(given, &|key| key.to_string()).unwrap();
         let changes: Vec<String> = resolved.changes.iter().map(|c| c.to_string()).collect();
         assert_eq!(changes, [format!("precision \"{from}\" -> \"{to}\"")]);
-        let s = train(
-            &resolved.config,
-            &World::single(),
-            &never(),
-            &mut |_: &Progress| {},
-        )
-        .unwrap();
+        let s = run_to_end(&resolved.config);
         assert_eq!(s.steps, 24);
         let resumed = read_log(&cfg);
         assert_eq!(resumed.len(), 24);

@@ -72,7 +72,7 @@ pub(crate) fn attention_forward_on<F: Float>(
     att: &mut [F],
     qkv: &[F],
     s: AttnShape,
-    products: &impl HeadProduct<F>,
+    products: &(impl HeadProduct<F> + ?Sized),
 ) {
     let (t, tq, c, d) = (s.t, s.tq(), s.c(), s.d);
     assert_eq!(qkv.len(), s.b * t * 3 * c, "attention qkv size");
@@ -123,7 +123,7 @@ unsafe fn head_forward<F: Float>(
     b: usize,
     h: usize,
     s: AttnShape,
-    products: &impl HeadProduct<F>,
+    products: &(impl HeadProduct<F> + ?Sized),
 ) {
     let (t, tq, c, d) = (s.t, s.tq(), s.c(), s.d);
     let scale = F::ONE / F::from_f64(d as f64).sqrt();
@@ -241,7 +241,7 @@ pub(crate) fn attention_backward_on<F: Float>(
     qkv: &[F],
     att: &[F],
     s: AttnShape,
-    products: &impl HeadProduct<F>,
+    products: &(impl HeadProduct<F> + ?Sized),
 ) {
     assert_eq!(s.q0, 0, "attention backward needs a full pass");
     let (t, c, d) = (s.t, s.c(), s.d);

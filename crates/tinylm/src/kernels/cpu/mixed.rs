@@ -587,24 +587,19 @@ mod tests {
         let (n, c) = (s.b * s.t, s.c());
         let qkv = values(n * 3 * c, 1.5, 1);
         let dout = values(n * c, 1.0, 2);
-        let run = |products: &dyn Fn(&mut [f32], &mut [f32], &mut [f32], &mut [f32])| {
+        // (out, att, dqkv) of a forward and backward pass on `products`.
+        let run = |products: &dyn HeadProduct<f32>| {
             let (mut out, mut att) = (vec![0.0; n * c], vec![0.0; s.b * s.h * s.t * s.t]);
             let (mut dqkv, mut datt) = (vec![0.0; qkv.len()], vec![0.0; att.len()]);
-            products(&mut out, &mut att, &mut dqkv, &mut datt);
+            attention_forward_on(&mut out, &mut att, &qkv, s, products);
+            attention_backward_on(&mut dqkv, &mut datt, &dout, &qkv, &att, s, products);
             (out, att, dqkv)
         };
-        let want = run(&|out, att, dqkv, datt| {
-            attention_forward_on(out, att, &qkv, s, &RoundedF64);
-            attention_backward_on(dqkv, datt, &dout, &qkv, att, s, &RoundedF64);
-        });
+        let want = run(&RoundedF64);
         let mut kernels = vec![Bf16Kernel::Portable];
         kernels.extend(Bf16Kernel::native());
         for kernel in kernels {
-            let backend = CpuBf16::on(kernel);
-            let got = run(&|out, att, dqkv, datt| {
-                attention_forward_on(out, att, &qkv, s, &backend);
-                attention_backward_on(dqkv, datt, &dout, &qkv, att, s, &backend);
-            });
+            let got = run(&CpuBf16::on(kernel));
             assert_close(&format!("{} out", kernel.name()), &got.0, &want.0);
             assert_close(&format!("{} att", kernel.name()), &got.1, &want.1);
             assert_close(&format!("{} dqkv", kernel.name()), &got.2, &want.2);
