@@ -1,11 +1,11 @@
 //! Causal multi-head attention, one rayon task per (batch, head): the score and
 //! value products on strided views of the fused `qkv` rows (through `gemm` in the
-//! backend's float, [`Gemm`], or through another [`HeadProduct`]: the bf16 kernel
-//! of [`CpuBf16`](super::CpuBf16)), the
-//! causal structure by bounds (no mask is materialized), softmax with the max
-//! subtracted. The right operands `Kᵀ` and `Vᵀ` are transposed once per head into
-//! the thread's scratch: `gemm` reads a right operand's rows in place but would
-//! transpose a strided `Kᵀ` view again for every query block.
+//! backend's float, `Gemm`, or through another `HeadProduct`: the bf16 kernel of
+//! [`CpuBf16`](super::CpuBf16)), the causal structure by bounds (no mask is
+//! materialized), softmax with the max subtracted. The right operands `Kᵀ` and `Vᵀ`
+//! are transposed once per head into the thread's scratch: `gemm` reads a right
+//! operand's rows in place but would transpose a strided `Kᵀ` view again for every
+//! query block.
 //!
 //! And [`sdpa`], the general scaled dot-product attention (any mask, `n` queries
 //! and `m` keys) with the same row softmax ([`softmax_row`]).
@@ -61,7 +61,7 @@ const QUERY_BLOCK: usize = 32;
 /// Forward: for each (b, h), `S = Q Kᵀ / sqrt(D)` `(Tq, T)`, `P = softmax` over keys
 /// `j ≤ q0 + i` (later keys get exactly 0), `out = P V`.
 /// `qkv (B, T, 3C)`, `att (B, H, Tq, T)`, `out (B, Tq, C)`. Both products in `F`
-/// ([`Gemm`]).
+/// (`Gemm`).
 pub fn attention_forward<F: Float>(out: &mut [F], att: &mut [F], qkv: &[F], s: AttnShape) {
     attention_forward_on(out, att, qkv, s, &Gemm)
 }
@@ -221,7 +221,7 @@ pub fn sdpa<F: Float>(
 /// `dout (B, T, C)`, `qkv (B, T, 3C)`, `att (B, H, T, T)`, scratch `datt (B, H, T, T)`
 /// of which each head reuses its first `QUERY_BLOCK` rows for every query block: the
 /// block stays in cache instead of streaming the whole `dP` through memory. Every
-/// product in `F` ([`Gemm`]).
+/// product in `F` (`Gemm`).
 pub fn attention_backward<F: Float>(
     dqkv: &mut [F],
     datt: &mut [F],
