@@ -48,7 +48,7 @@ train() {
         --eval-interval 0 --checkpoint-interval 0 --threads 2 "${@:2}" >"$work/$1.out" 2>&1 ||
         { cat "$work/$1.out"; exit 1; }
 }
-train cpu --device cpu
+train cpu --device cpu --precision fp32
 train fp32 --device cuda --precision fp32
 train bf16 --device cuda --precision bf16
 train fp32-micro --device cuda --precision fp32 --micro-batch-size 2

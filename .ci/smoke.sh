@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The release binary's smoke path — BPE training, encoding, a few training steps,
 # evaluation, greedy generation — on a generated corpus, printing one figure per line
-# (`name value`, into OUT_DIR/figures.txt) so that runs on different CPUs can be compared (`.ci/smoke.sh compare`).
+# (`name value`, into OUT_DIR/figures.txt) so that runs on different CPUs can be compared (`.ci/smoke.sh compare`);
+# in fp32 (`--precision fp32`): `auto` would pick bf16 on CPUs with native bf16 products only.
 #
 #   .ci/smoke.sh run OUT_DIR [RUNNER ...] -- BINARY   e.g. RUNNER = qemu-x86_64 -cpu Haswell
 #   .ci/smoke.sh compare TOLERANCE A.txt B.txt        losses within TOLERANCE (relative), text equal
@@ -67,14 +68,14 @@ logged "$out/train.log" "${tinylm[@]}" train --train-data "$out/train.npy" \
     --val-data "$out/val.npy" --tokenizer "$out/tok" --out-dir "$out/run" --vocab-size 320 \
     --context-length 32 --d-model 32 --num-layers 2 --num-heads 4 --d-ff 96 --batch-size 4 \
     --steps 24 --lr-max 1e-2 --lr-min 1e-3 --warmup-steps 2 --eval-interval 12 \
-    --eval-batches 0 --log-interval 1 --seed 0 --threads 2 > /dev/null
+    --eval-batches 0 --log-interval 1 --seed 0 --threads 2 --precision fp32 > /dev/null
 logged "$out/eval.log" "${tinylm[@]}" eval --checkpoint "$out/run/checkpoint.safetensors" \
-    --data "$out/val.npy" --threads 2 > "$out/eval.txt"
+    --data "$out/val.npy" --threads 2 --precision fp32 > "$out/eval.txt"
 logged "$out/generate.log" "${tinylm[@]}" generate \
     --checkpoint "$out/run/checkpoint.safetensors" --prompt "once upon" --max-tokens 24 \
-    --temperature 0 --threads 2 > "$out/generate.txt"
+    --temperature 0 --threads 2 --precision fp32 > "$out/generate.txt"
 logged "$out/bench.log" "${tinylm[@]}" bench --vocab-size 64 --context-length 8 --d-model 16 \
-    --num-layers 1 --num-heads 2 --d-ff 32 --batch-size 1 --steps 1 --threads 1 --no-peak \
+    --num-layers 1 --num-heads 2 --d-ff 32 --batch-size 1 --steps 1 --threads 1 --no-peak --precision fp32 \
     > "$out/bench.txt"
 
 # The figures: merges, token counts, per-step losses and gradient norms (compared

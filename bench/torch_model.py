@@ -245,7 +245,8 @@ def check(args):
         np.save(paths["targets.npy"], targets.astype(args.ids_dtype))
         cmd = [args.tinylm, "forward", "--config", paths["config.json"], "--weights", paths["w.safetensors"],
                "--input", paths["ids.npy"], "--targets", paths["targets.npy"],
-               "--logits-out", paths["logits.npy"], "--grads-out", paths["grads.safetensors"]]
+               "--logits-out", paths["logits.npy"], "--grads-out", paths["grads.safetensors"],
+               "--precision", "fp32"]
         run = subprocess.run(cmd, capture_output=True, text=True)
         if run.returncode != 0:
             sys.exit(f"tinylm forward failed ({run.returncode}):\n{run.stderr}")
@@ -287,9 +288,9 @@ def check(args):
 
 def bench(args):
     """Training steps per variant: `eager` (fp32, attention written out), `sdpa` (fp32,
-    PyTorch's fused attention), `compile` (torch.compile of sdpa), `compile-bf16`
-    (torch.compile, bf16 autocast: PyTorch's fastest configuration on a GPU, flash
-    attention there)."""
+    PyTorch's fused attention), `compile` (torch.compile of sdpa and the loss), each
+    also with `-bf16` (bf16 autocast; `compile-bf16` is PyTorch's fastest
+    configuration, with flash attention on a GPU)."""
     c = load_config(args.config)
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -297,14 +298,15 @@ def bench(args):
     b, t = args.batch_size, args.seq_len or c["context_length"]
     flops = 3 * forward_flops(c, b, t)
     for variant in args.variants.split(","):
-        if variant not in ("eager", "sdpa", "compile", "compile-bf16"):
-            sys.exit(f"unknown variant {variant!r}: eager, sdpa, compile or compile-bf16")
+        # "-bf16": forward and loss under autocast to bf16 (PyTorch's mixed precision).
+        base, bf16 = variant.removesuffix("-bf16"), variant.endswith("-bf16")
+        if base not in ("eager", "sdpa", "compile"):
+            sys.exit(f"unknown variant {variant!r}: eager, sdpa or compile, each also with -bf16")
         torch.manual_seed(0)
-        model = TransformerLM(c, sdpa=variant != "eager").to(device)
+        model = TransformerLM(c, sdpa=base != "eager").to(device)
         # On a GPU, PyTorch's fastest AdamW: one fused kernel.
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1,
                                 **({"fused": True} if cuda else {}))
-        bf16 = variant.endswith("bf16")
         ids = torch.randint(0, c["vocab_size"], (b, t), device=device)
         targets = torch.randint(0, c["vocab_size"], (b, t), device=device)
 
@@ -314,7 +316,7 @@ def bench(args):
             return F.cross_entropy(logits.float().reshape(-1, c["vocab_size"]), targets.reshape(-1))
 
         # Compiled, the loss is in the graph too: its kernels fuse with the LM head's.
-        loss_of = torch.compile(model_loss) if variant.startswith("compile") else model_loss
+        loss_of = torch.compile(model_loss) if base == "compile" else model_loss
 
         def step():
             loss = loss_of(ids, targets)
@@ -383,7 +385,7 @@ def main():
     p.add_argument("--tolerance", type=float, default=1e-4, help="max relative error allowed in --check")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--variants", default="eager,sdpa,compile",
-                   help="comma-separated: eager, sdpa, compile, compile-bf16")
+                   help="comma-separated: eager, sdpa, compile, each also with -bf16 (autocast)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--peak-size", type=int, default=8192, help="n of --matmul-peak's n×n×n products")
     p.add_argument("--steps", type=int, default=10, help="timed steps per repeat")

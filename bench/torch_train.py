@@ -24,8 +24,10 @@ At the end it prints one JSON line: steps, wall-clock, training tokens/s and the
 validation loss over all windows.
 
 Variants: `eager` (PyTorch's fused scaled_dot_product_attention, no compile) and
-`compile` (the same model through torch.compile). `--threads` (default 2) sets
-torch.set_num_threads.
+`compile` (the same model through torch.compile); `eager-bf16` and `compile-bf16`
+run the forward pass and the loss under `torch.autocast("cpu", dtype=torch.bfloat16)`
+(PyTorch's bf16 mixed precision: float32 weights, gradients and AdamW). `--threads`
+(default 2) sets torch.set_num_threads.
 """
 
 import argparse
@@ -130,7 +132,7 @@ def evaluate(model, data, b, t, max_batches):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run", required=True, help="tinylm run directory (checkpoint.safetensors, init.safetensors)")
-    p.add_argument("--variant", choices=["eager", "compile"], default="eager")
+    p.add_argument("--variant", choices=["eager", "compile", "eager-bf16", "compile-bf16"], default="eager")
     p.add_argument("--out", required=True, help="directory for this run's log.jsonl")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--steps", type=int, help="steps to run (default: as many as the tinylm run took)")
@@ -164,7 +166,8 @@ def main():
     init = {k: v for k, v in load_file(os.path.join(args.run, "init.safetensors")).items()
             if not k.startswith("optim.")}
     model.load_state_dict(init, strict=True)
-    fwd = torch.compile(model) if args.variant == "compile" else model
+    base, bf16 = args.variant.removesuffix("-bf16"), args.variant.endswith("-bf16")
+    fwd = torch.compile(model) if base == "compile" else model
     params = list(model.parameters())
     opt = AdamW(params, cfg["beta1"], cfg["beta2"], cfg["eps"], cfg["weight_decay"])
 
@@ -175,6 +178,11 @@ def main():
     val = np.load(resolve(cfg["val_data"]), mmap_mode="r")
     rng = SplitMix64(cfg["seed"])
 
+    def validation_loss(max_batches):
+        """`evaluate` in the variant's precision."""
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            return evaluate(model, val, b, t, max_batches)
+
     os.makedirs(args.out, exist_ok=True)
     log = open(os.path.join(args.out, "log.jsonl"), "w")
     started = time.perf_counter()
@@ -184,8 +192,9 @@ def main():
         lr = learning_rate(k)
         step_start = time.perf_counter()
         x, y = fill_random(train, rng, b, t)
-        logits = fwd(x)
-        loss = F.cross_entropy(logits.reshape(-1, c["vocab_size"]), y.reshape(-1))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            logits = fwd(x)
+            loss = F.cross_entropy(logits.reshape(-1, c["vocab_size"]), y.reshape(-1))
         for q in params:
             q.grad = None
         loss.backward()
@@ -200,7 +209,7 @@ def main():
         done = k + 1
         last = done == steps
         eval_now = last or (cfg["eval_interval"] > 0 and done % cfg["eval_interval"] == 0)
-        val_loss = evaluate(model, val, b, t, cfg["eval_batches"]) if eval_now else None
+        val_loss = validation_loss(cfg["eval_batches"]) if eval_now else None
         record = {"step": done, "tokens": tokens, "wallclock_s": time.perf_counter() - started,
                   "train_loss": loss.item(), "val_loss": val_loss, "lr": lr, "grad_norm": grad_norm,
                   "tokens_per_s": window_tokens / max(window_s, 1e-9)}
@@ -212,7 +221,7 @@ def main():
             print(f"  torch {args.variant}: step {done}/{steps} loss {loss.item():.3f} "
                   f"{record['wallclock_s']:.0f} s", file=sys.stderr, flush=True)
     wallclock = time.perf_counter() - started
-    full_val = evaluate(model, val, b, t, 0)
+    full_val = validation_loss(0)
     print(json.dumps({"run": f"torch {args.variant}", "torch": torch.__version__, "threads": args.threads,
                       "steps": steps, "wallclock_s": round(wallclock, 2),
                       "train_tokens_per_s": round(tokens / train_s, 1), "val_loss_all": round(full_val, 4)}))

@@ -167,14 +167,20 @@ class TransformerLM:
     ``positional`` (rope/none), ``ffn`` (swiglu/silu), ``tie_embeddings``.
     Weights are initialized as the SPEC says from ``seed``. ``device`` is ``cpu``,
     ``cuda``, ``cuda:N`` or ``auto`` (CUDA needs a build with the cargo feature
-    ``cuda``); ``precision`` (``bf16`` or ``fp32``) applies on a GPU."""
+    ``cuda``); ``precision`` is ``auto`` (bf16 where the CPU or GPU multiplies bf16
+    natively), ``bf16`` (bf16 products summed in f32) or ``fp32``; by default fp32 on
+    the CPU and auto on a GPU."""
 
     def __new__(
-        cls, config: dict[str, Any], seed: int = 0, device: str = "cpu", precision: str = "bf16"
+        cls,
+        config: dict[str, Any],
+        seed: int = 0,
+        device: str = "cpu",
+        precision: str | None = None,
     ) -> "TransformerLM": ...
     @classmethod
     def from_pretrained(
-        cls, path: str | os.PathLike[str], device: str = "cpu", precision: str = "bf16"
+        cls, path: str | os.PathLike[str], device: str = "cpu", precision: str | None = None
     ) -> "TransformerLM":
         """A model from a checkpoint file or a run directory, on ``device``."""
     @property
@@ -219,8 +225,9 @@ def train(config: dict[str, Any] | str | os.PathLike[str]) -> pathlib.Path:
     given override it (each change is printed to stderr), except the model's, which
     raise ``ValueError`` naming the key. ``schedule="time"`` runs the learning-rate
     schedule over ``time_budget_s`` instead of the steps. The keys ``device``
-    (``cpu``, ``cuda``, ``cuda:N``, ``auto``) and ``precision`` (``bf16``, ``fp32``)
-    choose where it trains."""
+    (``cpu``, ``cuda``, ``cuda:N``, ``auto``) and ``precision`` (``auto``, the
+    default: bf16 where the CPU or GPU multiplies bf16 natively; ``bf16``; ``fp32``)
+    choose where and how it trains."""
 
 
 def sweep(

@@ -27,62 +27,82 @@ const TINY: [&str; 14] = [
     "--no-peak",
 ];
 
+/// The products' line of `tinylm bench` in `precision`: gemm's in fp32, tinylm's
+/// bf16 kernels (native or portable, whatever the CPU) in bf16.
+fn products_line(precision: &str) -> &'static str {
+    match precision {
+        "fp32" => "matrix products: gemm's ",
+        _ => "matrix products: tinylm's bf16 kernels, ",
+    }
+}
+
 #[test]
 fn bench_reports_throughput_and_breakdown() {
-    let mut args = TINY.to_vec();
-    args.extend(["--batch-size", "2", "--steps", "2", "--threads", "1"]);
-    let out = tinylm(&args);
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    for want in [
-        "tokens/s",
-        "GFLOP/s",
-        "CPU time",
-        "where a step's time goes",
-        "matmul",
-        "attention",
-        "AdamW, gradient norm, zeroing",
-        "other (orchestration)",
-        "total",
-        "matrix products: gemm's ",
-    ] {
-        assert!(text.contains(want), "missing {want:?} in\n{text}");
+    for precision in ["fp32", "bf16"] {
+        let mut args = TINY.to_vec();
+        args.extend(["--batch-size", "2", "--steps", "2", "--threads", "1"]);
+        args.extend(["--precision", precision]);
+        let out = tinylm(&args);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for want in [
+            "tokens/s",
+            "GFLOP/s",
+            "CPU time",
+            "where a step's time goes",
+            "matmul",
+            "attention",
+            "AdamW, gradient norm, zeroing",
+            "other (orchestration)",
+            "total",
+            &format!("precision {precision}"),
+            products_line(precision),
+        ] {
+            assert!(text.contains(want), "missing {want:?} in\n{text}");
+        }
+        assert!(
+            !text.contains("of the measured matrix-product peak"),
+            "{text}"
+        );
     }
-    assert!(
-        !text.contains("of the measured matrix-product peak"),
-        "{text}"
-    );
 }
 
 #[test]
 fn bench_reports_the_step_as_a_share_of_the_product_peak() {
-    let mut args = TINY[..TINY.len() - 1].to_vec(); // without --no-peak
-    args.extend(["--batch-size", "2", "--steps", "1", "--threads", "1"]);
-    let out = tinylm(&args);
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}");
-    let line = text
-        .lines()
-        .find(|l| l.contains("of the measured matrix-product peak"))
-        .unwrap_or_else(|| panic!("no share of the peak in\n{text}"));
-    let share: f64 = line
-        .split("GFLOP/s = ")
-        .nth(1)
-        .and_then(|rest| rest.split('%').next())
-        .and_then(|pct| pct.parse().ok())
-        .unwrap_or_else(|| panic!("no percentage in {line:?}"));
-    assert!(share > 0.0, "{line}");
-    let isa = ["AVX-512F", "AVX2+FMA", "NEON", "scalar"];
-    assert!(isa.iter().any(|i| line.contains(i)), "{line}");
-    let paired = text
-        .lines()
-        .find(|l| l.contains("each step against the peak of the products timed right after it"))
-        .unwrap_or_else(|| panic!("no step-by-step share in\n{text}"));
-    assert!(paired.ends_with("1 steps)"), "{paired}");
+    // The peak of the products the step runs: gemm's f32 kernel for its ISA, or
+    // tinylm's bf16 kernel.
+    for (precision, kernels) in [
+        ("fp32", &["AVX-512F", "AVX2+FMA", "NEON", "scalar"][..]),
+        ("bf16", &["tinylm bf16"]),
+    ] {
+        let mut args = TINY[..TINY.len() - 1].to_vec(); // without --no-peak
+        args.extend(["--batch-size", "2", "--steps", "1", "--threads", "1"]);
+        args.extend(["--precision", precision]);
+        let out = tinylm(&args);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{text}");
+        let line = text
+            .lines()
+            .find(|l| l.contains("of the measured matrix-product peak"))
+            .unwrap_or_else(|| panic!("no share of the peak in\n{text}"));
+        let share: f64 = line
+            .split("GFLOP/s = ")
+            .nth(1)
+            .and_then(|rest| rest.split('%').next())
+            .and_then(|pct| pct.parse().ok())
+            .unwrap_or_else(|| panic!("no percentage in {line:?}"));
+        assert!(share > 0.0, "{line}");
+        assert!(kernels.iter().any(|k| line.contains(k)), "{line}");
+        let paired = text
+            .lines()
+            .find(|l| l.contains("each step against the peak of the products timed right after it"))
+            .unwrap_or_else(|| panic!("no step-by-step share in\n{text}"));
+        assert!(paired.ends_with("1 steps)"), "{paired}");
+    }
 }
 
 #[test]

@@ -1,5 +1,6 @@
-//! `tinylm forward` end to end: logits, loss and gradients equal the library's,
-//! and bad input is a clear error with exit code 2.
+//! `tinylm forward` end to end: logits, loss and gradients equal the library's f32
+//! model bit for bit (the runs pin `--precision fp32`), and bad input is a clear
+//! error with exit code 2.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -55,7 +56,7 @@ impl Setup {
         self.dir.path().join(name)
     }
 
-    /// Runs `tinylm forward` with the default files, `extra` flags last.
+    /// Runs `tinylm forward` in fp32 with the default files, `extra` flags last.
     fn run(&self, extra: &[&str]) -> Output {
         let p = |n: &str| self.path(n).to_str().unwrap().to_string();
         let mut args = vec![
@@ -68,6 +69,8 @@ impl Setup {
             p("logits.npy"),
             "--threads".into(),
             "2".into(),
+            "--precision".into(),
+            "fp32".into(),
         ];
         if !extra.contains(&"--input") {
             args.extend(["--input".into(), p("ids.npy")]);

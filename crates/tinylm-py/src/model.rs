@@ -7,10 +7,10 @@ use pyo3::types::{IntoPyDict, PyDict, PyType};
 use std::ops::ControlFlow;
 use std::path::PathBuf;
 use tinylm::checkpoint::CheckpointFile;
-use tinylm::device::{resolve, Device};
+use tinylm::device::{resolve, resolve_precision, Device};
 use tinylm::generate::{generate, Sampler};
 use tinylm::kernels::Precision;
-use tinylm::kernels::{Backend, Cpu};
+use tinylm::kernels::{Backend, Cpu, CpuBf16};
 use tinylm::params::ParamLayout;
 use tinylm::{Model, ModelConfig};
 
@@ -119,9 +119,11 @@ pub struct TransformerLM {
     model: Engine,
 }
 
-/// The model on the CPU or, in builds with the cargo feature `cuda`, on a GPU.
+/// The model on the CPU (in f32 or in bf16 mixed precision) or, in builds with the
+/// cargo feature `cuda`, on a GPU.
 enum Engine {
     Cpu(Box<Model>),
+    CpuBf16(Box<Model<f32, CpuBf16>>),
     #[cfg(feature = "cuda")]
     Cuda(Box<Model<f32, tinylm::kernels::cuda::Cuda>>),
 }
@@ -131,6 +133,7 @@ macro_rules! on_engine {
     ($engine:expr, $m:ident => $body:expr) => {
         match $engine {
             Engine::Cpu($m) => $body,
+            Engine::CpuBf16($m) => $body,
             #[cfg(feature = "cuda")]
             Engine::Cuda($m) => $body,
         }
@@ -157,12 +160,21 @@ impl Source<'_> {
 
 impl Engine {
     /// A model with the weights of `source` on `device` (`cpu`, `cuda`, `cuda:N`,
-    /// `auto`).
-    fn new(source: Source, device: &str, precision: &str) -> PyResult<Self> {
+    /// `auto`) in `precision` (`auto`, `bf16`, `fp32`; by default fp32 on the CPU —
+    /// the exact results of the CS336 interfaces — and auto on a GPU).
+    fn new(source: Source, device: &str, precision: Option<&str>) -> PyResult<Self> {
         let device: Device = device.parse().map_err(model_error)?;
-        let precision: Precision = precision.parse().map_err(model_error)?;
-        match resolve(device).map_err(model_error)? {
-            Device::Cpu => Ok(Engine::Cpu(Box::new(source.model(Cpu)?))),
+        let device = resolve(device).map_err(model_error)?;
+        let precision: Precision = match (precision, device) {
+            (Some(precision), _) => precision.parse().map_err(model_error)?,
+            (None, Device::Cpu) => Precision::Fp32,
+            (None, _) => Precision::Auto,
+        };
+        match device {
+            Device::Cpu => match resolve_precision(device, precision) {
+                Precision::Bf16 => Ok(Engine::CpuBf16(Box::new(source.model(CpuBf16::new())?))),
+                _ => Ok(Engine::Cpu(Box::new(source.model(Cpu)?))),
+            },
             #[cfg(feature = "cuda")]
             Device::Cuda(n) => {
                 let cuda = tinylm::kernels::cuda::Cuda::new(n, precision).map_err(model_error)?;
@@ -203,15 +215,16 @@ impl TransformerLM {
 #[pymethods]
 impl TransformerLM {
     /// A freshly initialized model (SPEC init, from `seed`) on `device` (`cpu`,
-    /// `cuda`, `cuda:N` or `auto`) in `precision` (`bf16` or `fp32`, GPUs only).
+    /// `cuda`, `cuda:N` or `auto`) in `precision` (`auto`, `bf16` or `fp32`; by
+    /// default fp32 on the CPU and auto on a GPU).
     #[new]
-    #[pyo3(signature = (config, seed = 0, device = "cpu", precision = "bf16"))]
+    #[pyo3(signature = (config, seed = 0, device = "cpu", precision = None))]
     fn new(
         py: Python<'_>,
         config: &Bound<'_, PyAny>,
         seed: u64,
         device: &str,
-        precision: &str,
+        precision: Option<&str>,
     ) -> PyResult<Self> {
         let config: ModelConfig = from_py_json(config, "config")?;
         config.validate().map_err(model_error)?;
@@ -225,13 +238,13 @@ impl TransformerLM {
     /// A model from a checkpoint file, or a run directory holding
     /// `checkpoint.safetensors`, on `device` in `precision`.
     #[classmethod]
-    #[pyo3(signature = (path, device = "cpu", precision = "bf16"))]
+    #[pyo3(signature = (path, device = "cpu", precision = None))]
     fn from_pretrained(
         _cls: &Bound<'_, PyType>,
         py: Python<'_>,
         path: PathBuf,
         device: &str,
-        precision: &str,
+        precision: Option<&str>,
     ) -> PyResult<Self> {
         let path = if path.is_dir() {
             path.join("checkpoint.safetensors")

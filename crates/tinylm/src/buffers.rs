@@ -8,7 +8,8 @@
 //!
 //! Shapes: `B` sequences of `T` tokens, `N = B·T` rows, `C = d_model`, `F = d_ff`,
 //! `H` heads of `D` channels, `V = vocab_size`; a buffer an ablation does not use is
-//! empty.
+//! empty. An activation the backward pass reads only as a matrix-product operand is
+//! declared [`BufKind::Operands`] (bf16 under mixed precision).
 
 use crate::config::{Ffn, ModelConfig, Norm, Positional};
 use crate::kernels::{Allocator, BufKind, Float, Role};
@@ -206,12 +207,16 @@ impl<Buf> LayerActs<Buf> {
             c.norm == Norm::Post,
             c.norm != Norm::None,
         );
-        let act = |name, shape, used: bool, len: usize| {
-            a.alloc(
-                role(name, shape),
-                if used { len } else { 0 },
-                BufKind::Activations,
-            )
+        let act_as = |kind, name, shape, used: bool, len: usize| {
+            a.alloc(role(name, shape), if used { len } else { 0 }, kind)
+        };
+        let act = |name, shape, used, len| act_as(BufKind::Activations, name, shape, used, len);
+        let operand = |name, shape, used, len| act_as(BufKind::Operands, name, shape, used, len);
+        // Pre-norm's ln1 output is read only by the W_qkv products; post-norm's is the
+        // residual stream (the FFN's input and the next residual sum).
+        let ln1_kind = match pre {
+            true => BufKind::Operands,
+            false => BufKind::Activations,
         };
         let stat = |name, used: bool| {
             a.alloc(
@@ -221,7 +226,7 @@ impl<Buf> LayerActs<Buf> {
             )
         };
         Ok(LayerActs {
-            ln1: act("ln1 output", "(B, T, C)", norms, n * d)?,
+            ln1: act_as(ln1_kind, "ln1 output", "(B, T, C)", norms, n * d)?,
             rstd1: stat("ln1 1/rms", norms)?,
             qkv: act("q, k, v after RoPE", "(B, T, 3C)", true, n * 3 * d)?,
             att: act(
@@ -232,11 +237,11 @@ impl<Buf> LayerActs<Buf> {
             )?,
             atty: act("attention output", "(B, T, C)", true, n * d)?,
             r1: act("attention residual sum", "(B, T, C)", true, n * d)?,
-            ln2: act("ln2 output", "(B, T, C)", pre, n * d)?,
+            ln2: operand("ln2 output", "(B, T, C)", pre, n * d)?,
             rstd2: stat("ln2 1/rms", norms)?,
             h1: act("FFN W1 x", "(B, T, F)", true, n * f)?,
             h3: act("FFN W3 x", "(B, T, F)", c.ffn == Ffn::Swiglu, n * f)?,
-            gate: act("FFN gated product", "(B, T, F)", true, n * f)?,
+            gate: operand("FFN gated product", "(B, T, F)", true, n * f)?,
             r2: act("FFN residual sum", "(B, T, C)", post, n * d)?,
         })
     }
@@ -272,7 +277,7 @@ impl<Buf, Ids> Activations<Buf, Ids> {
             lnf: a.alloc(
                 role("ln_final output", "(B, T, C)"),
                 pre_only(n * d),
-                BufKind::Activations,
+                BufKind::Operands,
             )?,
             lnf_rstd: a.alloc(role("ln_final 1/rms", "(B, T)"), pre_only(n), BufKind::Full)?,
             logits: a.alloc(
@@ -323,6 +328,7 @@ impl<Buf> GradActivations<Buf> {
         let n = b * t;
         let (d, f) = (c.d_model, c.d_ff);
         let act = |name, shape, len| a.alloc(role(name, shape), len, BufKind::Activations);
+        let operand = |name, shape, len| a.alloc(role(name, shape), len, BufKind::Operands);
         let swiglu = c.ffn == Ffn::Swiglu;
         Ok(GradActivations {
             dresid: act("d residual stream", "(B, T, C)", n * d)?,
@@ -334,8 +340,8 @@ impl<Buf> GradActivations<Buf> {
                 b * c.num_heads * t * t,
             )?,
             datty: act("d attention output", "(B, T, C)", n * d)?,
-            dh1: act("d FFN W1 x", "(B, T, F)", n * f)?,
-            dh3: act("d FFN W3 x", "(B, T, F)", if swiglu { n * f } else { 0 })?,
+            dh1: operand("d FFN W1 x", "(B, T, F)", n * f)?,
+            dh3: operand("d FFN W3 x", "(B, T, F)", if swiglu { n * f } else { 0 })?,
             dgate: act("d FFN gated product", "(B, T, F)", n * f)?,
         })
     }

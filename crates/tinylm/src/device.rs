@@ -1,4 +1,5 @@
-//! Where a model runs: `cpu`, `cuda`, `cuda:N` or `auto`, and in which precision.
+//! Where a model runs: `cpu`, `cuda`, `cuda:N` or `auto`, and in which precision
+//! (`auto`: bf16 where the hardware multiplies bf16 natively, [`resolve_precision`]).
 //!
 //! Every command that runs a model is written once, generic over the
 //! [`Backend`](crate::kernels::Backend): [`AnyBackend::open`] opens the backend a
@@ -8,7 +9,8 @@
 //! builds refuse `cuda` with a line that says how to get it.
 
 use crate::distributed::World;
-use crate::kernels::{Cpu, Precision};
+use crate::kernels::cpu::bf16::Bf16Kernel;
+use crate::kernels::{Cpu, CpuBf16, Precision};
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -71,23 +73,68 @@ impl From<Device> for String {
     }
 }
 
-/// A backend chosen at run time: the CPU, or a GPU in builds with the cargo
-/// feature `cuda`. [`on_backend!`](crate::on_backend) runs generic code on the one
-/// it holds.
+/// A backend chosen at run time: the CPU in `f32` or in bf16 mixed precision, or
+/// a GPU in builds with the cargo feature `cuda`. [`on_backend!`](crate::on_backend)
+/// runs generic code on the one it holds.
 pub enum AnyBackend {
     Cpu(Cpu),
+    CpuBf16(CpuBf16),
     #[cfg(feature = "cuda")]
     Cuda(Box<crate::kernels::cuda::Cuda>),
 }
 
 impl AnyBackend {
-    /// The backend `device` names, in `precision` on a GPU.
+    /// The backend `device` names, in `precision` (`auto` resolved as
+    /// [`resolve_precision`] says).
     pub fn open(device: Device, precision: Precision) -> Result<Self> {
         match resolve(device)? {
-            Device::Cpu => Ok(AnyBackend::Cpu(Cpu)),
+            Device::Cpu => Ok(match resolve_precision(Device::Cpu, precision) {
+                Precision::Bf16 => AnyBackend::CpuBf16(CpuBf16::new()),
+                _ => AnyBackend::Cpu(Cpu),
+            }),
             Device::Cuda(ordinal) => open_cuda(ordinal, precision),
             Device::Auto => unreachable!("resolved above"),
         }
+    }
+}
+
+/// The precision `asked` means on `device`: `bf16` or `fp32` as asked; `auto` on a
+/// CPU is bf16 where the CPU multiplies bf16 natively (AVX512_BF16, Arm BF16,
+/// [`Bf16Kernel::native`]) and fp32 elsewhere, and on a GPU bf16 from compute
+/// capability 8.0 (the GPU's backend decides, knowing the GPU).
+pub fn resolve_precision(device: Device, asked: Precision) -> Precision {
+    match (device, asked) {
+        (Device::Cpu, Precision::Auto) if Bf16Kernel::native().is_some() => Precision::Bf16,
+        (Device::Cpu, Precision::Auto) => Precision::Fp32,
+        (_, asked) => asked,
+    }
+}
+
+/// What `asked` means on `device` (resolved), in words for a run's first line and
+/// `tinylm info`: "bf16 (auto: this CPU multiplies bf16 natively, AVX512_BF16
+/// (vdpbf16ps))", "fp32 (auto: this CPU has no native bf16 products)".
+pub fn describe_precision(device: Device, asked: Precision) -> String {
+    let auto = asked == Precision::Auto;
+    match (device, resolve_precision(device, asked)) {
+        (Device::Cpu, Precision::Bf16) => {
+            let kernel = Bf16Kernel::best();
+            match (auto, Bf16Kernel::native().is_some()) {
+                (true, _) => format!(
+                    "bf16 (auto: this CPU multiplies bf16 natively, {})",
+                    kernel.name()
+                ),
+                (false, true) => format!("bf16 ({})", kernel.name()),
+                (false, false) => format!(
+                    "bf16 ({}: this CPU has no native bf16 products, fp32 is faster)",
+                    kernel.name()
+                ),
+            }
+        }
+        (Device::Cpu, _) if auto => "fp32 (auto: this CPU has no native bf16 products)".into(),
+        (_, Precision::Auto) => "auto (bf16 on a GPU of compute capability 8.0 or newer, \
+                                 else fp32)"
+            .into(),
+        (_, precision) => precision.to_string(),
     }
 }
 
@@ -101,6 +148,7 @@ macro_rules! on_backend {
     ($any:expr, $backend:ident => $body:expr) => {
         match $any {
             $crate::device::AnyBackend::Cpu($backend) => $body,
+            $crate::device::AnyBackend::CpuBf16($backend) => $body,
             $crate::device::AnyBackend::Cuda(cuda) => {
                 let $backend = *cuda;
                 $body
@@ -110,13 +158,15 @@ macro_rules! on_backend {
 }
 
 /// `on_backend!(any, backend => body)`: `body` with `backend` bound to the backend
-/// the [`AnyBackend`] `any` holds (the CPU: this build has no other).
+/// the [`AnyBackend`] `any` holds (the CPU, in `f32` or bf16: this build has no
+/// GPU).
 #[cfg(not(feature = "cuda"))]
 #[macro_export]
 macro_rules! on_backend {
     ($any:expr, $backend:ident => $body:expr) => {
         match $any {
             $crate::device::AnyBackend::Cpu($backend) => $body,
+            $crate::device::AnyBackend::CpuBf16($backend) => $body,
         }
     };
 }
@@ -257,6 +307,7 @@ mod tests {
             assert!(err.contains(&format!("'{bad}'")), "{err}");
         }
         assert_eq!("fp32".parse::<Precision>().unwrap(), Precision::Fp32);
+        assert_eq!("auto".parse::<Precision>().unwrap(), Precision::default());
         assert!("fp16".parse::<Precision>().is_err());
     }
 

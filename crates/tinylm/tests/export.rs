@@ -7,9 +7,12 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::Path;
 use tinylm::config::{Ffn, Norm, Positional};
+use tinylm::distributed::World;
 use tinylm::export::gguf::{self, GgufDtype};
 use tinylm::export::{hf, permute_rope_rows};
+use tinylm::kernels::Precision;
 use tinylm::params::{load_safetensors, save_safetensors, ParamLayout, Tensors};
+use tinylm::train::{train, Progress, TrainConfig};
 use tinylm::{checkpoint, weights, Model, ModelConfig};
 use tinylm_bpe::files::Bpe;
 use tinylm_bpe::pretokenize::Pattern;
@@ -386,6 +389,51 @@ fn hf_round_trip_gives_back_identical_tensors_and_tokenizer() {
         );
         assert_eq!(back.tokenizer, Some(tok));
     }
+}
+
+/// A bf16 training run's checkpoint exports as any other: it holds the `f32` master
+/// weights, which the loader export reads and the Hugging Face directory and the
+/// GGUF file carry bit for bit.
+#[test]
+fn a_bf16_runs_checkpoint_exports_its_f32_master_weights() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let config = config(false);
+    let tok = tokenizer(d, 290);
+    let ids: Vec<u16> = (0..4000u32)
+        .map(|i| ((i * 37 + i / 7) % 290) as u16)
+        .collect();
+    tinylm_bpe::npy::write(&d.join("train.npy"), &[ids.len()], &ids).unwrap();
+    let cfg = TrainConfig {
+        model: config.clone(),
+        train_data: d.join("train.npy"),
+        val_data: None,
+        out_dir: d.join("run"),
+        batch_size: 4,
+        steps: 5,
+        eval_interval: 0,
+        precision: Precision::Bf16,
+        threads: 2,
+        ..TrainConfig::default()
+    };
+    let never = std::sync::atomic::AtomicBool::new(false);
+    let run = train(&cfg, &World::single(), &never, &mut |_: &Progress| {}).unwrap();
+    let params = weights::load(&run.checkpoint, None).unwrap().params;
+    let layout = ParamLayout::new(&config);
+    assert_ne!(params, layout.init(cfg.seed), "the run trained");
+    assert!(
+        params.iter().any(|x| x.to_bits() & 0xffff != 0),
+        "the f32 master weights, not their bf16 copy"
+    );
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    hf::export(&config, &params, &tok, &d.join("hf")).unwrap();
+    assert_eq!(
+        bits(&hf::import(&d.join("hf")).unwrap().params),
+        bits(&params)
+    );
+    gguf::export(&config, &params, &tok, &d.join("m.gguf"), GgufDtype::F32).unwrap();
+    let gguf = read_gguf(&std::fs::read(d.join("m.gguf")).unwrap());
+    assert_eq!(gguf.tensors.len(), layout.specs.len());
 }
 
 #[test]

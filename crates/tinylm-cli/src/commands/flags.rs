@@ -24,7 +24,8 @@ pub struct DeviceArgs {
     /// GPU is present).
     #[arg(long, default_value_t)]
     pub device: Device,
-    /// GPU arithmetic: bf16 (mixed precision) or fp32 (the CPU's results).
+    /// Arithmetic: bf16 (mixed precision: bf16 products summed in f32), fp32, or
+    /// auto (bf16 where the CPU or GPU multiplies bf16 natively, else fp32).
     #[arg(long, default_value_t)]
     pub precision: Precision,
 }

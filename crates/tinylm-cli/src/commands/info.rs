@@ -5,7 +5,7 @@ use clap::Args;
 use std::path::PathBuf;
 use tinylm::accounting::{forward_flops, forward_matmuls, ParamCounts, RunShape};
 use tinylm::config::Ffn;
-use tinylm::device::Device;
+use tinylm::device::{self, describe_precision, Device};
 use tinylm::kernels::Precision;
 use tinylm::train::TrainConfig;
 use tinylm::ModelConfig;
@@ -53,8 +53,9 @@ pub struct InfoArgs {
     /// Where the run trains: cpu, or cuda (a GPU's memory, in --precision).
     #[arg(long, default_value = "cpu")]
     device: Device,
-    /// GPU arithmetic: bf16 (mixed precision) or fp32.
-    #[arg(long, default_value = "bf16")]
+    /// Arithmetic: bf16 (mixed precision), fp32, or auto (bf16 where the CPU or GPU
+    /// multiplies bf16 natively, else fp32).
+    #[arg(long, default_value_t)]
     precision: Precision,
     /// The run's token files, whose memory-mapped pages count in its resident memory.
     #[arg(long)]
@@ -135,6 +136,14 @@ pub fn run(args: InfoArgs) -> Result<()> {
         zero: args.zero,
     };
     print!("{}", model_report(&c));
+    let device = match args.device {
+        Device::Auto => device::resolve(Device::Auto)?,
+        device => device,
+    };
+    println!(
+        "\nprecision: {}",
+        describe_precision(device, args.precision)
+    );
     print!("\n{}", step_report(b, t, &memory.step, &launch));
     print!("\n{}", peak_report(&memory, args.train_data.is_some()));
     if let Some(limit) = args.memory {

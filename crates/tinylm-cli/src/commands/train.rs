@@ -18,7 +18,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 use std::path::PathBuf;
 use tinylm::accounting::{largest_micro_batch, RunShape};
-use tinylm::device::{self, rank_device, Device, DeviceMemory};
+use tinylm::device::{self, describe_precision, rank_device, Device, DeviceMemory};
 use tinylm::distributed::World;
 use tinylm::kernels::Precision;
 use tinylm::text::byte_size;
@@ -143,7 +143,8 @@ struct TrainFlags {
     /// Where to train: cpu, cuda, cuda:N or auto.
     #[arg(long)]
     device: Option<Device>,
-    /// GPU arithmetic: bf16 (mixed precision) or fp32.
+    /// Arithmetic: bf16 (mixed precision: bf16 products summed in f32), fp32, or
+    /// auto (bf16 where the CPU or GPU multiplies bf16 natively, else fp32).
     #[arg(long)]
     precision: Option<Precision>,
 }
@@ -277,6 +278,13 @@ fn run_rank(args: TrainArgs, world: &World) -> Result<()> {
             println!("{}", serde_json::to_string_pretty(&cfg)?);
         }
         return Ok(());
+    }
+    if root {
+        let device = rank_device(cfg.device, world)?;
+        println!(
+            "training on {device} in {}",
+            describe_precision(device, cfg.precision)
+        );
     }
     if let (Some(note), true) = (resolved.resume_note(), root) {
         println!("{note}");

@@ -10,7 +10,7 @@
 
 use crate::buffers::{self, Activations, DecodeActivations, GradActivations, PassShape};
 use crate::config::{ModelConfig, Norm};
-use crate::device::{resolve, Device};
+use crate::device::{resolve, resolve_precision, Device};
 use crate::distributed::MPI_CHUNK;
 use crate::kernels::workspace::{
     attention_scores_len, attention_scratch_len, Scratch, ScratchType, CUBLASLT_WORKSPACE,
@@ -31,6 +31,10 @@ pub enum Target {
     /// Host memory, f32 throughout.
     #[default]
     Cpu,
+    /// Host memory under bf16 mixed precision: the activations only products read
+    /// ([`BufKind::Operands`]) in bf16, the parameters f32 with a bf16 copy, the
+    /// rest f32.
+    CpuBf16,
     /// A GPU's memory: activations in the precision's width (2 bytes under bf16),
     /// parameters, gradients, moments and normalization statistics f32, and under
     /// bf16 a bf16 copy of the parameters for the matrix products.
@@ -39,16 +43,33 @@ pub enum Target {
 
 impl Target {
     /// Where a run on `device` in `precision` keeps its buffers: `cuda` counts a
-    /// GPU's memory in any build; `auto` is what this machine has.
+    /// GPU's memory in any build (`auto` precision as bf16); `auto` is what this
+    /// machine has.
     pub fn of(device: Device, precision: Precision) -> Result<Self> {
         let device = match device {
             Device::Auto => resolve(Device::Auto)?,
             device => device,
         };
-        Ok(match device {
-            Device::Cuda(_) => Target::Cuda(precision),
+        Ok(match (device, resolve_precision(device, precision)) {
+            (Device::Cuda(_), Precision::Fp32) => Target::Cuda(Precision::Fp32),
+            (Device::Cuda(_), _) => Target::Cuda(Precision::Bf16),
+            (_, Precision::Bf16) => Target::CpuBf16,
             _ => Target::Cpu,
         })
+    }
+
+    /// Whether the buffers are a GPU's (else host memory).
+    pub fn on_gpu(self) -> bool {
+        matches!(self, Target::Cuda(_))
+    }
+
+    /// What it computes in, for reports: "f32 on the CPU", "bf16 on a GPU".
+    pub fn describe(self) -> String {
+        match self {
+            Target::Cpu => "f32 on the CPU".to_string(),
+            Target::CpuBf16 => "bf16 mixed precision on the CPU".to_string(),
+            Target::Cuda(p) => format!("{p} on a GPU"),
+        }
     }
 
     /// Bytes of one activation value.
@@ -126,10 +147,14 @@ impl Allocator<f32> for Planner {
 
     fn alloc(&self, _role: Role, len: usize, kind: BufKind) -> Result<Planned> {
         let width = match (self.target, kind) {
-            (Target::Cpu, _) | (Target::Cuda(_), BufKind::Full) => 4,
-            (Target::Cuda(_), BufKind::Activations) => self.target.activation_bytes(),
-            (Target::Cuda(Precision::Bf16), BufKind::Params) => 4 + 2,
-            (Target::Cuda(Precision::Fp32), BufKind::Params) => 4,
+            (Target::Cpu, _) | (_, BufKind::Full) => 4,
+            (Target::CpuBf16, BufKind::Activations) => 4,
+            (Target::CpuBf16, BufKind::Operands) => 2,
+            (Target::CpuBf16 | Target::Cuda(Precision::Bf16), BufKind::Params) => 4 + 2,
+            (Target::Cuda(_), BufKind::Params) => 4,
+            (Target::Cuda(_), BufKind::Activations | BufKind::Operands) => {
+                self.target.activation_bytes()
+            }
         };
         let bytes = width * len as u64;
         Ok(Planned { len, bytes })
@@ -141,9 +166,9 @@ impl Allocator<f32> for Planner {
     }
 
     fn alloc_stats(&self, _role: Role) -> Result<Planned> {
-        let bytes = match self.target {
-            Target::Cpu => 0,
-            Target::Cuda(_) => STATS_BYTES as u64,
+        let bytes = match self.target.on_gpu() {
+            false => 0,
+            true => STATS_BYTES as u64,
         };
         Ok(Planned { len: 0, bytes })
     }
@@ -240,7 +265,7 @@ pub fn step_buffers<F: Float, A: Allocator<F>>(
 /// and update too: each [`Scratch`] buffer they take, at its largest, and
 /// cuBLASLt's.
 fn workspace(c: &ModelConfig, pass: PassShape, train: bool, target: Target) -> Vec<Entry> {
-    if target == Target::Cpu {
+    if !target.on_gpu() {
         return Vec::new();
     }
     let PassShape { b, t, keys, decode } = pass;
@@ -345,7 +370,7 @@ impl Memory {
                 self.buffers.retain(|e| e.part != Part::Moments);
                 self.buffers.splice(at..at, r.entries());
             }
-            if self.target == Target::Cpu {
+            if !self.target.on_gpu() {
                 let scratch = if sharded {
                     shard
                 } else {
@@ -378,7 +403,8 @@ pub struct RunMemory {
     /// a GPU their pinned staging (one micro-batch).
     pub batch: u64,
     /// On a GPU, the pinned host buffer every tensor of a checkpoint passes
-    /// through, the size of the largest (f32); 0 on the CPU.
+    /// through, the size of the largest (f32); on the CPU under bf16 the same in
+    /// host memory; 0 on the CPU in f32.
     pub checkpoint_staging: u64,
     /// The memory-mapped token files: their pages count in the process's resident
     /// memory once read, but the kernel evicts them when memory runs short, so they
@@ -399,7 +425,11 @@ impl RunMemory {
         token_files: u64,
     ) -> Self {
         let ids = |rows: usize| 2 * 4 * (rows * seq_len) as u64;
-        let on_gpu = matches!(step.target, Target::Cuda(_));
+        let on_gpu = step.target.on_gpu();
+        // A checkpoint's tensors pass through staging where parameters are not
+        // written in place: a GPU's, and the CPU's under bf16 (whose bf16 copy an
+        // upload refreshes).
+        let staged = on_gpu || step.target == Target::CpuBf16;
         let largest_tensor = crate::params::ParamLayout::new(c)
             .specs
             .iter()
@@ -409,7 +439,7 @@ impl RunMemory {
         RunMemory {
             step,
             batch: ids(share) + if on_gpu { ids(micro) } else { 0 },
-            checkpoint_staging: if on_gpu { 4 * largest_tensor } else { 0 },
+            checkpoint_staging: if staged { 4 * largest_tensor } else { 0 },
             token_files,
         }
     }
@@ -422,9 +452,9 @@ impl RunMemory {
     /// The memory the run must have on its target: on the CPU the step's buffers
     /// and the host extras; on a GPU the step's buffers (device memory).
     pub fn required(&self) -> u64 {
-        match self.step.target {
-            Target::Cpu => self.step.total() + self.host_extra(),
-            Target::Cuda(_) => self.step.total(),
+        match self.step.target.on_gpu() {
+            false => self.step.total() + self.host_extra(),
+            true => self.step.total(),
         }
     }
 
@@ -512,6 +542,7 @@ impl InferenceMemory {
     pub fn describe(&self, target: Target) -> String {
         let place = match target {
             Target::Cpu => "host memory".to_string(),
+            Target::CpuBf16 => "host memory (bf16)".to_string(),
             Target::Cuda(p) => format!("GPU memory ({p})"),
         };
         let mut parts = vec![format!("parameters {}", byte_size(self.parameters()))];

@@ -4,7 +4,7 @@
 //! [`Span`], [`SpanMut`]), product and attention shapes ([`MatMul`],
 //! [`AttnShape`]), a step's statistics ([`StepStats`]) and AdamW's scalars
 //! ([`AdamWParams`], [`AdamWStep`], the clipping factor [`clip_scale`]), and the
-//! arithmetic of a GPU run ([`Precision`]).
+//! arithmetic of a run ([`Precision`]).
 
 use super::float::Float;
 use crate::distributed::World;
@@ -103,15 +103,21 @@ impl AttnShape {
     }
 }
 
-/// Arithmetic of a GPU run. The CPU always computes in `f32`.
+/// A run's arithmetic, on the CPU and on a GPU alike.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Precision {
-    /// bf16 activations and matrix-product operands; f32 master weights, AdamW
-    /// moments, normalization statistics, softmax and loss.
+    /// bf16 where the hardware multiplies bf16 natively — a GPU (compute
+    /// capability 8.0 or newer), a CPU with AVX512_BF16 or Arm BF16 — and `fp32`
+    /// elsewhere ([`crate::device::resolve_precision`]).
     #[default]
+    Auto,
+    /// Mixed precision: matrix products of bf16 operands (rounded to nearest, ties
+    /// to even) summed in f32, bf16 copies of the weights and bf16 activations
+    /// where only products read them (on a GPU, every activation); f32 master
+    /// weights, gradients, AdamW moments, normalization statistics, softmax and loss.
     Bf16,
-    /// f32 everywhere: the CPU engine's results, for exact comparison.
+    /// f32 everywhere.
     Fp32,
 }
 
@@ -120,10 +126,11 @@ impl FromStr for Precision {
 
     fn from_str(s: &str) -> Result<Self> {
         match s {
+            "auto" => Ok(Precision::Auto),
             "bf16" => Ok(Precision::Bf16),
             "fp32" => Ok(Precision::Fp32),
             _ => Err(Error::Config(format!(
-                "unknown precision '{s}': expected bf16 or fp32"
+                "unknown precision '{s}': expected auto, bf16 or fp32"
             ))),
         }
     }
@@ -132,6 +139,7 @@ impl FromStr for Precision {
 impl fmt::Display for Precision {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
+            Precision::Auto => "auto",
             Precision::Bf16 => "bf16",
             Precision::Fp32 => "fp32",
         })
@@ -143,11 +151,19 @@ impl fmt::Display for Precision {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BufKind {
     /// The parameters: `F` master values. A mixed-precision backend also keeps a
-    /// low-precision copy for matrix-product operands, refreshed by every write
-    /// ([`Backend::upload`], [`Backend::adamw`]).
+    /// bf16 copy for matrix-product operands, refreshed by every write
+    /// ([`Backend::upload`], [`Backend::adamw`], a collective's gather).
     Params,
-    /// Activations and their gradients (bf16 under mixed precision).
+    /// Activations and their gradients that kernels other than the products read
+    /// (the residual stream, attention's, the FFN's pre-activations, the logits):
+    /// bf16 on a GPU under bf16 (its kernels compute on bf16 values), `F` on the CPU
+    /// (its element-wise kernels read and write `f32`).
     Activations,
+    /// Activations the backward pass reads only as matrix-product operands (the
+    /// norms' outputs, the FFN's gated product, the gradients of its
+    /// pre-activations): bf16 under bf16 on every backend, which halves their
+    /// memory and loses nothing the products would not round away.
+    Operands,
     /// Always full precision: parameter gradients, AdamW moments, RMSNorm
     /// statistics, RoPE tables.
     Full,

@@ -1,6 +1,6 @@
 //! The element type of the kernels ([`Float`]: `f32` for real work, `f64` for the
-//! finite-difference gradient checks) and the vectorizable `exp` the softmax and
-//! SiLU kernels use.
+//! finite-difference gradient checks), how a buffer stores it ([`Element`]: as it
+//! is, or as bf16) and the vectorizable `exp` the softmax and SiLU kernels use.
 
 use std::fmt::Debug;
 use std::iter::Sum;
@@ -94,6 +94,26 @@ impl Float for f64 {
         } else {
             other
         }
+    }
+}
+
+/// How a kernel's output (or input) buffer stores values the kernel computes in
+/// `F`: as `F` itself, or — under bf16 mixed precision, for `f32` — as bf16,
+/// rounded to nearest, ties to even (`half::bf16`, implemented beside the one
+/// rounding in `cpu/bf16/round.rs`).
+pub trait Element<F: Float>: Copy + Send + Sync + 'static {
+    fn load(self) -> F;
+    fn store(x: F) -> Self;
+}
+
+impl<F: Float> Element<F> for F {
+    #[inline(always)]
+    fn load(self) -> F {
+        self
+    }
+    #[inline(always)]
+    fn store(x: F) -> F {
+        x
     }
 }
 

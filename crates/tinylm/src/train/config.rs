@@ -101,7 +101,8 @@ pub struct TrainConfig {
     pub resume: Option<PathBuf>,
     /// Where the model trains: `cpu`, `cuda`, `cuda:N` or `auto`.
     pub device: Device,
-    /// GPU arithmetic (`bf16` mixed precision or `fp32`); the CPU always uses f32.
+    /// Arithmetic: `bf16` mixed precision, `fp32`, or `auto` (bf16 where the CPU or
+    /// GPU multiplies bf16 natively, else fp32).
     pub precision: Precision,
 }
 
@@ -139,7 +140,7 @@ impl Default for TrainConfig {
             schedule: Schedule::Steps,
             resume: None,
             device: Device::Cpu,
-            precision: Precision::Bf16,
+            precision: Precision::Auto,
         }
     }
 }

@@ -84,7 +84,7 @@ fn step_products(c: &ModelConfig, n: usize) -> Vec<(String, MatMul, usize)> {
 }
 
 /// The step's products alone ([`step_products`]) in one precision — `f32` on the
-/// `gemm` crate, or bf16 operands on tinylm's bf16 kernel — each timed once per
+/// `gemm` crate (`fp32`, `auto`), or bf16 operands on tinylm's bf16 kernel — each timed once per
 /// [`PeakProducts::time_each`]; the peak is the best GFLOP/s of any.
 pub struct PeakProducts {
     precision: Precision,
@@ -129,11 +129,11 @@ impl PeakProducts {
                 };
                 let (a, b) = (filled(s.m * s.k, 0.5), filled(s.k * s.n, 0.25));
                 let operands = match precision {
-                    Precision::Fp32 => Operands::F32(a, b),
                     Precision::Bf16 => {
                         let to_bf16 = |x: Vec<f32>| x.into_iter().map(bf16::from_f32).collect();
                         Operands::Bf16(to_bf16(a), to_bf16(b))
                     }
+                    Precision::Fp32 | Precision::Auto => Operands::F32(a, b),
                 };
                 Product {
                     name,
@@ -155,8 +155,8 @@ impl PeakProducts {
     /// What the products run on.
     pub fn library(&self) -> String {
         match self.precision {
-            Precision::Fp32 => format!("gemm crate, {}", matmul_isa()),
             Precision::Bf16 => format!("tinylm bf16, {}", Bf16Kernel::best().name()),
+            Precision::Fp32 | Precision::Auto => format!("gemm crate, {}", matmul_isa()),
         }
     }
 

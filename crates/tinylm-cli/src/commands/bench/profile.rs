@@ -11,9 +11,10 @@ use super::model::{adamw, Step};
 /// Steps the profile times (after one untimed).
 const PROFILED_STEPS: usize = 5;
 
-/// The timed step again on `backend` with every kernel call timed, from `params`:
-/// prints the split per kind of kernel. On a GPU each call waits for the device
-/// ([`Profiled`]), so the profiled step is slower than the timed one.
+/// The timed step again on `backend` (in the run's precision) with every kernel
+/// call timed, from `params`: prints the split per kind of kernel. On a GPU each
+/// call waits for the device ([`Profiled`]), so the profiled step is slower than
+/// the timed one.
 pub fn profile<B: Backend<f32>>(
     backend: B,
     c: &ModelConfig,

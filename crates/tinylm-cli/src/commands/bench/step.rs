@@ -14,8 +14,9 @@ use std::time::Instant;
 use tinylm::accounting::training_flops;
 use tinylm::config::ModelConfig;
 use tinylm::data::SplitMix64;
-use tinylm::device::{rank_device, AnyBackend, Device};
+use tinylm::device::{describe_precision, rank_device, resolve_precision, AnyBackend, Device};
 use tinylm::distributed::{Reduce, World};
+use tinylm::kernels::cpu::bf16::Bf16Kernel;
 use tinylm::kernels::cpu::linear::matmul_isa;
 use tinylm::kernels::{Backend, Precision};
 use tinylm::{on_backend, Model, Result as LmResult};
@@ -85,6 +86,7 @@ fn bench(args: &BenchArgs, c: &ModelConfig, b: usize, t: usize, world: &World) -
         t,
         rows: n,
     };
+    let precision = resolve_precision(device, args.device.precision);
     if root {
         print_setup(c, b, t, flops, device, &args.device, ranks);
     }
@@ -92,7 +94,7 @@ fn bench(args: &BenchArgs, c: &ModelConfig, b: usize, t: usize, world: &World) -
     // same machine: on a shared one, a product timed alone after the steps (or a step
     // alone) may catch a quiet moment the other never had.
     let mut peak = (device == Device::Cpu && !args.no_peak && ranks == 1)
-        .then(|| PeakProducts::new(c, n, Precision::Fp32));
+        .then(|| PeakProducts::new(c, n, precision));
     let backend = AnyBackend::open(device, args.device.precision)?;
     let timings = on_backend!(backend, backend => {
         timed_steps(backend, c, &step, args.steps, world, peak.as_mut())?
@@ -136,8 +138,8 @@ fn bench(args: &BenchArgs, c: &ModelConfig, b: usize, t: usize, world: &World) -
             n as f64 * threads / cpu
         );
     }
-    let backend = AnyBackend::open(device, args.device.precision)?;
-    on_backend!(backend, backend => profile(backend, c, &timings.params, &step)?);
+    let backend = AnyBackend::open(device, precision)?;
+    on_backend!(backend, backend => profile(backend, c, &timings.params, &step))?;
     if let Some(peak) = peak {
         report_peak(&peak, &timings.steps, flops, best);
     }
@@ -169,12 +171,19 @@ fn print_setup(
             rayon::current_num_threads()
         ),
     }
-    match device {
-        Device::Cpu => println!(
-            "matrix products: gemm's {} kernels (chosen at run time for this CPU)",
+    let precision = describe_precision(device, flags.precision);
+    match (device, resolve_precision(device, flags.precision)) {
+        (Device::Cpu, Precision::Bf16) => println!(
+            "precision {precision}\nmatrix products: tinylm's bf16 kernels, {} (bf16 \
+             operands summed in f32)",
+            Bf16Kernel::best().name()
+        ),
+        (Device::Cpu, _) => println!(
+            "precision {precision}\nmatrix products: gemm's {} kernels (chosen at run time \
+             for this CPU)",
             matmul_isa()
         ),
-        _ => println!("device: {device}, precision {}", flags.precision),
+        _ => println!("device: {device}, precision {precision}"),
     }
 }
 

@@ -40,6 +40,9 @@ pub fn step_report(b: usize, t: usize, m: &Memory, launch: &Launch) -> String {
     let share = |n: u64, of: u64| format!("{:.1}%", 100.0 * n as f64 / of as f64);
     let precision = match m.target {
         Target::Cpu => "f32 on the CPU".to_string(),
+        Target::CpuBf16 => {
+            "on the CPU: bf16 product-only activations, f32 weights and moments".to_string()
+        }
         Target::Cuda(Precision::Bf16) => {
             "on a GPU: bf16 activations, f32 weights and moments".to_string()
         }
@@ -57,7 +60,7 @@ pub fn step_report(b: usize, t: usize, m: &Memory, launch: &Launch) -> String {
     let mut rows = vec![row(["", "shape", "per layer", "total", "share"])];
     let grand = m.total();
     let whole = WHOLE.map(|(part, name)| match (part, m.target) {
-        (Part::Parameters, Target::Cuda(Precision::Bf16)) => {
+        (Part::Parameters, Target::Cuda(Precision::Bf16) | Target::CpuBf16) => {
             ("parameters and their bf16 copy", m.bytes(part))
         }
         _ => (name, m.bytes(part)),
@@ -110,7 +113,7 @@ pub fn step_report(b: usize, t: usize, m: &Memory, launch: &Launch) -> String {
 
 /// Where a run's memory goes beyond the step's buffers, and its peak.
 pub fn peak_report(m: &RunMemory, files_given: bool) -> String {
-    let on_gpu = matches!(m.step.target, Target::Cuda(_));
+    let on_gpu = m.step.target.on_gpu();
     let (device, host) = (if on_gpu { "GPU" } else { "host" }, "host");
     let files = match files_given {
         true => byte_size(m.token_files),
@@ -165,7 +168,7 @@ pub fn fit_report(c: &ModelConfig, shape: &RunShape, share: usize, limit: u64) -
         "Fitting in {} per rank ({})\n",
         byte_size(limit),
         match shape.target {
-            Target::Cpu => "host memory".to_string(),
+            Target::Cpu | Target::CpuBf16 => "host memory".to_string(),
             Target::Cuda(p) => format!("GPU memory, {p}; leave room for the CUDA context"),
         }
     );

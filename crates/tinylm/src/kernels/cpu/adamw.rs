@@ -1,8 +1,9 @@
 //! The AdamW update (SPEC §3) over flat slices: the whole parameter buffer of a
-//! model (moments mirror it) or any single tensor. The CUDA twin is
-//! `kernels/cuda/adamw.cu`.
+//! model (moments mirror it) or any single tensor, and under mixed precision the
+//! parameters' bf16 copy in the same pass. The CUDA twin is `kernels/cuda/adamw.cu`.
 
 use super::simd::{vectorized, CHUNK};
+use crate::kernels::float::Element;
 use crate::kernels::{AdamWParams, Float};
 use rayon::prelude::*;
 
@@ -13,6 +14,23 @@ use rayon::prelude::*;
 #[allow(clippy::too_many_arguments)]
 pub fn adamw_step<F: Float>(
     param: &mut [F],
+    grad: &[F],
+    m: &mut [F],
+    v: &mut [F],
+    step: u64,
+    lr: f64,
+    hp: &AdamWParams,
+    grad_scale: f32,
+) {
+    adamw_update::<F, F>(param, None, grad, m, v, step, lr, hp, grad_scale);
+}
+
+/// [`adamw_step`], and with `copy` each new `θ` also stored there in the same pass
+/// (the products' bf16 copy of the parameters, under mixed precision).
+#[allow(clippy::too_many_arguments)]
+pub fn adamw_update<F: Float, C: Element<F>>(
+    param: &mut [F],
+    copy: Option<&mut [C]>,
     grad: &[F],
     m: &mut [F],
     v: &mut [F],
@@ -33,23 +51,41 @@ pub fn adamw_step<F: Float>(
     let (b1, b2, eps) = (f(hp.beta1), f(hp.beta2), f(hp.eps));
     let decay = f(lr * hp.weight_decay);
     let (one, grad_scale) = (F::ONE, F::from_f64(grad_scale as f64));
-    param
+    let update = |p: &mut [F], g: &[F], m: &mut [F], v: &mut [F], copy: Option<&mut [C]>| {
+        vectorized(
+            #[inline(always)]
+            || {
+                for i in 0..p.len() {
+                    let g = g[i] * grad_scale;
+                    m[i] = b1 * m[i] + (one - b1) * g;
+                    v[i] = b2 * v[i] + (one - b2) * g * g;
+                    let theta = p[i] - alpha_t * m[i] / (v[i].sqrt() + eps);
+                    p[i] = theta - decay * theta;
+                }
+                if let Some(copy) = copy {
+                    for (c, &p) in copy.iter_mut().zip(p.iter()) {
+                        *c = C::store(p);
+                    }
+                }
+            },
+        )
+    };
+    let chunks = param
         .par_chunks_mut(CHUNK)
         .zip(grad.par_chunks(CHUNK))
         .zip(m.par_chunks_mut(CHUNK))
-        .zip(v.par_chunks_mut(CHUNK))
-        .for_each(|(((p, g), m), v)| {
-            vectorized(
-                #[inline(always)]
-                || {
-                    for i in 0..p.len() {
-                        let g = g[i] * grad_scale;
-                        m[i] = b1 * m[i] + (one - b1) * g;
-                        v[i] = b2 * v[i] + (one - b2) * g * g;
-                        let theta = p[i] - alpha_t * m[i] / (v[i].sqrt() + eps);
-                        p[i] = theta - decay * theta;
-                    }
-                },
-            )
-        });
+        .zip(v.par_chunks_mut(CHUNK));
+    match copy {
+        Some(copy) => {
+            assert_eq!(
+                copy.len(),
+                n,
+                "adamw_step: the copy must have the params' length"
+            );
+            chunks
+                .zip(copy.par_chunks_mut(CHUNK))
+                .for_each(|((((p, g), m), v), c)| update(p, g, m, v, Some(c)));
+        }
+        None => chunks.for_each(|(((p, g), m), v)| update(p, g, m, v, None)),
+    }
 }

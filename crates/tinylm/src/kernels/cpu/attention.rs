@@ -1,9 +1,11 @@
 //! Causal multi-head attention, one rayon task per (batch, head): the score and
-//! value products through `gemm` on strided views of the fused `qkv` rows, the
-//! causal structure by bounds (no mask is materialized), softmax with the max
-//! subtracted. The right operands `Kᵀ` and `Vᵀ` are transposed once per head into
-//! the thread's scratch: `gemm` reads a right operand's rows in place but would
-//! transpose a strided `Kᵀ` view again for every query block.
+//! value products on strided views of the fused `qkv` rows (through `gemm` in the
+//! backend's float, `Gemm`, or through another `HeadProduct`: the bf16 kernel of
+//! [`CpuBf16`](super::CpuBf16)), the causal structure by bounds (no mask is
+//! materialized), softmax with the max subtracted. The right operands `Kᵀ` and `Vᵀ`
+//! are transposed once per head into the thread's scratch: `gemm` reads a right
+//! operand's rows in place but would transpose a strided `Kᵀ` view again for every
+//! query block.
 //!
 //! And [`sdpa`], the general scaled dot-product attention (any mask, `n` queries
 //! and `m` keys) with the same row softmax ([`softmax_row`]).
@@ -15,14 +17,63 @@ use super::softmax::softmax_row;
 use crate::kernels::{AttnShape, Float, MatMul};
 use rayon::prelude::*;
 
+/// The per-head products of attention: `dst (m, n) = scale · a (m, k) · b (k, n)`,
+/// or `dst +=` when `accumulate`, on strided views, on the calling thread.
+pub(crate) trait HeadProduct<F>: Sync {
+    /// # Safety
+    /// The views must address valid memory for their shapes, `dst` must be
+    /// writable (row stride `dst_rs`, unit column stride) and alias neither operand.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn product(
+        &self,
+        shape: (usize, usize, usize),
+        dst: *mut F,
+        dst_rs: usize,
+        a: View<F>,
+        b: View<F>,
+        scale: F,
+        accumulate: bool,
+    );
+}
+
+/// The products in the backend's float, through `gemm` ([`gemm_view`]).
+pub(crate) struct Gemm;
+
+impl<F: Float> HeadProduct<F> for Gemm {
+    unsafe fn product(
+        &self,
+        shape: (usize, usize, usize),
+        dst: *mut F,
+        dst_rs: usize,
+        a: View<F>,
+        b: View<F>,
+        scale: F,
+        accumulate: bool,
+    ) {
+        gemm_view(shape, dst, dst_rs, a, b, scale, accumulate)
+    }
+}
+
 /// Queries per block: a block's products only reach the keys its last query sees,
 /// which skips most of the zero upper triangle of `P`.
 const QUERY_BLOCK: usize = 32;
 
 /// Forward: for each (b, h), `S = Q Kᵀ / sqrt(D)` `(Tq, T)`, `P = softmax` over keys
 /// `j ≤ q0 + i` (later keys get exactly 0), `out = P V`.
-/// `qkv (B, T, 3C)`, `att (B, H, Tq, T)`, `out (B, Tq, C)`.
+/// `qkv (B, T, 3C)`, `att (B, H, Tq, T)`, `out (B, Tq, C)`. Both products in `F`
+/// (`Gemm`).
 pub fn attention_forward<F: Float>(out: &mut [F], att: &mut [F], qkv: &[F], s: AttnShape) {
+    attention_forward_on(out, att, qkv, s, &Gemm)
+}
+
+/// [`attention_forward`] with both products on `products`.
+pub(crate) fn attention_forward_on<F: Float>(
+    out: &mut [F],
+    att: &mut [F],
+    qkv: &[F],
+    s: AttnShape,
+    products: &(impl HeadProduct<F> + ?Sized),
+) {
     let (t, tq, c, d) = (s.t, s.tq(), s.c(), s.d);
     assert_eq!(qkv.len(), s.b * t * 3 * c, "attention qkv size");
     assert_eq!(out.len(), s.b * tq * c, "attention output size");
@@ -44,11 +95,12 @@ pub fn attention_forward<F: Float>(out: &mut [F], att: &mut [F], qkv: &[F], s: A
             // costs less than a transposed copy.
             if tq < QUERY_BLOCK {
                 let k = View::new(k, 3 * c, true);
-                return head_forward(p, out_ptr.get(), seq, k, v, b, h, s);
+                return head_forward(p, out_ptr.get(), seq, k, v, b, h, s, products);
             }
             with_scratch(d * t, |kt| {
                 transpose(kt, k, t, d, 3 * c);
-                head_forward(p, out_ptr.get(), seq, View::new(kt, t, false), v, b, h, s);
+                let kt = View::new(kt, t, false);
+                head_forward(p, out_ptr.get(), seq, kt, v, b, h, s, products);
             });
         }
     });
@@ -71,6 +123,7 @@ unsafe fn head_forward<F: Float>(
     b: usize,
     h: usize,
     s: AttnShape,
+    products: &(impl HeadProduct<F> + ?Sized),
 ) {
     let (t, tq, c, d) = (s.t, s.tq(), s.c(), s.d);
     let scale = F::ONE / F::from_f64(d as f64).sqrt();
@@ -83,7 +136,7 @@ unsafe fn head_forward<F: Float>(
         // SAFETY: the views stay inside `seq` (rows < T, stride 3C); the
         // destination is this task's own block of `att`.
         unsafe {
-            gemm_view(
+            products.product(
                 (i1 - i0, d, keys),
                 p_block.as_mut_ptr(),
                 t,
@@ -108,7 +161,7 @@ unsafe fn head_forward<F: Float>(
         unsafe {
             let dst = out.add((b * tq + i0) * c + h * d);
             let p_view = View::new(p_block, t, false);
-            gemm_view((i1 - i0, keys, d), dst, c, p_view, v, F::ONE, false);
+            products.product((i1 - i0, keys, d), dst, c, p_view, v, F::ONE, false);
         }
     }
 }
@@ -167,7 +220,8 @@ pub fn sdpa<F: Float>(
 /// `dQ = dS K`, `dK = dSᵀ Q`, written into `dqkv (B, T, 3C)`.
 /// `dout (B, T, C)`, `qkv (B, T, 3C)`, `att (B, H, T, T)`, scratch `datt (B, H, T, T)`
 /// of which each head reuses its first `QUERY_BLOCK` rows for every query block: the
-/// block stays in cache instead of streaming the whole `dP` through memory.
+/// block stays in cache instead of streaming the whole `dP` through memory. Every
+/// product in `F` (`Gemm`).
 pub fn attention_backward<F: Float>(
     dqkv: &mut [F],
     datt: &mut [F],
@@ -175,6 +229,19 @@ pub fn attention_backward<F: Float>(
     qkv: &[F],
     att: &[F],
     s: AttnShape,
+) {
+    attention_backward_on(dqkv, datt, dout, qkv, att, s, &Gemm)
+}
+
+/// [`attention_backward`] with every product on `products`.
+pub(crate) fn attention_backward_on<F: Float>(
+    dqkv: &mut [F],
+    datt: &mut [F],
+    dout: &[F],
+    qkv: &[F],
+    att: &[F],
+    s: AttnShape,
+    products: &(impl HeadProduct<F> + ?Sized),
 ) {
     assert_eq!(s.q0, 0, "attention backward needs a full pass");
     let (t, c, d) = (s.t, s.c(), s.d);
@@ -215,10 +282,18 @@ pub fn attention_backward<F: Float>(
                     unsafe {
                         // dV[..keys] (+)= P[block, ..keys]ᵀ · dO[block]
                         let dv = dseq.add(2 * c);
-                        gemm_view((keys, rows, d), dv, 3 * c, p_block_t, dout, F::ONE, !first);
+                        products.product(
+                            (keys, rows, d),
+                            dv,
+                            3 * c,
+                            p_block_t,
+                            dout,
+                            F::ONE,
+                            !first,
+                        );
                         // dP[block, ..keys] = dO[block] · V[..keys]ᵀ
                         let dst = dp_block.as_mut_ptr();
-                        gemm_view((rows, d, keys), dst, t, dout, vt, F::ONE, false);
+                        products.product((rows, d, keys), dst, t, dout, vt, F::ONE, false);
                     }
                     vectorized(
                         #[inline(always)]
@@ -242,7 +317,7 @@ pub fn attention_backward<F: Float>(
                     unsafe {
                         // dQ[block] = dS[block, ..keys] · K[..keys]
                         let dq = dseq.add(i0 * 3 * c);
-                        gemm_view(
+                        products.product(
                             (rows, keys, d),
                             dq,
                             3 * c,
@@ -253,7 +328,7 @@ pub fn attention_backward<F: Float>(
                         );
                         // dK[..keys] (+)= dS[block, ..keys]ᵀ · Q[block]
                         let dk = dseq.add(c);
-                        gemm_view(
+                        products.product(
                             (keys, rows, d),
                             dk,
                             3 * c,

@@ -8,14 +8,14 @@ use crate::kernels::Float;
 /// transparent huge pages before its first touch (`madvise`; a no-op where the
 /// kernel has them off): the products' packing and attention walk rows that lie
 /// kilobytes apart, and 2 MiB pages spare those walks most of their TLB misses.
-pub fn zeroed<F: Float>(len: usize) -> Vec<F> {
-    let buf = vec![F::ZERO; len];
+pub fn zeroed<T: Copy + Default>(len: usize) -> Vec<T> {
+    let buf = vec![T::default(); len];
     #[cfg(target_os = "linux")]
     {
         const HUGE_PAGE: usize = 2 << 20;
         let (start, end) = (
             buf.as_ptr() as usize,
-            buf.as_ptr() as usize + len * size_of::<F>(),
+            buf.as_ptr() as usize + len * size_of::<T>(),
         );
         let first = start.next_multiple_of(HUGE_PAGE);
         let last = end / HUGE_PAGE * HUGE_PAGE;
@@ -49,24 +49,27 @@ impl<F> SharedMut<F> {
 }
 
 thread_local! {
-    /// One worker thread's scratch buffer (see [`with_scratch`]), a `Vec<T>` for the
-    /// element type last asked for.
-    static SCRATCH: std::cell::Cell<Option<Box<dyn std::any::Any>>> =
-        const { std::cell::Cell::new(None) };
+    /// One worker thread's scratch buffers (see [`with_scratch`]), a `Vec<T>` for
+    /// each element type asked for.
+    static SCRATCH: std::cell::RefCell<Vec<Box<dyn std::any::Any>>> =
+        const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Runs `f` on this thread's scratch of `len` elements (contents unspecified). The
-/// buffer grows to the largest size asked for and is kept, so once a shape has run,
-/// later calls allocate nothing — for work inside a rayon task that needs a few
-/// KiB of its own (attention's transposed head, a bf16 product's packed blocks). A
-/// nested call gets a fresh buffer.
+/// Runs `f` on this thread's scratch of `len` elements of `T` (contents
+/// unspecified). The buffer grows to the largest size asked for and is kept, one per
+/// element type, so once a shape has run, later calls allocate nothing — for work
+/// inside a rayon task that needs a few KiB of its own (attention's transposed
+/// head in `f32`, a bf16 product's packed blocks in `u32`, both in one step under
+/// bf16). A nested call for the same type gets a fresh buffer.
 pub(crate) fn with_scratch<T: Copy + Default + 'static, R>(
     len: usize,
     f: impl FnOnce(&mut [T]) -> R,
 ) -> R {
     let mut slot = SCRATCH
-        .take()
-        .filter(|b| b.is::<Vec<T>>())
+        .with_borrow_mut(|kept| {
+            let at = kept.iter().position(|b| b.is::<Vec<T>>())?;
+            Some(kept.swap_remove(at))
+        })
         .unwrap_or_else(|| Box::new(Vec::<T>::new()));
     let buf = slot
         .downcast_mut::<Vec<T>>()
@@ -75,7 +78,11 @@ pub(crate) fn with_scratch<T: Copy + Default + 'static, R>(
         buf.resize(len, T::default());
     }
     let out = f(&mut buf[..len]);
-    SCRATCH.set(Some(slot));
+    SCRATCH.with_borrow_mut(|kept| {
+        // A nested call's buffer of the same type gives way to this one.
+        kept.retain(|b| !b.is::<Vec<T>>());
+        kept.push(slot);
+    });
     out
 }
 
@@ -170,5 +177,8 @@ mod tests {
         });
         assert_eq!(first, again);
         assert_eq!(with_scratch::<f64, _>(3, |s| s.len()), 3);
+        // Another type in between keeps the first type's buffer.
+        with_scratch::<u32, _>(1000, |s| s.fill(7));
+        assert_eq!(with_scratch::<f32, _>(1000, |s| s.as_ptr()), first);
     }
 }

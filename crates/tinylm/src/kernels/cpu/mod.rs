@@ -1,9 +1,11 @@
 //! The CPU backend: every kernel multi-threaded with rayon (the global pool, sized
-//! by `--threads`), matrix products through the `gemm` crate.
+//! by `--threads`), matrix products through the `gemm` crate, or under bf16 mixed
+//! precision through the hand-written bf16 products of [`bf16`].
 //!
 //! One file per kernel family, forward and backward side by side with their
 //! derivations; [`backend`] implements the [`Backend`](crate::kernels::Backend)
-//! over them, [`simd`] holds the vector code they share and [`memory`] the buffers.
+//! over them in `f32` (or `f64`), [`mixed`] in bf16 mixed precision, [`simd`] holds
+//! the vector code they share and [`memory`] the buffers.
 
 pub mod adamw;
 pub mod attention;
@@ -16,6 +18,7 @@ pub mod embedding;
 pub mod global_norm;
 pub mod linear;
 pub mod memory;
+pub mod mixed;
 pub mod rmsnorm;
 pub mod rope;
 pub mod simd;
@@ -23,3 +26,4 @@ pub mod softmax;
 pub mod swiglu;
 
 pub use backend::Cpu;
+pub use mixed::CpuBf16;

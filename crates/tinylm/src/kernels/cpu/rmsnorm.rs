@@ -1,12 +1,19 @@
 //! RMSNorm: `out = x / sqrt(mean(x²) + eps) ⊙ g`, statistics in the working
-//! precision (f32 for the model).
+//! precision (f32 for the model); the output stored as the buffer's [`Element`]
+//! says (bf16 when only matrix products read it).
 
 use super::simd::{dot3, sum_by, vectorized, CHUNK};
-use crate::kernels::Float;
+use crate::kernels::float::{Element, Float};
 use rayon::prelude::*;
 
 /// `out (N, C)`, `rstd (N)` = `1 / sqrt(mean(x²) + eps)` from `x (N, C)`, `g (C)`.
-pub fn rmsnorm_forward<F: Float>(out: &mut [F], rstd: &mut [F], x: &[F], g: &[F], eps: f64) {
+pub fn rmsnorm_forward<F: Float, O: Element<F>>(
+    out: &mut [O],
+    rstd: &mut [F],
+    x: &[F],
+    g: &[F],
+    eps: f64,
+) {
     let c = g.len();
     let rows_per_task = (CHUNK / c).max(1);
     out.par_chunks_mut(c * rows_per_task)
@@ -21,7 +28,7 @@ pub fn rmsnorm_forward<F: Float>(out: &mut [F], rstd: &mut [F], x: &[F], g: &[F]
                         *r = F::ONE / (ms + F::from_f64(eps)).sqrt();
                         let s = *r;
                         for ((o, &v), &g) in out.iter_mut().zip(x).zip(g) {
-                            *o = v * s * g;
+                            *o = O::store(v * s * g);
                         }
                     }
                 },

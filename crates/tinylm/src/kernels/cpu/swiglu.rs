@@ -1,8 +1,9 @@
 //! SiLU and SwiGLU: `SiLU(a) = a·σ(a)`, SwiGLU `= SiLU(a) ⊙ b` (one kernel; the
-//! plain SiLU FFN passes no `b`).
+//! plain SiLU FFN passes no `b`). Their outputs — read only by matrix products —
+//! are stored as the buffer's [`Element`] says (bf16 under mixed precision).
 
 use super::simd::{vectorized, CHUNK};
-use crate::kernels::Float;
+use crate::kernels::float::{Element, Float};
 use rayon::prelude::*;
 
 #[inline(always)]
@@ -11,7 +12,7 @@ fn sigmoid<F: Float>(a: F) -> F {
 }
 
 /// `out (N, F) = SiLU(a) ⊙ b`, or `SiLU(a)` when `b` is `None`.
-pub fn swiglu_forward<F: Float>(out: &mut [F], a: &[F], b: Option<&[F]>) {
+pub fn swiglu_forward<F: Float, O: Element<F>>(out: &mut [O], a: &[F], b: Option<&[F]>) {
     out.par_chunks_mut(CHUNK).enumerate().for_each(|(i, out)| {
         let r = i * CHUNK..i * CHUNK + out.len();
         let a = &a[r.clone()];
@@ -20,12 +21,12 @@ pub fn swiglu_forward<F: Float>(out: &mut [F], a: &[F], b: Option<&[F]>) {
             || match b {
                 Some(b) => {
                     for ((o, &a), &b) in out.iter_mut().zip(a).zip(&b[r]) {
-                        *o = a * sigmoid(a) * b;
+                        *o = O::store(a * sigmoid(a) * b);
                     }
                 }
                 None => {
                     for (o, &a) in out.iter_mut().zip(a) {
-                        *o = a * sigmoid(a);
+                        *o = O::store(a * sigmoid(a));
                     }
                 }
             },
@@ -35,9 +36,9 @@ pub fn swiglu_forward<F: Float>(out: &mut [F], a: &[F], b: Option<&[F]>) {
 
 /// Backward of [`swiglu_forward`]: `da = dout ⊙ b ⊙ σ(a)(1 + a(1 − σ(a)))`,
 /// `db = dout ⊙ SiLU(a)` (both overwritten; `b`, `db` absent for SiLU).
-pub fn swiglu_backward<F: Float>(
-    da: &mut [F],
-    db: Option<&mut [F]>,
+pub fn swiglu_backward<F: Float, O: Element<F>>(
+    da: &mut [O],
+    db: Option<&mut [O]>,
     dout: &[F],
     a: &[F],
     b: Option<&[F]>,
@@ -61,8 +62,8 @@ pub fn swiglu_backward<F: Float>(
                             .zip(&b[r])
                         {
                             let s = sigmoid(a);
-                            *db = d * a * s;
-                            *da = d * b * s * (F::ONE + a * (F::ONE - s));
+                            *db = O::store(d * a * s);
+                            *da = O::store(d * b * s * (F::ONE + a * (F::ONE - s)));
                         }
                     },
                 )
@@ -74,7 +75,7 @@ pub fn swiglu_backward<F: Float>(
                 || {
                     for ((da, &d), &a) in da.iter_mut().zip(&dout[r.clone()]).zip(&a[r]) {
                         let s = sigmoid(a);
-                        *da = d * s * (F::ONE + a * (F::ONE - s));
+                        *da = O::store(d * s * (F::ONE + a * (F::ONE - s)));
                     }
                 },
             )

@@ -42,7 +42,8 @@ impl Cuda {
     /// Opens device `ordinal` for `precision`: loads the driver and cuBLASLt,
     /// compiles (or reads from the cache) every kernel family for its architecture.
     /// A missing library, a driver older than CUDA 13.0, no device, or a GPU without
-    /// bf16 (compute capability < 8.0) is one clear error.
+    /// bf16 (compute capability < 8.0) is one clear error; `auto` is bf16 where the
+    /// GPU has it (8.0 or newer), else fp32.
     pub fn new(ordinal: usize, precision: Precision) -> Result<Cuda> {
         // SAFETY: only tries to load the libraries.
         if !unsafe { cudarc::driver::sys::is_culib_present() } {
@@ -84,6 +85,11 @@ impl Cuda {
         let capability = ctx
             .compute_capability()
             .map_err(|e| driver_error("reading the compute capability", e))?;
+        let precision = match precision {
+            Precision::Auto if capability.0 >= 8 => Precision::Bf16,
+            Precision::Auto => Precision::Fp32,
+            chosen => chosen,
+        };
         if precision == Precision::Bf16 && capability.0 < 8 {
             return Err(Error::Device(format!(
                 "{device_name} (cuda:{ordinal}) has compute capability {}.{}: bf16 needs 8.0 \
@@ -143,6 +149,7 @@ impl Cuda {
         Ok((free as u64, total as u64))
     }
 
+    /// The precision it runs in (`auto` resolved).
     pub fn precision(&self) -> Precision {
         self.precision
     }
@@ -151,7 +158,7 @@ impl Cuda {
     pub fn float_x(&self) -> DType {
         match self.precision {
             Precision::Bf16 => DType::Bf16,
-            Precision::Fp32 => DType::F32,
+            Precision::Fp32 | Precision::Auto => DType::F32,
         }
     }
 

@@ -1,5 +1,6 @@
 //! The one rounding from `f32` to bf16, and the element types a bf16 product reads.
 
+use crate::kernels::float::Element;
 use half::bf16;
 
 /// `x` rounded to bf16 (its upper 16 bits after rounding), as x86's
@@ -59,6 +60,18 @@ impl Bf16Operand for bf16 {
     #[inline(always)]
     fn bf16_bits(self) -> u16 {
         self.to_bits()
+    }
+}
+
+/// A bf16 buffer of `f32` values: stored by [`round_bf16`], loaded exactly.
+impl Element<f32> for bf16 {
+    #[inline(always)]
+    fn load(self) -> f32 {
+        bf16_to_f32(self.to_bits())
+    }
+    #[inline(always)]
+    fn store(x: f32) -> bf16 {
+        bf16::from_bits(round_bf16(x))
     }
 }
 

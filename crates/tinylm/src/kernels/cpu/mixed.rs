@@ -1,0 +1,608 @@
+//! [`CpuBf16`]: the CPU backend under bf16 mixed precision — PyTorch's CPU autocast
+//! done by hand. Every matrix product multiplies bf16 operands (rounded to
+//! nearest, ties to even) and sums in `f32` on the CPU's bf16 kernel
+//! ([`Bf16Kernel::best`]); the weights' operand is a bf16 copy of the parameters
+//! made once per update (by AdamW in the same pass, by an upload or a gather), and
+//! the activations that backward reads only as product operands
+//! ([`BufKind::Operands`]) are stored in bf16. Everything else — master weights,
+//! gradients, AdamW moments, the residual stream, RMSNorm statistics, attention's
+//! softmax, the logits and the loss — stays `f32`, computed by the very kernels of
+//! [`Cpu`], to which the `f32` work is handed.
+//!
+//! The design mirrors the CUDA backend's under bf16: the buffer's kind picks its
+//! type, parameters carry their bf16 copy ([`MixedBuf`]), and the one model
+//! orchestration runs on either.
+
+use super::attention::{attention_backward_on, attention_forward_on, HeadProduct};
+use super::bf16::{matmul_bf16_on, matmul_bf16_view, Bf16Kernel, Operand as Bf16View};
+use super::linear::View;
+use super::memory::zeroed;
+use super::{adamw, rmsnorm, swiglu, Cpu};
+use crate::config::RMS_NORM_EPS;
+use crate::distributed::World;
+use crate::kernels::float::Element;
+use crate::kernels::{
+    AdamWStep, Allocation, Allocator, AttnShape, Backend, BatchPart, BufKind, Buffer, Collective,
+    MatMul, Role, Span, SpanMut, StepStats,
+};
+use crate::Result;
+use half::bf16;
+use rayon::prelude::*;
+
+/// The CPU backend under bf16 mixed precision, on one bf16 kernel.
+#[derive(Clone, Copy, Debug)]
+pub struct CpuBf16 {
+    kernel: Bf16Kernel,
+}
+
+impl CpuBf16 {
+    /// On the CPU's native bf16 kernel where it has one, else the portable one
+    /// (the same values and sums, slower than `f32`).
+    pub fn new() -> Self {
+        CpuBf16::on(Bf16Kernel::best())
+    }
+
+    /// On `kernel` (which must run on this CPU).
+    pub fn on(kernel: Bf16Kernel) -> Self {
+        assert!(kernel.runs_here(), "this CPU cannot run {}", kernel.name());
+        CpuBf16 { kernel }
+    }
+
+    /// The kernel its products run on.
+    pub fn kernel(&self) -> Bf16Kernel {
+        self.kernel
+    }
+}
+
+/// Attention's per-head products on the bf16 kernel: both operands rounded to
+/// bf16 as they are packed, sums and the output in `f32` (the probabilities and
+/// scores themselves stay `f32`; only their product operands are rounded).
+impl HeadProduct<f32> for CpuBf16 {
+    unsafe fn product(
+        &self,
+        shape: (usize, usize, usize),
+        dst: *mut f32,
+        dst_rs: usize,
+        a: View<f32>,
+        b: View<f32>,
+        scale: f32,
+        accumulate: bool,
+    ) {
+        let operand = |v: View<f32>| Bf16View {
+            ptr: v.ptr,
+            rs: v.rs as usize,
+            cs: v.cs as usize,
+        };
+        matmul_bf16_view(
+            self.kernel,
+            shape,
+            dst,
+            dst_rs,
+            operand(a),
+            operand(b),
+            accumulate,
+        );
+        if scale != 1.0 {
+            assert!(!accumulate, "a scaled product is written, not accumulated");
+            let (m, _, n) = shape;
+            for i in 0..m {
+                for x in std::slice::from_raw_parts_mut(dst.add(i * dst_rs), n) {
+                    *x *= scale;
+                }
+            }
+        }
+    }
+}
+
+impl Default for CpuBf16 {
+    fn default() -> Self {
+        CpuBf16::new()
+    }
+}
+
+/// A buffer of [`CpuBf16`]: its values, `f32` or bf16 as its [`BufKind`] says,
+/// and for the parameters their bf16 copy, the products' operand.
+pub struct MixedBuf {
+    values: Values,
+    /// The parameters' values rounded to bf16, refreshed by every write (upload,
+    /// AdamW, a gather over ranks); empty for every other buffer.
+    copy: Vec<bf16>,
+}
+
+/// A [`MixedBuf`]'s values.
+pub enum Values {
+    F32(Vec<f32>),
+    Bf16(Vec<bf16>),
+}
+
+impl Buffer for MixedBuf {
+    fn len(&self) -> usize {
+        match &self.values {
+            Values::F32(v) => v.len(),
+            Values::Bf16(v) => v.len(),
+        }
+    }
+}
+
+/// The values and, for parameters, their copy.
+impl Allocation for MixedBuf {
+    fn bytes(&self) -> u64 {
+        let values = match &self.values {
+            Values::F32(v) => v.bytes(),
+            Values::Bf16(v) => v.bytes(),
+        };
+        values + self.copy.bytes()
+    }
+}
+
+/// Values `start..start + len` of a buffer as a kernel reads or writes them.
+fn f32s<'a>(span: Span<'a, MixedBuf>) -> Span<'a, Vec<f32>> {
+    match &span.buf.values {
+        Values::F32(buf) => Span {
+            buf,
+            start: span.start,
+            len: span.len,
+        },
+        Values::Bf16(_) => panic!("an f32 kernel was given a bf16 buffer"),
+    }
+}
+
+fn f32s_mut<'a>(span: SpanMut<'a, MixedBuf>) -> SpanMut<'a, Vec<f32>> {
+    match &mut span.buf.values {
+        Values::F32(buf) => SpanMut {
+            buf,
+            start: span.start,
+            len: span.len,
+        },
+        Values::Bf16(_) => panic!("an f32 kernel was given a bf16 buffer"),
+    }
+}
+
+/// A buffer's values to write, in the type it stores.
+enum Out<'a> {
+    F32(&'a mut [f32]),
+    Bf16(&'a mut [bf16]),
+}
+
+fn out<'a>(span: SpanMut<'a, MixedBuf>) -> Out<'a> {
+    let range = span.start..span.start + span.len;
+    match &mut span.buf.values {
+        Values::F32(v) => Out::F32(&mut v[range]),
+        Values::Bf16(v) => Out::Bf16(&mut v[range]),
+    }
+}
+
+/// A matrix product's operand: the parameters' bf16 copy, else the values.
+enum Operand<'a> {
+    F32(&'a [f32]),
+    Bf16(&'a [bf16]),
+}
+
+fn operand<'a>(span: Span<'a, MixedBuf>) -> Operand<'a> {
+    let range = span.start..span.start + span.len;
+    match &span.buf.values {
+        _ if !span.buf.copy.is_empty() => Operand::Bf16(&span.buf.copy[range]),
+        Values::F32(v) => Operand::F32(&v[range]),
+        Values::Bf16(v) => Operand::Bf16(&v[range]),
+    }
+}
+
+/// `dst = src` in parallel chunks.
+fn store<T: Copy + Send + Sync, S: Copy + Send + Sync>(dst: &mut [T], src: &[S], f: fn(S) -> T) {
+    assert_eq!(dst.len(), src.len(), "copy size");
+    const CHUNK: usize = 1 << 14;
+    (dst.par_chunks_mut(CHUNK).zip(src.par_chunks(CHUNK)))
+        .for_each(|(dst, src)| dst.iter_mut().zip(src).for_each(|(d, &s)| *d = f(s)));
+}
+
+impl MixedBuf {
+    /// Rounds parameters `start..start + len` into their bf16 copy (none for other
+    /// buffers).
+    fn refresh_copy(&mut self, start: usize, len: usize) {
+        if let (Values::F32(values), false) = (&self.values, self.copy.is_empty()) {
+            let range = start..start + len;
+            store(&mut self.copy[range.clone()], &values[range], bf16::store);
+        }
+    }
+}
+
+impl Allocator<f32> for CpuBf16 {
+    type Buf = MixedBuf;
+    type Ids = Vec<u32>;
+    type Stats = StepStats;
+
+    fn alloc(&self, _role: Role, len: usize, kind: BufKind) -> Result<MixedBuf> {
+        let (values, copy) = match kind {
+            BufKind::Params => (Values::F32(zeroed(len)), zeroed(len)),
+            BufKind::Activations | BufKind::Full => (Values::F32(zeroed(len)), Vec::new()),
+            BufKind::Operands => (Values::Bf16(zeroed(len)), Vec::new()),
+        };
+        Ok(MixedBuf { values, copy })
+    }
+
+    fn alloc_ids(&self, role: Role, len: usize) -> Result<Vec<u32>> {
+        Allocator::<f32>::alloc_ids(&Cpu, role, len)
+    }
+
+    fn alloc_stats(&self, role: Role) -> Result<StepStats> {
+        Allocator::<f32>::alloc_stats(&Cpu, role)
+    }
+}
+
+impl Backend<f32> for CpuBf16 {
+    type Staging = Vec<f32>;
+
+    fn send_stats(&self, stats: &mut StepStats) {
+        Backend::<f32>::send_stats(&Cpu, stats)
+    }
+
+    fn read_stats(&self, stats: &StepStats) -> Result<StepStats> {
+        Backend::<f32>::read_stats(&Cpu, stats)
+    }
+
+    /// Parameters' copy refreshed; a bf16 buffer's values rounded.
+    fn upload(&self, dst: SpanMut<MixedBuf>, src: &[f32]) -> Result<()> {
+        let (start, len) = (dst.start, dst.len);
+        let buf = &mut *dst.buf;
+        match out(buf.at_mut(start..start + len)) {
+            Out::F32(values) => store(values, src, |x| x),
+            Out::Bf16(values) => store(values, src, bf16::store),
+        }
+        buf.refresh_copy(start, len);
+        Ok(())
+    }
+
+    fn upload_ids(&self, dst: &mut Vec<u32>, src: &[u32]) -> Result<()> {
+        Backend::<f32>::upload_ids(&Cpu, dst, src)
+    }
+
+    fn download(&self, src: Span<MixedBuf>, dst: &mut [f32]) -> Result<()> {
+        let range = src.start..src.start + src.len;
+        match &src.buf.values {
+            Values::F32(values) => store(dst, &values[range], |x| x),
+            Values::Bf16(values) => store(dst, &values[range], bf16::load),
+        }
+        Ok(())
+    }
+
+    /// The `f32` values where they are (not a bf16 buffer's).
+    fn host<'a>(&self, src: Span<'a, MixedBuf>) -> Option<&'a [f32]> {
+        match &src.buf.values {
+            Values::F32(_) => Some(f32s(src).slice()),
+            Values::Bf16(_) => None,
+        }
+    }
+
+    /// `f32` values to write in place, but the parameters' (whose copy an
+    /// [`upload`](Backend::upload) refreshes).
+    fn host_mut<'a>(&self, dst: SpanMut<'a, MixedBuf>) -> Option<&'a mut [f32]> {
+        match &dst.buf.values {
+            Values::F32(_) if dst.buf.copy.is_empty() => Some(f32s_mut(dst).slice()),
+            _ => None,
+        }
+    }
+
+    fn alloc_staging(&self, len: usize) -> Result<Vec<f32>> {
+        Backend::<f32>::alloc_staging(&Cpu, len)
+    }
+
+    fn staged<'a>(&self, staging: &'a mut Vec<f32>) -> Result<&'a mut [f32]> {
+        Ok(staging)
+    }
+
+    fn sync(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// bf16 operands (the parameters' copy, bf16 activations as they are, `f32`
+    /// activations rounded as they are packed), `f32` sums into `f32` `out`.
+    fn matmul(&self, out: SpanMut<MixedBuf>, a: Span<MixedBuf>, b: Span<MixedBuf>, shape: MatMul) {
+        let out = f32s_mut(out).slice();
+        let k = self.kernel;
+        match (operand(a), operand(b)) {
+            (Operand::F32(a), Operand::F32(b)) => matmul_bf16_on(k, out, a, b, shape),
+            (Operand::F32(a), Operand::Bf16(b)) => matmul_bf16_on(k, out, a, b, shape),
+            (Operand::Bf16(a), Operand::F32(b)) => matmul_bf16_on(k, out, a, b, shape),
+            (Operand::Bf16(a), Operand::Bf16(b)) => matmul_bf16_on(k, out, a, b, shape),
+        }
+    }
+
+    fn copy(&self, dst: SpanMut<MixedBuf>, src: Span<MixedBuf>) {
+        Cpu.copy(f32s_mut(dst), f32s(src));
+    }
+
+    fn fill_zero(&self, dst: SpanMut<MixedBuf>) {
+        match out(dst) {
+            Out::F32(values) => values.par_iter_mut().for_each(|x| *x = 0.0),
+            Out::Bf16(values) => values.par_iter_mut().for_each(|x| *x = bf16::ZERO),
+        }
+    }
+
+    fn embedding_forward(&self, out: SpanMut<MixedBuf>, ids: &Vec<u32>, table: Span<MixedBuf>) {
+        Cpu.embedding_forward(f32s_mut(out), ids, f32s(table));
+    }
+
+    fn embedding_backward(&self, dtable: SpanMut<MixedBuf>, dout: Span<MixedBuf>, ids: &Vec<u32>) {
+        Cpu.embedding_backward(f32s_mut(dtable), f32s(dout), ids);
+    }
+
+    fn rmsnorm_forward(
+        &self,
+        out_span: SpanMut<MixedBuf>,
+        rstd: SpanMut<MixedBuf>,
+        x: Span<MixedBuf>,
+        g: Span<MixedBuf>,
+    ) {
+        let (rstd, x, g) = (f32s_mut(rstd).slice(), f32s(x).slice(), f32s(g).slice());
+        match out(out_span) {
+            Out::F32(o) => rmsnorm::rmsnorm_forward(o, rstd, x, g, RMS_NORM_EPS),
+            Out::Bf16(o) => rmsnorm::rmsnorm_forward(o, rstd, x, g, RMS_NORM_EPS),
+        }
+    }
+
+    fn rmsnorm_backward(
+        &self,
+        dx: SpanMut<MixedBuf>,
+        dg: SpanMut<MixedBuf>,
+        dout: Span<MixedBuf>,
+        x: Span<MixedBuf>,
+        g: Span<MixedBuf>,
+        rstd: Span<MixedBuf>,
+        accumulate: bool,
+    ) {
+        Cpu.rmsnorm_backward(
+            f32s_mut(dx),
+            f32s_mut(dg),
+            f32s(dout),
+            f32s(x),
+            f32s(g),
+            f32s(rstd),
+            accumulate,
+        );
+    }
+
+    fn swiglu_forward(
+        &self,
+        out_span: SpanMut<MixedBuf>,
+        a: Span<MixedBuf>,
+        b: Option<Span<MixedBuf>>,
+    ) {
+        let (a, b) = (f32s(a).slice(), b.map(|b| f32s(b).slice()));
+        match out(out_span) {
+            Out::F32(o) => swiglu::swiglu_forward(o, a, b),
+            Out::Bf16(o) => swiglu::swiglu_forward(o, a, b),
+        }
+    }
+
+    fn swiglu_backward(
+        &self,
+        da: SpanMut<MixedBuf>,
+        db: Option<SpanMut<MixedBuf>>,
+        dout: Span<MixedBuf>,
+        a: Span<MixedBuf>,
+        b: Option<Span<MixedBuf>>,
+    ) {
+        let (dout, a, b) = (
+            f32s(dout).slice(),
+            f32s(a).slice(),
+            b.map(|b| f32s(b).slice()),
+        );
+        match (out(da), db.map(out)) {
+            (Out::F32(da), None) => swiglu::swiglu_backward(da, None, dout, a, b),
+            (Out::F32(da), Some(Out::F32(db))) => swiglu::swiglu_backward(da, Some(db), dout, a, b),
+            (Out::Bf16(da), None) => swiglu::swiglu_backward(da, None, dout, a, b),
+            (Out::Bf16(da), Some(Out::Bf16(db))) => {
+                swiglu::swiglu_backward(da, Some(db), dout, a, b)
+            }
+            _ => panic!("swiglu_backward: da and db of different types"),
+        }
+    }
+
+    fn rope(
+        &self,
+        qkv: SpanMut<MixedBuf>,
+        cos: Span<MixedBuf>,
+        sin: Span<MixedBuf>,
+        shape: AttnShape,
+        inverse: bool,
+    ) {
+        Cpu.rope(f32s_mut(qkv), f32s(cos), f32s(sin), shape, inverse);
+    }
+
+    fn attention_forward(
+        &self,
+        out: SpanMut<MixedBuf>,
+        att: SpanMut<MixedBuf>,
+        qkv: Span<MixedBuf>,
+        shape: AttnShape,
+    ) {
+        let (out, att, qkv) = (f32s_mut(out), f32s_mut(att), f32s(qkv));
+        attention_forward_on(out.slice(), att.slice(), qkv.slice(), shape, self);
+    }
+
+    fn attention_backward(
+        &self,
+        dqkv: SpanMut<MixedBuf>,
+        datt: SpanMut<MixedBuf>,
+        dout: Span<MixedBuf>,
+        qkv: Span<MixedBuf>,
+        att: Span<MixedBuf>,
+        shape: AttnShape,
+    ) {
+        attention_backward_on(
+            f32s_mut(dqkv).slice(),
+            f32s_mut(datt).slice(),
+            f32s(dout).slice(),
+            f32s(qkv).slice(),
+            f32s(att).slice(),
+            shape,
+            self,
+        );
+    }
+
+    fn cross_entropy(
+        &self,
+        logits: SpanMut<MixedBuf>,
+        targets: &Vec<u32>,
+        grad: bool,
+        part: BatchPart,
+        stats: &mut StepStats,
+    ) {
+        Cpu.cross_entropy(f32s_mut(logits), targets, grad, part, stats);
+    }
+
+    fn sum_squares(&self, x: Span<MixedBuf>, stats: &mut StepStats) {
+        Cpu.sum_squares(f32s(x), stats);
+    }
+
+    /// The CPU's collectives on the `f32` values; a gather of parameters refreshes
+    /// their copy.
+    fn collective<'w>(
+        &self,
+        world: &'w World,
+    ) -> Result<Box<dyn Collective<MixedBuf, StepStats> + 'w>> {
+        let f32s = Backend::<f32>::collective(&Cpu, world)?;
+        Ok(Box::new(MixedCollective { f32s }))
+    }
+
+    /// AdamW on the `f32` master weights, their bf16 copy written in the same pass.
+    fn adamw(
+        &self,
+        params: SpanMut<MixedBuf>,
+        grads: Span<MixedBuf>,
+        m: SpanMut<MixedBuf>,
+        v: SpanMut<MixedBuf>,
+        step: &AdamWStep,
+        stats: &StepStats,
+    ) {
+        let range = params.start..params.start + params.len;
+        let buf = params.buf;
+        let copy = (!buf.copy.is_empty()).then(|| &mut buf.copy[range.clone()]);
+        let Values::F32(values) = &mut buf.values else {
+            panic!("parameters are f32");
+        };
+        adamw::adamw_update(
+            &mut values[range],
+            copy,
+            f32s(grads).slice(),
+            f32s_mut(m).slice(),
+            f32s_mut(v).slice(),
+            step.t,
+            step.lr,
+            &step.hp,
+            step.grad_scale(stats.sum_squares),
+        );
+    }
+}
+
+/// [`CpuBf16`]'s collectives: the CPU's, on the `f32` values.
+struct MixedCollective<'w> {
+    f32s: Box<dyn Collective<Vec<f32>, StepStats> + 'w>,
+}
+
+impl Collective<MixedBuf, StepStats> for MixedCollective<'_> {
+    fn rank(&self) -> usize {
+        self.f32s.rank()
+    }
+
+    fn ranks(&self) -> usize {
+        self.f32s.ranks()
+    }
+
+    fn all_reduce_sum(&self, buf: SpanMut<MixedBuf>) -> Result<()> {
+        self.f32s.all_reduce_sum(f32s_mut(buf))
+    }
+
+    fn reduce_scatter_sum(&self, buf: SpanMut<MixedBuf>) -> Result<()> {
+        self.f32s.reduce_scatter_sum(f32s_mut(buf))
+    }
+
+    fn all_gather(&self, mut buf: SpanMut<MixedBuf>) -> Result<()> {
+        let (start, len) = (buf.start, buf.len);
+        self.f32s.all_gather(f32s_mut(buf.reborrow()))?;
+        buf.buf.refresh_copy(start, len);
+        Ok(())
+    }
+
+    fn all_reduce_sum_squares(&self, stats: &mut StepStats) -> Result<()> {
+        self.f32s.all_reduce_sum_squares(stats)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::cpu::bf16::round_bf16;
+    use crate::kernels::cpu::softmax::tests::values;
+
+    /// The definition of attention's bf16 products: both operands rounded to bf16
+    /// (nearest, ties to even), the products summed in f64 and stored in `f32`.
+    struct RoundedF64;
+
+    impl HeadProduct<f32> for RoundedF64 {
+        unsafe fn product(
+            &self,
+            (m, k, n): (usize, usize, usize),
+            dst: *mut f32,
+            dst_rs: usize,
+            a: View<f32>,
+            b: View<f32>,
+            scale: f32,
+            accumulate: bool,
+        ) {
+            let at = |v: View<f32>, i: usize, j: usize| {
+                let x = *v.ptr.offset(i as isize * v.rs + j as isize * v.cs);
+                f32::from_bits((round_bf16(x) as u32) << 16) as f64
+            };
+            for i in 0..m {
+                for j in 0..n {
+                    let sum: f64 = (0..k).map(|kk| at(a, i, kk) * at(b, kk, j)).sum();
+                    let c = &mut *dst.add(i * dst_rs + j);
+                    let sum = sum as f32 * scale;
+                    *c = if accumulate { *c + sum } else { sum };
+                }
+            }
+        }
+    }
+
+    fn assert_close(what: &str, got: &[f32], want: &[f32]) {
+        let norm = want.iter().map(|w| w.abs()).fold(0f32, f32::max);
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            assert!((g - w).abs() <= 1e-5 * norm, "{what}[{i}]: {g} vs {w}");
+        }
+    }
+
+    /// Attention forward and backward on each bf16 kernel this CPU runs equal the
+    /// same kernels with every product by the definition (operands rounded to bf16,
+    /// sums in f64), to `f32` rounding: several query blocks and a ragged last one.
+    #[test]
+    fn attention_on_the_bf16_kernels_is_its_rounded_definition() {
+        let s = AttnShape {
+            b: 2,
+            t: 70,
+            h: 2,
+            d: 8,
+            q0: 0,
+        };
+        let (n, c) = (s.b * s.t, s.c());
+        let qkv = values(n * 3 * c, 1.5, 1);
+        let dout = values(n * c, 1.0, 2);
+        // (out, att, dqkv) of a forward and backward pass on `products`.
+        let run = |products: &dyn HeadProduct<f32>| {
+            let (mut out, mut att) = (vec![0.0; n * c], vec![0.0; s.b * s.h * s.t * s.t]);
+            let (mut dqkv, mut datt) = (vec![0.0; qkv.len()], vec![0.0; att.len()]);
+            attention_forward_on(&mut out, &mut att, &qkv, s, products);
+            attention_backward_on(&mut dqkv, &mut datt, &dout, &qkv, &att, s, products);
+            (out, att, dqkv)
+        };
+        let want = run(&RoundedF64);
+        let mut kernels = vec![Bf16Kernel::Portable];
+        kernels.extend(Bf16Kernel::native());
+        for kernel in kernels {
+            let got = run(&CpuBf16::on(kernel));
+            assert_close(&format!("{} out", kernel.name()), &got.0, &want.0);
+            assert_close(&format!("{} att", kernel.name()), &got.1, &want.1);
+            assert_close(&format!("{} dqkv", kernel.name()), &got.2, &want.2);
+        }
+    }
+}
