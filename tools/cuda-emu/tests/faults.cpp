@@ -201,13 +201,14 @@ std::vector<float> values(size_t n, unsigned seed) {
 /// rmsnorm_forward writing one element further: the last row's store passes the end.
 void index_off_by_one(bool planted) {
     std::string src = read("rmsnorm.cu");
-    if (planted) src = plant(src, "outr[i] = to_x(to_f32(xr[i]) * r * g[i]);", "outr[i + 1] = to_x(to_f32(xr[i]) * r * g[i]);");
+    if (planted) src = plant(src, "store_pack(outr + i, v, packed);", "store_pack(outr + i + 1, v, packed);");
     CUfunction f = function(load("rmsnorm", src), "rmsnorm_forward");
     int n = 9, c = 40;
     auto x = values(n * c, 1), g = values(c, 2);
     CUdeviceptr dx = upload(x), dg = upload(g), out = zeros(n * c * 4), rstd = zeros(n * 4);
     float eps = 1e-5f;
-    launch(f, (n + 7) / 8, 1, 256, 1, {&out, &rstd, &dx, &dg, &n, &c, &eps});
+    int packed = 0;  // one value at a time: the last store is the one past the end
+    launch(f, (n + 7) / 8, 1, 256, 1, {&out, &rstd, &dx, &dg, &n, &c, &eps, &packed});
     auto got = download<float>(out, n * c);
     std::vector<float> want(n * c);
     for (int r = 0; r < n; r++) {
@@ -235,12 +236,12 @@ void write_past_the_last_partial_block(bool planted) {
 /// sums that rows 1 to 7 (higher-numbered threads) write before the barrier.
 void missing_syncthreads_read_after_higher_threads_write(bool planted) {
     std::string src = read("rmsnorm.cu");
-    if (planted) src = plant(src, "    column_sums[threadIdx.y][threadIdx.x] = sum;\n    __syncthreads();\n", "    column_sums[threadIdx.y][threadIdx.x] = sum;\n");
+    if (planted) src = plant(src, "    __syncthreads();\n    if (threadIdx.y == 0 && col < c) {", "    if (threadIdx.y == 0 && col < c) {");
     CUfunction f = function(load("rmsnorm", src), "rmsnorm_backward_dg_partial");
-    int n = 64, c = 40, blocks = 2;
+    int n = 64, c = 40, blocks = 2, packed = 0;
     auto dout = values(n * c, 4), x = values(n * c, 5), rstd = values(n, 6);
     CUdeviceptr dd = upload(dout), dx = upload(x), dr = upload(rstd), partial = zeros(blocks * c * 4);
-    launch(f, (c + 31) / 32, blocks, 32, 8, {&partial, &dd, &dx, &dr, &n, &c});
+    launch(f, (c + 31) / 32, blocks, 32, 8, {&partial, &dd, &dx, &dr, &n, &c, &packed});
     auto got = download<float>(partial, blocks * c);
     std::vector<float> sums(c, 0.0f);
     for (int y = 0; y < blocks; y++)
@@ -259,11 +260,11 @@ void missing_syncthreads_write_after_a_lower_thread_reads(bool planted) {
     if (planted) src = plant(src, "    __syncthreads();\n    const float inv_rows", "    const float inv_rows");
     CUfunction f = function(load("cross_entropy", src), "cross_entropy_forward_backward");
     // Four rows, one block each, whose targets are owned by threads 5, 37, 6 and 35.
-    int rows = 4, v = 100, grad = 1;
+    int rows = 4, v = 100, grad = 1, packed = 0;  // thread j owns columns j, j + 64
     std::vector<unsigned> targets = {5, 37, 70, 99};
     auto logits = values(rows * v, 12);
     CUdeviceptr dl = upload(logits), dt = upload(targets), losses = zeros(rows * 4);
-    launch(f, rows, 1, 64, 1, {&dl, &losses, &dt, &rows, &v, &grad});
+    launch(f, rows, 1, 64, 1, {&dl, &losses, &dt, &rows, &v, &grad, &packed});
     auto got = download<float>(losses, rows);
     std::vector<float> want(rows);
     for (int r = 0; r < rows; r++) {
@@ -295,13 +296,14 @@ void barrier_not_reached_by_every_thread(bool planted) {
 /// full mask names them.
 void shuffle_mask_names_an_exited_lane(bool planted) {
     std::string src = read("rmsnorm.cu");
-    if (planted) src = plant(src, "    const int lane = threadIdx.x % WARP_SIZE;\n    const floatX* xr", "    const int lane = threadIdx.x % WARP_SIZE;\n    if (lane >= c) {\n        return;\n    }\n    const floatX* xr");
+    if (planted) src = plant(src, "    const int width = packed ? PACK : 1;\n    const floatX* xr", "    const int width = packed ? PACK : 1;\n    if (lane >= c) {\n        return;\n    }\n    const floatX* xr");
     CUfunction f = function(load("rmsnorm", src), "rmsnorm_forward");
     int n = 8, c = 20;
     auto x = values(n * c, 7), g = values(c, 8);
     CUdeviceptr dx = upload(x), dg = upload(g), out = zeros(n * c * 4), rstd = zeros(n * 4);
     float eps = 1e-5f;
-    launch(f, 1, 1, 256, 1, {&out, &rstd, &dx, &dg, &n, &c, &eps});
+    int packed = 0;
+    launch(f, 1, 1, 256, 1, {&out, &rstd, &dx, &dg, &n, &c, &eps, &packed});
     auto got = download<float>(rstd, n);
     for (int r = 0; r < n; r++) {
         float ss = 0;
@@ -317,7 +319,8 @@ void read_of_memory_never_written(bool planted) {
     auto a = values(n, 9);
     CUdeviceptr da = upload(a), out = zeros(n * 4), null = 0;
     if (planted) ok(cuMemAllocAsync(&da, n * 4, g_stream), "cuMemAllocAsync");
-    launch(f, (n + 255) / 256, 1, 256, 1, {&out, &da, &null, &n});
+    int packed = 0;
+    launch(f, (n + 255) / 256, 1, 256, 1, {&out, &da, &null, &n, &packed});
     auto got = download<float>(out, n);
     std::vector<float> want(n);
     for (size_t i = 0; i < n; i++) want[i] = a[i] / (1.0f + std::exp(-a[i]));
