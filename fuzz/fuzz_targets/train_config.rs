@@ -90,7 +90,7 @@ fuzz_target!(|data: &[u8]| {
         (memory.required(), memory.peak_resident());
     }
     for target in [Target::Cpu, Target::Cuda(cfg.precision)] {
-        InferenceMemory::generation(&cfg.model, target).total();
+        InferenceMemory::decoding(&cfg.model, 1, cfg.model.context_length, target).total();
     }
     let t = cfg.model.context_length;
     training_flops(&cfg.model, cfg.batch_size, t);
