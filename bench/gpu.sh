@@ -194,10 +194,11 @@ for run in re.split(r"(?m)^== \[", fast)[1:]:
     if "tinylm bench" in head:
         b = int(re.search(r"--batch-size (\d+)", head).group(1))
         p = re.search(r"--precision (\w+)", head).group(1)
-        step = re.search(r"([\d.]+) GFLOP per step", run)
+        step = re.search(r"batch (\d+) x (\d+) tokens.* ([\d.]+) GFLOP per step", run)
         med = re.search(r"median\s+([\d.]+) ms\s+(\d+) tokens/s", run)
         if step and med:
-            flop_per_token[b] = float(step.group(1)) * 1e9 / (b * 256)
+            tokens = int(step.group(1)) * int(step.group(2))
+            flop_per_token[b] = float(step.group(3)) * 1e9 / tokens
             rows.append((b, f"tinylm {p}", float(med.group(2))))
     for l in run.splitlines():
         if l.startswith('{"variant": "torch'):

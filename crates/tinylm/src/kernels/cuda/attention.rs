@@ -33,7 +33,7 @@ impl Cuda {
             int(parts),
             to_heads as i32,
         );
-        let (packed, width) = packing(s.d, self.float_x(), &[heads, rows]);
+        let (packed, width) = packing(s.d, self.float_x(), [heads, rows]);
         let mut args = self.kernel("attention_heads");
         args.arg(&heads.ptr).arg(&rows.ptr);
         args.arg(&b).arg(&t_).arg(&h).arg(&d).arg(&parts_).arg(&to);
@@ -107,8 +107,8 @@ impl Cuda {
         let (rows, tq_, t_, q0) = (int(s.b * s.h * tq), int(tq), int(t), int(s.q0));
         let scale = 1.0 / (d as f32).sqrt();
         // Rows in packs: T a multiple of the floatX pack (and so of four f32 scores).
-        let (packed, _) = packing(t, self.float_x(), &[att]);
-        let packed = packed & packing(t, DType::F32, &[scores]).0;
+        let (packed, _) = packing(t, self.float_x(), [att]);
+        let packed = packed & packing(t, DType::F32, [scores]).0;
         let mut args = self.kernel("attention_softmax_forward");
         args.arg(&att.ptr)
             .arg(&scores.ptr)
@@ -186,7 +186,7 @@ impl Cuda {
         );
         let (rows, t_) = (int(s.b * s.h * t), int(t));
         let scale = 1.0 / (d as f32).sqrt();
-        let (packed, _) = packing(t, self.float_x(), &[datt, att]);
+        let (packed, _) = packing(t, self.float_x(), [datt, att]);
         let mut args = self.kernel("attention_softmax_backward");
         args.arg(&datt.ptr)
             .arg(&att.ptr)

@@ -32,7 +32,7 @@ impl Cuda {
         expect(loss, 1, DType::F32, "cross-entropy loss");
         let (n_, v_, grad_) = (int(n), int(v), grad as i32);
         let (rows, accumulate) = (int(part.rows), part.accumulate as i32);
-        let (packed, _) = packing(v, self.float_x(), &[logits]);
+        let (packed, _) = packing(v, self.float_x(), [logits]);
         let mut args = self.kernel("cross_entropy_forward_backward");
         args.arg(&logits.ptr).arg(&losses.ptr).arg(&targets.ptr);
         args.arg(&rows).arg(&v_).arg(&grad_).arg(&packed);

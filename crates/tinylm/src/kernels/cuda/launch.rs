@@ -33,9 +33,9 @@ const PACK_BYTES: usize = 16;
 /// packs (`c` a multiple of the pack, every buffer 16-byte aligned), as the kernels'
 /// `packed` argument, and the values a thread then takes at a time: a pack (8 bf16,
 /// 4 f32), else 1.
-pub(crate) fn packing(c: usize, dtype: DType, rows: &[Dev]) -> (i32, usize) {
+pub(crate) fn packing(c: usize, dtype: DType, rows: impl IntoIterator<Item = Dev>) -> (i32, usize) {
     let width = PACK_BYTES / dtype.size();
-    let aligned = rows.iter().all(|x| x.ptr % PACK_BYTES as u64 == 0);
+    let aligned = (rows.into_iter()).all(|x| x.ptr % PACK_BYTES as u64 == 0);
     match c.is_multiple_of(width) && aligned {
         true => (1, width),
         false => (0, 1),

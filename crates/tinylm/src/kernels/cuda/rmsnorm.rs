@@ -16,7 +16,7 @@ impl Cuda {
         expect(rstd, n, DType::F32, "rmsnorm rstd");
         expect(g, c, DType::F32, "rmsnorm g");
         let (n_, c_) = (int(n), int(c));
-        let (packed, _) = packing(c, self.float_x(), &[out, x]);
+        let (packed, _) = packing(c, self.float_x(), [out, x]);
         let mut args = self.kernel("rmsnorm_forward");
         args.arg(&out.ptr).arg(&rstd.ptr).arg(&x.ptr).arg(&g.ptr);
         args.arg(&n_).arg(&c_).arg(&eps).arg(&packed);
@@ -44,7 +44,7 @@ impl Cuda {
         expect(dg, c, DType::F32, "rmsnorm dg");
         expect(scratch, ROW_BLOCKS * c, DType::F32, "rmsnorm scratch");
         let (n_, c_, acc, blocks) = (int(n), int(c), accumulate as i32, int(ROW_BLOCKS));
-        let (packed, width) = packing(c, self.float_x(), &[dx, dout, x]);
+        let (packed, width) = packing(c, self.float_x(), [dx, dout, x]);
         let mut args = self.kernel("rmsnorm_backward_dx");
         args.arg(&dx.ptr)
             .arg(&dout.ptr)

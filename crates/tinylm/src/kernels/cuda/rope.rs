@@ -24,7 +24,7 @@ impl Cuda {
             int(s.d),
             inverse as i32,
         );
-        let (packed, width) = match packing(s.d, self.float_x(), &[qkv]) {
+        let (packed, width) = match packing(s.d, self.float_x(), [qkv]) {
             (1, width) => (1, width),
             _ => (0, 2),
         };

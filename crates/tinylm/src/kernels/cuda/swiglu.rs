@@ -15,8 +15,8 @@ impl Cuda {
         }
         let b_ptr = b.map_or(NULL, |b| b.ptr);
         let n_ = n as u64;
-        let operands: Vec<Dev> = [Some(out), Some(a), b].into_iter().flatten().collect();
-        let (packed, width) = packing(n, self.float_x(), &operands);
+        let operands = [Some(out), Some(a), b].into_iter().flatten();
+        let (packed, width) = packing(n, self.float_x(), operands);
         let mut args = self.kernel("swiglu_forward");
         args.arg(&out.ptr)
             .arg(&a.ptr)
@@ -39,11 +39,8 @@ impl Cuda {
         }
         let (db_ptr, b_ptr) = (db.map_or(NULL, |x| x.ptr), b.map_or(NULL, |x| x.ptr));
         let n_ = n as u64;
-        let operands: Vec<Dev> = [Some(da), db, Some(dout), Some(a), b]
-            .into_iter()
-            .flatten()
-            .collect();
-        let (packed, width) = packing(n, self.float_x(), &operands);
+        let operands = [Some(da), db, Some(dout), Some(a), b].into_iter().flatten();
+        let (packed, width) = packing(n, self.float_x(), operands);
         let mut args = self.kernel("swiglu_backward");
         args.arg(&da.ptr)
             .arg(&db_ptr)
