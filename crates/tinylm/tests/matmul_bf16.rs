@@ -90,14 +90,20 @@ fn check(kernel: Bf16Kernel, s: MatMul, rng: &mut ChaCha8Rng, stride: usize) {
             b[p * n + j]
         })
     };
-    for accumulate in [false, true] {
+    // `B` also stored in bf16, as a weight's copy is: a linear layer's product of few
+    // rows takes the dot-product path then.
+    let b16: Vec<bf16> = b.iter().map(|&x| bf16::from_f32(x)).collect();
+    for (accumulate, b_in_bf16) in [(false, false), (true, false), (false, true), (true, true)] {
         let s = MatMul { accumulate, ..s };
         let mut out = if accumulate {
             c0.clone()
         } else {
             vec![f32::NAN; m * n]
         };
-        matmul_bf16_on(kernel, &mut out, &a, &b, s);
+        match b_in_bf16 {
+            false => matmul_bf16_on(kernel, &mut out, &a, &b, s),
+            true => matmul_bf16_on(kernel, &mut out, &a, &b16, s),
+        }
         for i in (0..m).step_by(stride) {
             for j in (0..n).step_by(stride) {
                 let start = if accumulate {
@@ -114,7 +120,7 @@ fn check(kernel: Bf16Kernel, s: MatMul, rng: &mut ChaCha8Rng, stride: usize) {
                 let got = f64::from(out[i * n + j]);
                 assert!(
                     (got - want).abs() <= bound,
-                    "{} {s:?} ({i}, {j}): {got} against {want}, bound {bound:.2e}",
+                    "{} {s:?}, B in bf16: {b_in_bf16}, ({i}, {j}): {got} against {want}, bound {bound:.2e}",
                     kernel.name()
                 );
             }
@@ -125,7 +131,9 @@ fn check(kernel: Bf16Kernel, s: MatMul, rng: &mut ChaCha8Rng, stride: usize) {
 /// Shapes that end inside every blocking dimension of every kernel: tiles (`MR` 4 or
 /// 8 rows, `NR` 12, 16 or 32 columns), `k` blocks of 512 (`k` odd and even), blocks
 /// of 256 rows, single rows, columns and values, and empty products (`k = 0` writes
-/// zeros).
+/// zeros); few rows (at most 16: the dot-product path of a bf16 weight, whose
+/// blocks are 4 rows by 4 weight rows by 32 values of `k`), split across threads
+/// or not.
 #[test]
 fn products_equal_the_rounded_definition_on_edge_shapes() {
     let mut rng = ChaCha8Rng::seed_from_u64(46);
@@ -143,6 +151,11 @@ fn products_equal_the_rounded_definition_on_edge_shapes() {
         (12, 1, 12),
         (33, 600, 11),
         (263, 20, 50),
+        (1, 768, 131),
+        (5, 63, 7),
+        (6, 700, 402),
+        (1, 2050, 701),
+        (17, 33, 9),
     ];
     for kernel in kernels() {
         for &(m, k, n) in &shapes {

@@ -13,7 +13,7 @@ use std::ops::Range;
 /// sequences) run as dot products ([`few_rows_linear`]): `gemm` streams the weights
 /// through memory fast for one row, but for two rows or more it packs them first and
 /// takes several times as long.
-const FEW_ROWS: usize = 16;
+pub(crate) const FEW_ROWS: usize = 16;
 
 /// Products smaller than this many multiply-adds run on the calling thread: the
 /// fork-join costs more than it saves.
@@ -185,23 +185,30 @@ fn few_rows_linear<F: Float>(out: &mut [F], a: &[F], b: &[F], s: MatMul) -> bool
     let f32s = |x: &[F]| unsafe { std::slice::from_raw_parts(x.as_ptr().cast::<f32>(), x.len()) };
     let (a, b) = (f32s(a), f32s(b));
     let out = SharedMut(out.as_mut_ptr().cast::<f32>());
-    let (m, k, n) = (s.m, s.k, s.n);
-    let parts = match m * k * n >= PARALLEL_MIN_MACS {
-        // Several blocks per thread, so they balance when one thread is slowed.
-        true => (4 * rayon::current_num_threads()).min(n),
-        false => 1,
-    };
-    let cols = n.div_ceil(parts);
-    (0..parts).into_par_iter().for_each(|part| {
+    for_each_column_block(s, |cols| {
         pulp::Arch::new().dispatch(FewRows {
             out: &out,
             a,
             b,
             s,
-            cols: part * cols..((part + 1) * cols).min(n),
-        });
+            cols,
+        })
     });
     true
+}
+
+/// Runs `block(cols)` on every block of columns of a few-rows product's output
+/// `(m, n)`, in one fork-join when it is large: several blocks per thread, so that
+/// they balance when one thread is slowed, each streaming its rows of the weight.
+pub(crate) fn for_each_column_block(s: MatMul, block: impl Fn(Range<usize>) + Sync) {
+    let parts = match s.m * s.k * s.n >= PARALLEL_MIN_MACS {
+        true => (4 * rayon::current_num_threads()).min(s.n),
+        false => 1,
+    };
+    let cols = s.n.div_ceil(parts);
+    (0..parts)
+        .into_par_iter()
+        .for_each(|part| block(part * cols..((part + 1) * cols).min(s.n)));
 }
 
 /// Columns `cols` of [`few_rows_linear`]'s product, with the widest vectors the CPU

@@ -328,6 +328,138 @@ unsafe fn transpose16(r: [__m512i; 16]) -> [__m512i; 16] {
     out
 }
 
+/// Rows `0..rows` of `src` (`k` values each, row stride `src_rs`) rounded to bf16
+/// into `dst`, rows `dst_rs` apart (`dst_rs ≥ k`, a multiple of 32), each padded with
+/// zeros to `dst_rs`: the left operand of [`few_rows`], read in whole vectors.
+///
+/// # Safety
+/// `src` must address the rows; `dst` must hold `rows · dst_rs` values; the CPU
+/// must have AVX512_BF16.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+pub unsafe fn round_rows<E: Bf16Operand>(
+    dst: &mut [u16],
+    src: *const E,
+    rows: usize,
+    k: usize,
+    src_rs: usize,
+    dst_rs: usize,
+) {
+    assert!(dst_rs >= k && dst_rs.is_multiple_of(32) && dst.len() >= rows * dst_rs);
+    for i in 0..rows {
+        let (from, to) = (src.add(i * src_rs), dst.as_mut_ptr().add(i * dst_rs));
+        for c in (0..dst_rs).step_by(32) {
+            let v = load32(from.wrapping_add(c), k.saturating_sub(c));
+            _mm512_storeu_si512(to.add(c).cast(), v);
+        }
+    }
+}
+
+/// Rows of `x` dotted together in [`few_rows`] (each weight vector loaded once for all
+/// of them).
+const FEW_X: usize = 4;
+/// Rows of the weight dotted together in [`few_rows`]: four streams from memory.
+const FEW_W: usize = 4;
+
+/// `out (m, n) (+)= x (m, k) · wᵀ`, columns `cols` only, for a bf16 weight `w (n, k)`
+/// (contiguous rows) and the few rows of `x` already rounded to bf16 by
+/// [`round_rows`] (rows `x_rs` apart, zero-padded): a decoding step's linear layer.
+/// Each row of `w` streams from memory once, `vdpbf16ps` on 32 values of `k` at a
+/// time, in blocks of [`FEW_W`] rows of `w` against [`FEW_X`] rows of `x` (16 sums
+/// in registers); `x` stays in L1.
+///
+/// # Safety
+/// The operands must address their shapes, `cols` be inside `0..n`, `out` hold
+/// `(m, n)` values that no other thread writes in `cols`; the CPU must have
+/// AVX512_BF16.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn few_rows(
+    out: *mut f32,
+    x: *const u16,
+    x_rs: usize,
+    w: *const u16,
+    (m, k, n): (usize, usize, usize),
+    cols: std::ops::Range<usize>,
+    accumulate: bool,
+) {
+    let write = |i: usize, j: usize, sum: f32| {
+        let o = out.add(i * n + j);
+        *o = if accumulate { *o + sum } else { sum };
+    };
+    let mut j0 = cols.start;
+    while j0 < cols.end {
+        // The last block repeats its last row (written once).
+        let js: [usize; FEW_W] = std::array::from_fn(|t| (j0 + t).min(cols.end - 1));
+        let ws = js.map(|j| w.add(j * k));
+        let mut i0 = 0;
+        while i0 < m {
+            let sums = match m - i0 {
+                1 => pad(dots::<1>([x.add(i0 * x_rs)], ws, k)),
+                2 => pad(dots::<2>(
+                    std::array::from_fn(|r| x.add((i0 + r) * x_rs)),
+                    ws,
+                    k,
+                )),
+                3 => pad(dots::<3>(
+                    std::array::from_fn(|r| x.add((i0 + r) * x_rs)),
+                    ws,
+                    k,
+                )),
+                _ => dots::<FEW_X>(std::array::from_fn(|r| x.add((i0 + r) * x_rs)), ws, k),
+            };
+            for (r, row) in sums.iter().enumerate().take(m - i0) {
+                for (t, &sum) in row.iter().enumerate() {
+                    if t == 0 || js[t] != js[t - 1] {
+                        write(i0 + r, js[t], sum);
+                    }
+                }
+            }
+            i0 += FEW_X;
+        }
+        j0 += FEW_W;
+    }
+}
+
+/// `R` rows of sums, padded to [`FEW_X`].
+#[inline(always)]
+fn pad<const R: usize>(sums: [[f32; FEW_W]; R]) -> [[f32; FEW_W]; FEW_X] {
+    std::array::from_fn(|r| if r < R { sums[r] } else { [0.0; FEW_W] })
+}
+
+/// The dot products of `R` rows of `x` (zero-padded to a multiple of 32) with
+/// [`FEW_W`] rows of `w` (`k` values each).
+#[inline(always)]
+unsafe fn dots<const R: usize>(
+    x: [*const u16; R],
+    w: [*const u16; FEW_W],
+    k: usize,
+) -> [[f32; FEW_W]; R] {
+    // Loops, not closures: an intrinsic inlines only into code compiled with its
+    // target features, which a closure here is not.
+    let mut acc = [[_mm512_setzero_ps(); FEW_W]; R];
+    for c in (0..k).step_by(32) {
+        let mask = low_bits(k - c);
+        let mut wv = [std::mem::transmute::<__m512i, __m512bh>(_mm512_setzero_si512()); FEW_W];
+        for t in 0..FEW_W {
+            let v = _mm512_maskz_loadu_epi16(mask, w[t].add(c).cast());
+            wv[t] = std::mem::transmute::<__m512i, __m512bh>(v);
+        }
+        for r in 0..R {
+            let xv: __m512bh = std::mem::transmute(_mm512_loadu_si512(x[r].add(c).cast()));
+            for t in 0..FEW_W {
+                acc[r][t] = _mm512_dpbf16_ps(acc[r][t], xv, wv[t]);
+            }
+        }
+    }
+    let mut sums = [[0.0; FEW_W]; R];
+    for r in 0..R {
+        for t in 0..FEW_W {
+            sums[r][t] = _mm512_reduce_add_ps(acc[r][t]);
+        }
+    }
+    sums
+}
+
 #[cfg(test)]
 mod tests {
     use super::{load32, Avx512Bf16};

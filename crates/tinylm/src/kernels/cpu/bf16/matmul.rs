@@ -130,6 +130,9 @@ pub fn matmul_bf16_on<A: Bf16Operand, B: Bf16Operand>(
     if s.m * s.n == 0 {
         return;
     }
+    if few_rows(kernel, out, a, b, s) {
+        return;
+    }
     let a = Operand::new(a, if s.a_transposed { s.m } else { s.k }, s.a_transposed);
     let b = Operand::new(b, if s.b_transposed { s.k } else { s.n }, s.b_transposed);
     let out = SharedMut(out.as_mut_ptr());
@@ -149,6 +152,60 @@ pub fn matmul_bf16_on<A: Bf16Operand, B: Bf16Operand>(
             )
         }
     });
+}
+
+/// Products `x · Wᵀ` of at most
+/// [`FEW_ROWS`](crate::kernels::cpu::linear::FEW_ROWS) rows against a weight stored in bf16 (a
+/// decoding step's linear layers) on AVX512_BF16 run as dot products
+/// ([`avx512::few_rows`](super::avx512::few_rows)): the weight streams from memory
+/// once, as it is, where packing it for the blocked product would read it twice
+/// and write it once. Whether it ran (elsewhere the blocked product runs).
+fn few_rows<A: Bf16Operand, B: Bf16Operand>(
+    kernel: Bf16Kernel,
+    out: &mut [f32],
+    a: &[A],
+    b: &[B],
+    s: MatMul,
+) -> bool {
+    #[cfg(all(target_arch = "x86_64", feature = "avx512"))]
+    if kernel == Bf16Kernel::Avx512Bf16
+        && B::STORAGE == super::round::Storage::Bf16
+        && s.m <= crate::kernels::cpu::linear::FEW_ROWS
+        && s.b_transposed
+        && !s.a_transposed
+    {
+        use super::avx512;
+        use crate::kernels::cpu::linear::for_each_column_block;
+        let (m, k) = (s.m, s.k);
+        let x_rs = k.next_multiple_of(32);
+        let w = SharedMut(b.as_ptr().cast::<u16>().cast_mut());
+        let out = SharedMut(out.as_mut_ptr());
+        with_scratch::<u16, _>(m * x_rs, |x| {
+            // SAFETY: `a` holds `m` rows of `k` (checked by the caller), `x` `m · x_rs`
+            // values; the CPU has the kernel's instructions (checked by the caller).
+            unsafe { avx512::round_rows(x, a.as_ptr(), m, k, k, x_rs) };
+            let x = SharedMut(x.as_mut_ptr());
+            for_each_column_block(s, |cols| {
+                let (x, w) = (&x, &w); // whole wrappers (Sync), not their pointers
+                                       // SAFETY: shapes as above; each block writes only its own columns; `w`
+                                       // is `b` (bf16: `half::bf16` is its bits) and only read.
+                unsafe {
+                    avx512::few_rows(
+                        out.get(),
+                        x.get(),
+                        x_rs,
+                        w.get(),
+                        (m, k, s.n),
+                        cols,
+                        s.accumulate,
+                    )
+                }
+            });
+        });
+        return true;
+    }
+    let _ = (kernel, out, a, b, s);
+    false
 }
 
 /// `c (m, n)` (row stride `ldc`) `= a (m, k) · b (k, n)`, or `c +=` when
