@@ -104,6 +104,15 @@ impl Float for f64 {
 pub trait Element<F: Float>: Copy + Send + Sync + 'static {
     fn load(self) -> F;
     fn store(x: F) -> Self;
+    /// `dst[i] = store(src[i])` over equal-length slices: kernels compute a tile of
+    /// values in `F` and store it whole, which a type can do in vectors where its
+    /// `store` alone would keep the computing loop from vectorizing.
+    #[inline(always)]
+    fn store_slice(dst: &mut [Self], src: &[F]) {
+        for (d, &s) in dst.iter_mut().zip(src) {
+            *d = Self::store(s);
+        }
+    }
 }
 
 impl<F: Float> Element<F> for F {
@@ -114,6 +123,30 @@ impl<F: Float> Element<F> for F {
     #[inline(always)]
     fn store(x: F) -> F {
         x
+    }
+    #[inline(always)]
+    fn store_slice(dst: &mut [F], src: &[F]) {
+        dst.copy_from_slice(src);
+    }
+}
+
+/// Values per tile of [`store_tiled`]: 1 KiB of `f32`, in L1.
+pub const TILE: usize = 256;
+
+/// `out[i] = O::store(value)` for the values that `fill(range, tile)` computes into
+/// `tile[..range.len()]` for each range of at most [`TILE`] indices of `out`: the
+/// computing loop writes plain `F`s (and vectorizes), the tile is stored whole
+/// ([`Element::store_slice`]).
+#[inline(always)]
+pub fn store_tiled<F: Float, O: Element<F>>(
+    out: &mut [O],
+    mut fill: impl FnMut(std::ops::Range<usize>, &mut [F]),
+) {
+    let mut tile = [F::ZERO; TILE];
+    for (t, out) in out.chunks_mut(TILE).enumerate() {
+        let tile = &mut tile[..out.len()];
+        fill(t * TILE..t * TILE + out.len(), tile);
+        O::store_slice(out, tile);
     }
 }
 

@@ -63,9 +63,7 @@ pub fn adamw_update<F: Float, C: Element<F>>(
                     p[i] = theta - decay * theta;
                 }
                 if let Some(copy) = copy {
-                    for (c, &p) in copy.iter_mut().zip(p.iter()) {
-                        *c = C::store(p);
-                    }
+                    C::store_slice(copy, p);
                 }
             },
         )

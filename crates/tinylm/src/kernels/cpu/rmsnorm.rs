@@ -3,7 +3,7 @@
 //! says (bf16 when only matrix products read it).
 
 use super::simd::{dot3, sum_by, vectorized, CHUNK};
-use crate::kernels::float::{Element, Float};
+use crate::kernels::float::{store_tiled, Element, Float};
 use rayon::prelude::*;
 
 /// `out (N, C)`, `rstd (N)` = `1 / sqrt(mean(x²) + eps)` from `x (N, C)`, `g (C)`.
@@ -27,9 +27,11 @@ pub fn rmsnorm_forward<F: Float, O: Element<F>>(
                         let ms = sum_by(x, |v| v * v) / F::from_f64(c as f64);
                         *r = F::ONE / (ms + F::from_f64(eps)).sqrt();
                         let s = *r;
-                        for ((o, &v), &g) in out.iter_mut().zip(x).zip(g) {
-                            *o = O::store(v * s * g);
-                        }
+                        store_tiled(out, |r, tile| {
+                            for ((t, &v), &g) in tile.iter_mut().zip(&x[r.clone()]).zip(&g[r]) {
+                                *t = v * s * g;
+                            }
+                        });
                     }
                 },
             )

@@ -3,7 +3,7 @@
 //! are stored as the buffer's [`Element`] says (bf16 under mixed precision).
 
 use super::simd::{vectorized, CHUNK};
-use crate::kernels::float::{Element, Float};
+use crate::kernels::float::{store_tiled, Element, Float, TILE};
 use rayon::prelude::*;
 
 #[inline(always)]
@@ -15,20 +15,22 @@ fn sigmoid<F: Float>(a: F) -> F {
 pub fn swiglu_forward<F: Float, O: Element<F>>(out: &mut [O], a: &[F], b: Option<&[F]>) {
     out.par_chunks_mut(CHUNK).enumerate().for_each(|(i, out)| {
         let r = i * CHUNK..i * CHUNK + out.len();
-        let a = &a[r.clone()];
+        let (a, b) = (&a[r.clone()], b.map(|b| &b[r]));
         vectorized(
             #[inline(always)]
-            || match b {
-                Some(b) => {
-                    for ((o, &a), &b) in out.iter_mut().zip(a).zip(&b[r]) {
-                        *o = O::store(a * sigmoid(a) * b);
+            || {
+                store_tiled(out, |r, tile| match b {
+                    Some(b) => {
+                        for ((t, &a), &b) in tile.iter_mut().zip(&a[r.clone()]).zip(&b[r]) {
+                            *t = a * sigmoid(a) * b;
+                        }
                     }
-                }
-                None => {
-                    for (o, &a) in out.iter_mut().zip(a) {
-                        *o = O::store(a * sigmoid(a));
+                    None => {
+                        for (t, &a) in tile.iter_mut().zip(&a[r]) {
+                            *t = a * sigmoid(a);
+                        }
                     }
-                }
+                })
             },
         )
     });
@@ -51,32 +53,41 @@ pub fn swiglu_backward<F: Float, O: Element<F>>(
             .enumerate()
             .for_each(|(i, (da, db))| {
                 let r = chunk_range(i, da.len());
+                let (dout, a, b) = (&dout[r.clone()], &a[r.clone()], &b[r]);
                 vectorized(
                     #[inline(always)]
                     || {
-                        for ((((da, db), &d), &a), &b) in da
-                            .iter_mut()
-                            .zip(db.iter_mut())
-                            .zip(&dout[r.clone()])
-                            .zip(&a[r.clone()])
-                            .zip(&b[r])
-                        {
-                            let s = sigmoid(a);
-                            *db = O::store(d * a * s);
-                            *da = O::store(d * b * s * (F::ONE + a * (F::ONE - s)));
-                        }
+                        let mut db_tile = [F::ZERO; TILE];
+                        store_tiled(da, |r, da_tile| {
+                            let db_tile = &mut db_tile[..r.len()];
+                            for ((((da, db), &d), &a), &b) in da_tile
+                                .iter_mut()
+                                .zip(db_tile.iter_mut())
+                                .zip(&dout[r.clone()])
+                                .zip(&a[r.clone()])
+                                .zip(&b[r.clone()])
+                            {
+                                let s = sigmoid(a);
+                                *db = d * a * s;
+                                *da = d * b * s * (F::ONE + a * (F::ONE - s));
+                            }
+                            O::store_slice(&mut db[r], db_tile);
+                        })
                     },
                 )
             }),
         (None, None) => da.par_chunks_mut(CHUNK).enumerate().for_each(|(i, da)| {
             let r = chunk_range(i, da.len());
+            let (dout, a) = (&dout[r.clone()], &a[r]);
             vectorized(
                 #[inline(always)]
                 || {
-                    for ((da, &d), &a) in da.iter_mut().zip(&dout[r.clone()]).zip(&a[r]) {
-                        let s = sigmoid(a);
-                        *da = O::store(d * s * (F::ONE + a * (F::ONE - s)));
-                    }
+                    store_tiled(da, |r, tile| {
+                        for ((t, &d), &a) in tile.iter_mut().zip(&dout[r.clone()]).zip(&a[r]) {
+                            let s = sigmoid(a);
+                            *t = d * s * (F::ONE + a * (F::ONE - s));
+                        }
+                    })
                 },
             )
         }),

@@ -354,6 +354,20 @@ pub unsafe fn round_rows<E: Bf16Operand>(
     }
 }
 
+/// `dst[i]` = `src[i]` rounded to bf16, 32 at a time (the last vector masked).
+///
+/// # Safety
+/// The CPU must have AVX512_BF16; the slices must have equal lengths.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+pub unsafe fn round_slice(dst: &mut [half::bf16], src: &[f32]) {
+    let n = dst.len().min(src.len());
+    for c in (0..n).step_by(32) {
+        let count = n - c;
+        let v = load32(src.as_ptr().add(c), count);
+        _mm512_mask_storeu_epi16(dst.as_mut_ptr().add(c).cast(), low_bits(count), v);
+    }
+}
+
 /// Rows of `x` dotted together in [`few_rows`] (each weight vector loaded once for all
 /// of them).
 const FEW_X: usize = 4;
@@ -462,7 +476,7 @@ unsafe fn dots<const R: usize>(
 
 #[cfg(test)]
 mod tests {
-    use super::{load32, Avx512Bf16};
+    use super::{load32, round_slice, Avx512Bf16};
     use crate::kernels::cpu::bf16::round::round_bf16;
     use std::arch::x86_64::*;
 
@@ -505,6 +519,15 @@ mod tests {
             let native = unsafe { rounded_natively(&x) };
             for (x, native) in x.iter().zip(native) {
                 assert_eq!(native, round_bf16(*x), "{:#010x}", x.to_bits());
+            }
+            // A slice of any length, as the kernels store their tiles: every value
+            // rounded, none written past the end.
+            let len = round % 33;
+            let mut out = [half::bf16::from_bits(0x1234); 33];
+            unsafe { round_slice(&mut out[..len], &x[..len]) };
+            for (i, out) in out.iter().enumerate() {
+                let want = if i < len { round_bf16(x[i]) } else { 0x1234 };
+                assert_eq!(out.to_bits(), want, "{len} values, at {i}");
             }
         }
     }

@@ -73,6 +73,24 @@ impl Element<f32> for bf16 {
     fn store(x: f32) -> bf16 {
         bf16::from_bits(round_bf16(x))
     }
+    #[inline(always)]
+    fn store_slice(dst: &mut [bf16], src: &[f32]) {
+        round_slice(dst, src);
+    }
+}
+
+/// `dst[i]` = `src[i]` rounded by [`round_bf16`], in vectors on AVX512_BF16
+/// (`vcvtne2ps2bf16`, tested equal to it).
+pub fn round_slice(dst: &mut [bf16], src: &[f32]) {
+    assert_eq!(dst.len(), src.len(), "round_slice lengths");
+    #[cfg(all(target_arch = "x86_64", feature = "avx512"))]
+    if super::avx512::Avx512Bf16::detected() {
+        // SAFETY: the CPU has the instructions; the slices have equal lengths.
+        return unsafe { super::avx512::round_slice(dst, src) };
+    }
+    for (d, &s) in dst.iter_mut().zip(src) {
+        *d = bf16::from_bits(round_bf16(s));
+    }
 }
 
 /// The `f32` value of bf16 `bits` (exact: bf16 is `f32`'s upper half).
