@@ -90,11 +90,11 @@ def clients_at_once(port, clients, requests, max_tokens, seed):
     return sum(tokens) / wall
 
 
-def generate_first_token_ms(tinylm, checkpoint, threads):
+def generate_first_token_ms(tinylm, checkpoint, options):
     """``tinylm generate``'s prompt time: from its prompt's start to its first new token (`--verbose`)."""
     out = subprocess.run(
         [tinylm, "generate", "--checkpoint", checkpoint, "--prompt", PROMPT,
-         "--max-tokens", "8", "--seed", "1", "--verbose"] + (["--threads", str(threads)] if threads else []),
+         "--max-tokens", "8", "--seed", "1", "--verbose"] + options,
         check=True, capture_output=True, text=True,
     ).stderr
     return float(re.search(r"^prompt: +([0-9.]+) ms", out, re.M).group(1))
@@ -121,12 +121,14 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--requests", type=int, default=3, help="per client and round")
     parser.add_argument("--threads", type=int, default=0, help="0: all cores")
+    parser.add_argument("--precision", default="auto", help="fp32, bf16 or auto")
     args = parser.parse_args()
     describe_machine()
-    threads = ["--threads", str(args.threads)] if args.threads else []
+    print(f"precision: {args.precision}")
+    options = ["--precision", args.precision] + (["--threads", str(args.threads)] if args.threads else [])
     server = subprocess.Popen(
         [args.tinylm, "serve", "--checkpoint", args.checkpoint, "--port", "0",
-         "--slots", str(args.clients)] + threads,
+         "--slots", str(args.clients)] + options,
         stderr=subprocess.PIPE, text=True,
     )
     try:
@@ -141,7 +143,7 @@ def main():
         for r in range(args.rounds):
             one = clients_at_once(port, 1, args.requests, args.max_tokens, 100 * r)
             many = clients_at_once(port, args.clients, args.requests, args.max_tokens, 100 * r)
-            generate = generate_first_token_ms(args.tinylm, args.checkpoint, args.threads)
+            generate = generate_first_token_ms(args.tinylm, args.checkpoint, options)
             ttft = min(stream(port, 4, 7 + r) for _ in range(3)) * 1e3
             print(f"  round {r + 1}: 1 client {one:.1f} tokens/s, {args.clients} clients "
                   f"{many:.1f} tokens/s ({many / one:.2f}x); first token: serve {ttft:.1f} ms, "

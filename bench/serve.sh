@@ -7,7 +7,8 @@
 # and a ~95M-parameter one (GPT-2 small's shape, d_ff 2,304, the quickstart's
 # 2,048-token vocabulary, context 256, one training step: its weights are all
 # but random, which costs the same time). Each model's run names the CPU and
-# the machine's load first.
+# the machine's load first. PRECISION (fp32, bf16 or auto, the default) is the
+# server's and `tinylm generate`'s.
 #
 #   bench/serve.sh                       # all cores
 #   THREADS=2 CLIENTS=8 bench/serve.sh
@@ -18,6 +19,7 @@ CLIENTS=${CLIENTS:-8}
 MAX_TOKENS=${MAX_TOKENS:-64}
 MINUTES=${MINUTES:-0.5}
 THREADS=${THREADS:-0}
+PRECISION=${PRECISION:-auto}
 
 cargo build --release -q -p tinylm-cli
 TINYLM=${CARGO_TARGET_DIR:-target}/release/tinylm
@@ -35,5 +37,5 @@ for model in qs m95; do
     python3 -c 'import json, sys; print("== model:", json.load(open(sys.argv[1]))["model"])' \
         "$TMP/$model/config.json"
     python3 bench/serve.py "$TINYLM" "$checkpoint" --clients "$CLIENTS" \
-        --max-tokens "$MAX_TOKENS" --rounds "$ROUNDS" --threads "$THREADS"
+        --max-tokens "$MAX_TOKENS" --rounds "$ROUNDS" --threads "$THREADS" --precision "$PRECISION"
 done

@@ -253,13 +253,21 @@ fn bf16_operands_give_the_products_of_their_f32_originals() {
 #[test]
 fn strided_views_multiply_as_attention_reads_them() {
     let mut rng = ChaCha8Rng::seed_from_u64(49);
-    let (t, c, d, h) = (37, 96, 32, 1); // head h of C / D heads
-    let qkv = random(&mut rng, t * 3 * c);
+    // 37 positions (blocked products), and 5 and 1 (a decoding step's few rows of
+    // `Q` against the keys, as dot products).
+    for t in [37, 5, 1] {
+        strided_views_of(t, &mut rng);
+    }
+}
+
+fn strided_views_of(t: usize, rng: &mut ChaCha8Rng) {
+    let (c, d, h) = (96, 32, 1); // head h of C / D heads
+    let qkv = random(rng, t * 3 * c);
     let round = |x: f32| f64::from(bf16::from_f32(x).to_f32());
     let (q, k, v) = (h * d, c + h * d, 2 * c + h * d); // offsets of the head's Q, K, V
-    let p = random(&mut rng, t * t);
+    let p = random(rng, t * t);
     for kernel in kernels() {
-        let ldc = t + 3;
+        let ldc = t.max(d) + 3; // rows wider than either product
         let mut scores = vec![f32::NAN; t * ldc];
         let mut out = vec![f32::NAN; t * ldc];
         unsafe {

@@ -135,11 +135,7 @@ pub fn matmul<F: Float>(out: &mut [F], a: &[F], b: &[F], s: MatMul) {
     if s.m * s.n == 0 {
         return;
     }
-    if (2..=FEW_ROWS).contains(&s.m)
-        && s.b_transposed
-        && !s.a_transposed
-        && few_rows_linear(out, a, b, s)
-    {
+    if s.m <= FEW_ROWS && s.b_transposed && !s.a_transposed && few_rows_linear(out, a, b, s) {
         return;
     }
     let a_rs = if s.a_transposed { s.m } else { s.k };
@@ -197,11 +193,17 @@ fn few_rows_linear<F: Float>(out: &mut [F], a: &[F], b: &[F], s: MatMul) -> bool
     true
 }
 
+/// Few-rows products whose weight has at least this many values (256 KiB in `f32`)
+/// split it among the threads: such a product is bound by reading the weight from
+/// memory, which every core adds bandwidth to, whatever its few rows' work.
+const PARALLEL_MIN_WEIGHT: usize = 1 << 16;
+
 /// Runs `block(cols)` on every block of columns of a few-rows product's output
-/// `(m, n)`, in one fork-join when it is large: several blocks per thread, so that
-/// they balance when one thread is slowed, each streaming its rows of the weight.
+/// `(m, n)`, in one fork-join when its weight `(n, k)` is large: several blocks per
+/// thread, so that they balance when one thread is slowed, each streaming its rows
+/// of the weight.
 pub(crate) fn for_each_column_block(s: MatMul, block: impl Fn(Range<usize>) + Sync) {
-    let parts = match s.m * s.k * s.n >= PARALLEL_MIN_MACS {
+    let parts = match s.k * s.n >= PARALLEL_MIN_WEIGHT {
         true => (4 * rayon::current_num_threads()).min(s.n),
         false => 1,
     };

@@ -373,53 +373,48 @@ pub unsafe fn round_slice(dst: &mut [half::bf16], src: &[f32]) {
 const FEW_X: usize = 4;
 /// Rows of the weight dotted together in [`few_rows`]: four streams from memory.
 const FEW_W: usize = 4;
+/// How far ahead along a weight row [`few_rows`] fetches, in values (1 KiB in bf16).
+const PREFETCH_AHEAD: usize = 512;
 
-/// `out (m, n) (+)= x (m, k) · wᵀ`, columns `cols` only, for a bf16 weight `w (n, k)`
-/// (contiguous rows) and the few rows of `x` already rounded to bf16 by
-/// [`round_rows`] (rows `x_rs` apart, zero-padded): a decoding step's linear layer.
+/// `c (m, n) (+)= x (m, k) · wᵀ` (`c`'s rows `ldc` apart), columns `cols` only, for
+/// a weight `w (n, k)` whose rows, `w_rs` apart, are contiguous along `k` — in bf16
+/// (a weight's copy) or `f32` (rounded as it is loaded) — and the few rows of `x`
+/// already rounded by [`round_rows`] (rows `x_rs` apart, zero-padded): a decoding
+/// step's linear layer, or its attention's scores against the cached keys.
 /// Each row of `w` streams from memory once, `vdpbf16ps` on 32 values of `k` at a
 /// time, in blocks of [`FEW_W`] rows of `w` against [`FEW_X`] rows of `x` (16 sums
 /// in registers); `x` stays in L1.
 ///
 /// # Safety
-/// The operands must address their shapes, `cols` be inside `0..n`, `out` hold
-/// `(m, n)` values that no other thread writes in `cols`; the CPU must have
-/// AVX512_BF16.
+/// The operands must address their shapes, `cols` be inside `0..n`, `c` hold `(m,
+/// n)` values that no other thread writes in `cols`; the CPU must have AVX512_BF16.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn few_rows(
-    out: *mut f32,
-    x: *const u16,
-    x_rs: usize,
-    w: *const u16,
-    (m, k, n): (usize, usize, usize),
+pub unsafe fn few_rows<E: Bf16Operand>(
+    (c, ldc): (*mut f32, usize),
+    (x, x_rs): (*const u16, usize),
+    (w, w_rs): (*const E, usize),
+    (m, k): (usize, usize),
     cols: std::ops::Range<usize>,
     accumulate: bool,
 ) {
     let write = |i: usize, j: usize, sum: f32| {
-        let o = out.add(i * n + j);
+        let o = c.add(i * ldc + j);
         *o = if accumulate { *o + sum } else { sum };
     };
     let mut j0 = cols.start;
     while j0 < cols.end {
         // The last block repeats its last row (written once).
         let js: [usize; FEW_W] = std::array::from_fn(|t| (j0 + t).min(cols.end - 1));
-        let ws = js.map(|j| w.add(j * k));
+        let ws = js.map(|j| w.add(j * w_rs));
         let mut i0 = 0;
         while i0 < m {
+            let xs = |r: usize| x.add((i0 + r).min(m - 1) * x_rs);
             let sums = match m - i0 {
-                1 => pad(dots::<1>([x.add(i0 * x_rs)], ws, k)),
-                2 => pad(dots::<2>(
-                    std::array::from_fn(|r| x.add((i0 + r) * x_rs)),
-                    ws,
-                    k,
-                )),
-                3 => pad(dots::<3>(
-                    std::array::from_fn(|r| x.add((i0 + r) * x_rs)),
-                    ws,
-                    k,
-                )),
-                _ => dots::<FEW_X>(std::array::from_fn(|r| x.add((i0 + r) * x_rs)), ws, k),
+                1 => pad(dots::<1, E>([xs(0)], ws, k)),
+                2 => pad(dots::<2, E>([xs(0), xs(1)], ws, k)),
+                3 => pad(dots::<3, E>([xs(0), xs(1), xs(2)], ws, k)),
+                _ => dots::<FEW_X, E>([xs(0), xs(1), xs(2), xs(3)], ws, k),
             };
             for (r, row) in sums.iter().enumerate().take(m - i0) {
                 for (t, &sum) in row.iter().enumerate() {
@@ -443,19 +438,19 @@ fn pad<const R: usize>(sums: [[f32; FEW_W]; R]) -> [[f32; FEW_W]; FEW_X] {
 /// The dot products of `R` rows of `x` (zero-padded to a multiple of 32) with
 /// [`FEW_W`] rows of `w` (`k` values each).
 #[inline(always)]
-unsafe fn dots<const R: usize>(
+unsafe fn dots<const R: usize, E: Bf16Operand>(
     x: [*const u16; R],
-    w: [*const u16; FEW_W],
+    w: [*const E; FEW_W],
     k: usize,
 ) -> [[f32; FEW_W]; R] {
     // Loops, not closures: an intrinsic inlines only into code compiled with its
     // target features, which a closure here is not.
     let mut acc = [[_mm512_setzero_ps(); FEW_W]; R];
     for c in (0..k).step_by(32) {
-        let mask = low_bits(k - c);
         let mut wv = [std::mem::transmute::<__m512i, __m512bh>(_mm512_setzero_si512()); FEW_W];
         for t in 0..FEW_W {
-            let v = _mm512_maskz_loadu_epi16(mask, w[t].add(c).cast());
+            _mm_prefetch::<_MM_HINT_T0>(w[t].wrapping_add(c + PREFETCH_AHEAD).cast());
+            let v = load32(w[t].add(c), k - c);
             wv[t] = std::mem::transmute::<__m512i, __m512bh>(v);
         }
         for r in 0..R {

@@ -130,11 +130,25 @@ pub fn matmul_bf16_on<A: Bf16Operand, B: Bf16Operand>(
     if s.m * s.n == 0 {
         return;
     }
-    if few_rows(kernel, out, a, b, s) {
-        return;
-    }
     let a = Operand::new(a, if s.a_transposed { s.m } else { s.k }, s.a_transposed);
     let b = Operand::new(b, if s.b_transposed { s.k } else { s.n }, s.b_transposed);
+    let shape = (s.m, s.k, s.n);
+    // SAFETY: the operands address their shapes (sizes checked above), the CPU has
+    // the kernel's instructions.
+    if unsafe {
+        few_rows(
+            kernel,
+            shape,
+            out.as_mut_ptr(),
+            s.n,
+            a,
+            b,
+            s.accumulate,
+            true,
+        )
+    } {
+        return;
+    }
     let out = SharedMut(out.as_mut_ptr());
     for_each_output_block(s, kernel.tile(), |rows, cols| {
         let (a, b) = (a, b); // whole operands (Sync), not their raw-pointer fields
@@ -154,57 +168,63 @@ pub fn matmul_bf16_on<A: Bf16Operand, B: Bf16Operand>(
     });
 }
 
-/// Products `x · Wᵀ` of at most
-/// [`FEW_ROWS`](crate::kernels::cpu::linear::FEW_ROWS) rows against a weight stored in bf16 (a
-/// decoding step's linear layers) on AVX512_BF16 run as dot products
-/// ([`avx512::few_rows`](super::avx512::few_rows)): the weight streams from memory
-/// once, as it is, where packing it for the blocked product would read it twice
-/// and write it once. Whether it ran (elsewhere the blocked product runs).
-fn few_rows<A: Bf16Operand, B: Bf16Operand>(
+/// Products of at most [`FEW_ROWS`](crate::kernels::cpu::linear::FEW_ROWS) rows against a right operand contiguous along
+/// `k` — a decoding step's linear layers (`x · Wᵀ`) and its attention's scores
+/// against the cached keys (`q · Kᵀ`) — on AVX512_BF16 run as dot products
+/// ([`avx512::few_rows`](super::avx512::few_rows)): `b` streams from memory once, as
+/// it is stored, where packing it for the blocked product would read it twice and
+/// write it once. Split among the threads by `b`'s rows when `threaded` (as
+/// `linear::for_each_column_block` splits them). Whether it ran (elsewhere the
+/// blocked product runs).
+///
+/// # Safety
+/// As [`matmul_bf16_view`]'s.
+#[allow(clippy::too_many_arguments)]
+unsafe fn few_rows<A: Bf16Operand, B: Bf16Operand>(
     kernel: Bf16Kernel,
-    out: &mut [f32],
-    a: &[A],
-    b: &[B],
-    s: MatMul,
+    (m, k, n): (usize, usize, usize),
+    c: *mut f32,
+    ldc: usize,
+    a: Operand<A>,
+    b: Operand<B>,
+    accumulate: bool,
+    threaded: bool,
 ) -> bool {
     #[cfg(all(target_arch = "x86_64", feature = "avx512"))]
     if kernel == Bf16Kernel::Avx512Bf16
-        && B::STORAGE == super::round::Storage::Bf16
-        && s.m <= crate::kernels::cpu::linear::FEW_ROWS
-        && s.b_transposed
-        && !s.a_transposed
+        && m <= crate::kernels::cpu::linear::FEW_ROWS
+        && a.cs == 1
+        && b.rs == 1
     {
         use super::avx512;
         use crate::kernels::cpu::linear::for_each_column_block;
-        let (m, k) = (s.m, s.k);
         let x_rs = k.next_multiple_of(32);
-        let w = SharedMut(b.as_ptr().cast::<u16>().cast_mut());
-        let out = SharedMut(out.as_mut_ptr());
+        let (c, w) = (SharedMut(c), SharedMut(b.ptr.cast_mut()));
         with_scratch::<u16, _>(m * x_rs, |x| {
-            // SAFETY: `a` holds `m` rows of `k` (checked by the caller), `x` `m · x_rs`
-            // values; the CPU has the kernel's instructions (checked by the caller).
-            unsafe { avx512::round_rows(x, a.as_ptr(), m, k, k, x_rs) };
+            // SAFETY: `a` holds `m` rows of `k`, `x` `m · x_rs` values; the CPU has
+            // the kernel's instructions (both checked by the callers).
+            avx512::round_rows(x, a.ptr, m, k, a.rs, x_rs);
             let x = SharedMut(x.as_mut_ptr());
-            for_each_column_block(s, |cols| {
-                let (x, w) = (&x, &w); // whole wrappers (Sync), not their pointers
-                                       // SAFETY: shapes as above; each block writes only its own columns; `w`
-                                       // is `b` (bf16: `half::bf16` is its bits) and only read.
-                unsafe {
-                    avx512::few_rows(
-                        out.get(),
-                        x.get(),
-                        x_rs,
-                        w.get(),
-                        (m, k, s.n),
-                        cols,
-                        s.accumulate,
-                    )
-                }
-            });
+            let block = |cols| {
+                let (c, x, w) = (&c, &x, &w); // whole wrappers (Sync), not their pointers
+                                              // SAFETY: shapes as above; each block writes only its own columns.
+                avx512::few_rows(
+                    (c.get(), ldc),
+                    (x.get(), x_rs),
+                    (w.get().cast_const(), b.cs),
+                    (m, k),
+                    cols,
+                    accumulate,
+                )
+            };
+            match threaded {
+                true => for_each_column_block(MatMul::linear(m, k, n), block),
+                false => block(0..n),
+            }
         });
         return true;
     }
-    let _ = (kernel, out, a, b, s);
+    let _ = (kernel, (m, k, n), c, ldc, a, b, accumulate, threaded);
     false
 }
 
@@ -238,6 +258,9 @@ pub unsafe fn matmul_bf16_view<A: Bf16Operand, B: Bf16Operand>(
                 std::slice::from_raw_parts_mut(c.add(i * ldc), n).fill(0.0);
             }
         }
+        return;
+    }
+    if few_rows(kernel, (m, k, n), c, ldc, a, b, accumulate, false) {
         return;
     }
     let shape = (m, k, n);
