@@ -120,7 +120,8 @@ for model in $MODELS; do
     for paragraph in $(seq 0 49); do
         prompt_of "$tok" "$dir/prompt.txt" "$paragraph"
         "$TINYLM" generate --checkpoint "$dir/run/checkpoint.safetensors" --prompt "$(cat "$dir/prompt.txt")" \
-            --max-tokens "$new" --temperature 0 --threads "$THREADS" --verbose 2> "$dir/probe.txt" > /dev/null
+            --max-tokens "$new" --temperature 0 --threads "$THREADS" --precision fp32 --verbose \
+            2> "$dir/probe.txt" > /dev/null
         grep -q "/ $((new - 1)) tokens after the first" "$dir/probe.txt" && break
     done
     specs+=(--model "$model:$dir/run/checkpoint.safetensors:$dir/model:$dir/prompt.txt:$new:$desc")

@@ -1,7 +1,8 @@
 """tinylm generate against llama.cpp on the same weights (bench/generate.sh runs it).
 
-For each model: `tinylm generate` on the checkpoint and llama.cpp's `llama-completion`
-on its `tinylm export gguf` files (f32, bf16, q8_0), greedy, the same prompt, the same
+For each model: `tinylm generate` on the checkpoint (`--precision fp32` and `bf16`)
+and llama.cpp's `llama-completion` on its `tinylm export gguf` files (f32, bf16,
+q8_0), greedy, the same prompt, the same
 threads, alternating in ROUNDS rounds so that the machine's load hits all alike.
 Each round runs every program twice:
 - to the first new token (`--max-tokens 1`, `-n 1`): the whole process's wall-clock
@@ -13,8 +14,10 @@ Each round runs every program twice:
   these come from the long run (repeated, at most 5 times, until they are there).
 llama.cpp runs without its warm-up decode (`--no-warmup`), so that its process does
 no more than tinylm's. Prints per model a table of the best and the median over the
-rounds (and tinylm f32's speed relative to each program from the best figures: above
-1, tinylm is faster), and whether the greedy texts of tinylm and llama.cpp f32 agree.
+rounds (and, for each llama.cpp row, tinylm's speed relative to it from the best
+figures — f32 against tinylm fp32, bf16 and q8_0 against tinylm bf16, its smallest
+weights: above 1, tinylm is faster), and whether the greedy texts of tinylm and
+llama.cpp f32 agree.
 """
 
 import argparse
@@ -25,6 +28,10 @@ import sys
 import time
 
 LLAMA_DTYPES = ["f32", "bf16", "q8_0"]
+# tinylm's rows: label -> `--precision`.
+TINYLM_PRECISIONS = {"f32": "fp32", "bf16": "bf16"}
+# The tinylm row each llama.cpp row is held against.
+COUNTERPART = {"f32": "f32", "bf16": "bf16", "q8_0": "bf16"}
 
 
 def run(cmd):
@@ -44,10 +51,10 @@ def number(pattern, text, what):
     return [float(g) for g in m.groups()]
 
 
-def tinylm(args, model, n):
+def tinylm(args, model, precision, n):
     wall, out, err = run([args.tinylm, "generate", "--checkpoint", model["checkpoint"],
                           "--prompt", model["prompt"], "--max-tokens", str(n), "--temperature", "0",
-                          "--threads", str(args.threads), "--verbose"])
+                          "--threads", str(args.threads), "--precision", precision, "--verbose"])
     if n == 1:
         return {"wall": wall}
     load, = number(r"load:\s+([\d.]+) ms", err, "load time")
@@ -101,7 +108,8 @@ def main():
     for r in range(args.rounds):
         print(f"round {r + 1}/{args.rounds} ...", file=sys.stderr)
         for m in models:
-            programs = [("tinylm f32", lambda n: tinylm(args, m, n))]
+            programs = [(f"tinylm {p}", lambda n, p=p: tinylm(args, m, TINYLM_PRECISIONS[p], n))
+                        for p in TINYLM_PRECISIONS]
             programs += [(f"llama.cpp {d}", lambda n, d=d: llama(args, m, d, n)) for d in LLAMA_DTYPES]
             for label, go in programs:
                 slot = results.setdefault((m["name"], label), {"first": [], "full": []})
@@ -111,19 +119,25 @@ def main():
         print(f"\n{m['name']}: {m['description']}; greedy, {args.threads} threads, "
               f"{m['new']} new tokens; best (median) of {args.rounds} rounds")
         print("| program | time to first token, whole process (s) | load (ms) | prompt (tokens/s) "
-              "| generation (tokens/s) | tinylm f32 is, to the first token | tinylm f32 is, generating |")
-        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-        ours = results[(m["name"], "tinylm f32")]
-        ours_ttft = min(x["wall"] for x in ours["first"])
-        ours_gen = max(x["gen_tps"] for x in ours["full"])
-        for label in ["tinylm f32"] + [f"llama.cpp {d}" for d in LLAMA_DTYPES]:
+              "| generation (tokens/s) | against | its time to first token ÷ tinylm's "
+              "| tinylm's generation ÷ its |")
+        print("| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: |")
+        for label in [f"tinylm {p}" for p in TINYLM_PRECISIONS] + [f"llama.cpp {d}" for d in LLAMA_DTYPES]:
             res = results[(m["name"], label)]
             first, full = res["first"], res["full"]
             ttft = [x["wall"] for x in first]
             gen = [x["gen_tps"] for x in full]
-            print(f"| {label} | {summary(ttft, min)} | {summary([x['load_ms'] for x in full], min)} "
-                  f"| {summary([x['prompt_tps'] for x in full], max)} | {summary(gen, max)} "
-                  f"| {min(ttft) / ours_ttft:.2f}× | {ours_gen / max(gen):.2f}× |")
+            row = (f"| {label} | {summary(ttft, min)} | {summary([x['load_ms'] for x in full], min)} "
+                   f"| {summary([x['prompt_tps'] for x in full], max)} | {summary(gen, max)} |")
+            if label.startswith("llama.cpp"):
+                ours_label = f"tinylm {COUNTERPART[label.split()[1]]}"
+                ours = results[(m["name"], ours_label)]
+                ours_ttft = min(x["wall"] for x in ours["first"])
+                ours_gen = max(x["gen_tps"] for x in ours["full"])
+                row += f" {ours_label} | {min(ttft) / ours_ttft:.2f}× | {ours_gen / max(gen):.2f}× |"
+            else:
+                row += " | | |"
+            print(row)
         counts = {(label, x["prompt_tokens"], x["gen_tokens"])
                   for (name, label), res in results.items() if name == m["name"] for x in res["full"]}
         print("prompt tokens and tokens after the first, per program: "

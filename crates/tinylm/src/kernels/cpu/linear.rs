@@ -10,9 +10,9 @@ use std::any::TypeId;
 use std::ops::Range;
 
 /// Linear layers' products `x Wᵀ` of at most this many rows (a decoding pass's few
-/// sequences) run as dot products ([`few_rows_linear`]): `gemm` streams the weights
-/// through memory fast for one row, but for two rows or more it packs them first and
-/// takes several times as long.
+/// sequences) run as dot products that stream each weight row once
+/// ([`few_rows_linear`], and the bf16 products' few-rows path): for two rows or
+/// more `gemm` packs the weight first and takes several times as long.
 pub(crate) const FEW_ROWS: usize = 16;
 
 /// Products smaller than this many multiply-adds run on the calling thread: the

@@ -187,12 +187,21 @@ fn operand<'a>(span: Span<'a, MixedBuf>) -> Operand<'a> {
     }
 }
 
-/// `dst = src` in parallel chunks.
-fn store<T: Copy + Send + Sync, S: Copy + Send + Sync>(dst: &mut [T], src: &[S], f: fn(S) -> T) {
+/// Elements per task of [`store`] and [`load`].
+const COPY_CHUNK: usize = 1 << 14;
+
+/// `dst = src` stored as `T` ([`Element::store_slice`]: in vectors), in parallel chunks.
+fn store<T: Element<f32>>(dst: &mut [T], src: &[f32]) {
     assert_eq!(dst.len(), src.len(), "copy size");
-    const CHUNK: usize = 1 << 14;
-    (dst.par_chunks_mut(CHUNK).zip(src.par_chunks(CHUNK)))
-        .for_each(|(dst, src)| dst.iter_mut().zip(src).for_each(|(d, &s)| *d = f(s)));
+    (dst.par_chunks_mut(COPY_CHUNK).zip(src.par_chunks(COPY_CHUNK)))
+        .for_each(|(dst, src)| T::store_slice(dst, src));
+}
+
+/// `dst = src`'s values, in parallel chunks.
+fn load<T: Element<f32>>(dst: &mut [f32], src: &[T]) {
+    assert_eq!(dst.len(), src.len(), "copy size");
+    (dst.par_chunks_mut(COPY_CHUNK).zip(src.par_chunks(COPY_CHUNK)))
+        .for_each(|(dst, src)| dst.iter_mut().zip(src).for_each(|(d, &s)| *d = s.load()));
 }
 
 impl MixedBuf {
@@ -201,7 +210,7 @@ impl MixedBuf {
     fn refresh_copy(&mut self, start: usize, len: usize) {
         if let (Values::F32(values), false) = (&self.values, self.copy.is_empty()) {
             let range = start..start + len;
-            store(&mut self.copy[range.clone()], &values[range], bf16::store);
+            store(&mut self.copy[range.clone()], &values[range]);
         }
     }
 }
@@ -245,8 +254,8 @@ impl Backend<f32> for CpuBf16 {
         let (start, len) = (dst.start, dst.len);
         let buf = &mut *dst.buf;
         match out(buf.at_mut(start..start + len)) {
-            Out::F32(values) => store(values, src, |x| x),
-            Out::Bf16(values) => store(values, src, bf16::store),
+            Out::F32(values) => store(values, src),
+            Out::Bf16(values) => store(values, src),
         }
         buf.refresh_copy(start, len);
         Ok(())
@@ -259,8 +268,8 @@ impl Backend<f32> for CpuBf16 {
     fn download(&self, src: Span<MixedBuf>, dst: &mut [f32]) -> Result<()> {
         let range = src.start..src.start + src.len;
         match &src.buf.values {
-            Values::F32(values) => store(dst, &values[range], |x| x),
-            Values::Bf16(values) => store(dst, &values[range], bf16::load),
+            Values::F32(values) => load(dst, &values[range]),
+            Values::Bf16(values) => load(dst, &values[range]),
         }
         Ok(())
     }
