@@ -193,15 +193,17 @@ const COPY_CHUNK: usize = 1 << 14;
 /// `dst = src` stored as `T` ([`Element::store_slice`]: in vectors), in parallel chunks.
 fn store<T: Element<f32>>(dst: &mut [T], src: &[f32]) {
     assert_eq!(dst.len(), src.len(), "copy size");
-    (dst.par_chunks_mut(COPY_CHUNK).zip(src.par_chunks(COPY_CHUNK)))
-        .for_each(|(dst, src)| T::store_slice(dst, src));
+    (dst.par_chunks_mut(COPY_CHUNK)
+        .zip(src.par_chunks(COPY_CHUNK)))
+    .for_each(|(dst, src)| T::store_slice(dst, src));
 }
 
 /// `dst = src`'s values, in parallel chunks.
 fn load<T: Element<f32>>(dst: &mut [f32], src: &[T]) {
     assert_eq!(dst.len(), src.len(), "copy size");
-    (dst.par_chunks_mut(COPY_CHUNK).zip(src.par_chunks(COPY_CHUNK)))
-        .for_each(|(dst, src)| dst.iter_mut().zip(src).for_each(|(d, &s)| *d = s.load()));
+    (dst.par_chunks_mut(COPY_CHUNK)
+        .zip(src.par_chunks(COPY_CHUNK)))
+    .for_each(|(dst, src)| dst.iter_mut().zip(src).for_each(|(d, &s)| *d = s.load()));
 }
 
 impl MixedBuf {
