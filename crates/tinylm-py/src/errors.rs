@@ -8,6 +8,7 @@
 use pyo3::exceptions::{PyFileNotFoundError, PyOSError, PyRuntimeError, PyValueError};
 use pyo3::{PyErr, PyResult, Python};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use tinylm::kernels::cpu::on_pool;
 
 /// The exception for an I/O failure, with `message` (which names the file).
 fn io_error(kind: std::io::ErrorKind, message: String) -> PyErr {
@@ -39,9 +40,10 @@ pub fn invalid(message: impl Into<String>) -> PyErr {
     PyValueError::new_err(message.into())
 }
 
-/// Runs `f` without the GIL, turning a panic into `RuntimeError`.
+/// Runs `f` without the GIL on rayon's pool (`on_pool`), turning a panic into
+/// `RuntimeError`.
 pub fn detached<T: Send>(py: Python<'_>, f: impl FnOnce() -> PyResult<T> + Send) -> PyResult<T> {
-    py.detach(|| guarded(f))
+    py.detach(|| on_pool(|| guarded(f)))
 }
 
 /// Runs `f` (with the GIL held), turning a panic into `RuntimeError`.

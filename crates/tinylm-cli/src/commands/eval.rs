@@ -42,10 +42,12 @@ pub fn run(args: EvalArgs) -> Result<()> {
     let data = TokenDataset::open(&args.data, ckpt.config.vocab_size)?;
     let t = ckpt.config.context_length;
     let backend = AnyBackend::open(args.device.device, args.device.precision)?;
-    let r = on_backend!(backend, backend => {
-        let mut model = ckpt.model(backend)?;
-        evaluate(&mut model, &data, args.batch_size, args.max_batches)?
-    });
+    let r = tinylm::kernels::cpu::on_pool(|| -> Result<_> {
+        Ok(on_backend!(backend, backend => {
+            let mut model = ckpt.model(backend)?;
+            evaluate(&mut model, &data, args.batch_size, args.max_batches)?
+        }))
+    })?;
     println!(
         "val_loss {:.4}  perplexity {:.3}  ({} windows of {t} tokens from {})",
         r.loss,

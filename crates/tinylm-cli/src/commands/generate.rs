@@ -65,6 +65,11 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let start = Instant::now();
     super::set_threads(args.threads)?;
     let threads = Instant::now();
+    tinylm::kernels::cpu::on_pool(move || generate(args, start, threads))
+}
+
+/// [`run`] after the thread pool's start (`start`, then `threads`).
+fn generate(args: GenerateArgs, start: Instant, threads: Instant) -> Result<()> {
     let sampler = Sampler::new(args.temperature, args.top_p, args.top_k, args.seed)?;
     let ckpt = weights::open(&args.checkpoint, None)?;
     let (tokenizer, eos) = for_model(args.tokenizer.as_deref(), &ckpt, &args.checkpoint)?;

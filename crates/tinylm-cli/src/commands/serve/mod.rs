@@ -74,30 +74,32 @@ pub fn run(args: ServeArgs) -> Result<()> {
         created,
     };
 
-    // The model's thread: opens the device, loads the weights, says whether that
-    // worked, then decodes until the server's end.
+    // The model's thread (run on the pool's): opens the device, loads the weights,
+    // says whether that worked, then decodes until the server's end.
     let (jobs, queue) = mpsc::channel();
     let (ready, loaded) = mpsc::channel::<Result<()>>();
     let (device, precision, slots) = (args.device.device, args.device.precision, args.slots);
     std::thread::Builder::new()
         .name("tinylm-model".into())
         .spawn(move || -> Result<()> {
-            let backend = match AnyBackend::open(device, precision) {
-                Ok(backend) => backend,
-                Err(e) => {
-                    let _ = ready.send(Err(e.into()));
-                    return Ok(());
-                }
-            };
-            on_backend!(backend, backend => match ckpt.model(backend) {
-                Ok(mut model) => {
-                    let _ = ready.send(Ok(()));
-                    engine::run(&mut model, &tokenizer, slots, queue)
-                }
-                Err(e) => {
-                    let _ = ready.send(Err(e.into()));
-                    Ok(())
-                }
+            tinylm::kernels::cpu::on_pool(move || {
+                let backend = match AnyBackend::open(device, precision) {
+                    Ok(backend) => backend,
+                    Err(e) => {
+                        let _ = ready.send(Err(e.into()));
+                        return Ok(());
+                    }
+                };
+                on_backend!(backend, backend => match ckpt.model(backend) {
+                    Ok(mut model) => {
+                        let _ = ready.send(Ok(()));
+                        engine::run(&mut model, &tokenizer, slots, queue)
+                    }
+                    Err(e) => {
+                        let _ = ready.send(Err(e.into()));
+                        Ok(())
+                    }
+                })
             })
         })
         .context("starting the model's thread")?;

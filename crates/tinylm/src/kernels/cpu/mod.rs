@@ -27,3 +27,13 @@ pub mod swiglu;
 
 pub use backend::Cpu;
 pub use mixed::CpuBf16;
+
+/// Runs `work` on a thread of rayon's global pool: what calls the CPU backend's
+/// kernels from elsewhere (a command's main thread, a server's model thread,
+/// Python) should run on. The kernels' parallel loops then share their work with
+/// the pool's other threads (a `join`) instead of handing all of it over from
+/// outside the pool and sleeping until it is done — two thread wake-ups per loop,
+/// which decoding, dozens of small loops per token, spent much of its time on.
+pub fn on_pool<R: Send>(work: impl FnOnce() -> R + Send) -> R {
+    rayon::scope(|_| work())
+}
