@@ -37,3 +37,19 @@ pub use mixed::CpuBf16;
 pub fn on_pool<R: Send>(work: impl FnOnce() -> R + Send) -> R {
     rayon::scope(|_| work())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::on_pool;
+
+    /// `on_pool` runs its work on one of the pool's threads (whose parallel loops
+    /// then join there), from a thread outside the pool, and gives its result back.
+    #[test]
+    fn on_pool_runs_on_a_thread_of_the_pool() {
+        let outside = std::thread::spawn(|| {
+            assert_eq!(rayon::current_thread_index(), None);
+            on_pool(rayon::current_thread_index)
+        });
+        assert!(outside.join().unwrap().is_some());
+    }
+}
