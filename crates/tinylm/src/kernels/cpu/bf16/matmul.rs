@@ -168,12 +168,12 @@ pub fn matmul_bf16_on<A: Bf16Operand, B: Bf16Operand>(
     });
 }
 
-/// Products of at most [`FEW_ROWS`](crate::kernels::cpu::linear::FEW_ROWS) rows against a right operand contiguous along
-/// `k` — a decoding step's linear layers (`x · Wᵀ`) and its attention's scores
-/// against the cached keys (`q · Kᵀ`) — on AVX512_BF16 run as dot products
-/// ([`avx512::few_rows`](super::avx512::few_rows)): `b` streams from memory once, as
-/// it is stored, where packing it for the blocked product would read it twice and
-/// write it once. Split among the threads by `b`'s rows when `threaded` (as
+/// Products of at most [`FEW_ROWS`](crate::kernels::cpu::linear::FEW_ROWS) rows
+/// against a right operand contiguous along `k` — a decoding step's linear layers
+/// (`x · Wᵀ`) and its attention's scores against the cached keys (`q · Kᵀ`) — on
+/// AVX512_BF16 run as dot products ([`avx512::few_rows`](super::avx512::few_rows)):
+/// `b` streams from memory once, as it is stored, where packing it for the blocked
+/// product would read it twice and write it once. Split among the threads by `b`'s rows when `threaded` (as
 /// `linear::for_each_column_block` splits them). Whether it ran (elsewhere the
 /// blocked product runs).
 ///
@@ -206,8 +206,9 @@ unsafe fn few_rows<A: Bf16Operand, B: Bf16Operand>(
             avx512::round_rows(x, a.ptr, m, k, a.rs, x_rs);
             let x = SharedMut(x.as_mut_ptr());
             let block = |cols| {
-                let (c, x, w) = (&c, &x, &w); // whole wrappers (Sync), not their pointers
-                                              // SAFETY: shapes as above; each block writes only its own columns.
+                // The whole wrappers (Sync), not their pointers.
+                let (c, x, w) = (&c, &x, &w);
+                // SAFETY: shapes as above; each block writes only its own columns.
                 avx512::few_rows(
                     (c.get(), ldc),
                     (x.get(), x_rs),
