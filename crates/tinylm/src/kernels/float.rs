@@ -99,8 +99,8 @@ impl Float for f64 {
 
 /// How a kernel's output (or input) buffer stores values the kernel computes in
 /// `F`: as `F` itself, or — under bf16 mixed precision, for `f32` — as bf16,
-/// rounded to nearest, ties to even (`half::bf16`, implemented beside the one
-/// rounding in `cpu/bf16/round.rs`).
+/// rounded to nearest, ties to even (`half::bf16`, implemented in
+/// `cpu/bf16/element.rs` on the one rounding of `cpu/bf16/round.rs`).
 pub trait Element<F: Float>: Copy + Send + Sync + 'static {
     fn load(self) -> F;
     fn store(x: F) -> Self;

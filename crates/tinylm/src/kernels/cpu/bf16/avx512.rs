@@ -395,7 +395,7 @@ const FEW_W: usize = 4;
 /// already rounded by [`round_rows`] (rows `x_rs` apart, zero-padded): a decoding
 /// step's linear layer, or its attention's scores against the cached keys.
 /// Each row of `w` streams from memory once, `vdpbf16ps` on 32 values of `k` at a
-/// time, in blocks of [`FEW_W`] rows of `w` against [`FEW_X`] rows of `x` (16 sums
+/// time, in blocks of `FEW_W` rows of `w` against `FEW_X` rows of `x` (16 sums
 /// in registers); `x` stays in L1.
 ///
 /// # Safety

@@ -3,13 +3,14 @@
 //! PyTorch's CPU autocast does to a product — at the rate the CPU's bf16
 //! instructions offer.
 //!
-//! [`round`] is the one rounding; [`pack`] the pair layouts the kernels read and the
+//! [`round`] is the one rounding, [`element`] the bf16 buffers that store by it; [`pack`] the pair layouts the kernels read and the
 //! [`Microkernel`](pack::Microkernel) interface; `avx512` (`vdpbf16ps`, x86-64), `neon`
 //! (`bfdot`, aarch64) and [`portable`] (any CPU) implement it; [`matmul`] blocks, packs and
 //! threads a product over one of them ([`matmul_bf16`], [`Bf16Kernel`]).
 
 #[cfg(all(target_arch = "x86_64", feature = "avx512"))]
 pub mod avx512;
+pub mod element;
 pub mod matmul;
 #[cfg(target_arch = "aarch64")]
 pub mod neon;

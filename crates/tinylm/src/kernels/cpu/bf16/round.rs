@@ -1,6 +1,5 @@
 //! The one rounding from `f32` to bf16, and the element types a bf16 product reads.
 
-use crate::kernels::float::Element;
 use half::bf16;
 
 /// `x` rounded to bf16 (its upper 16 bits after rounding), as x86's
@@ -60,36 +59,6 @@ impl Bf16Operand for bf16 {
     #[inline(always)]
     fn bf16_bits(self) -> u16 {
         self.to_bits()
-    }
-}
-
-/// A bf16 buffer of `f32` values: stored by [`round_bf16`], loaded exactly.
-impl Element<f32> for bf16 {
-    #[inline(always)]
-    fn load(self) -> f32 {
-        bf16_to_f32(self.to_bits())
-    }
-    #[inline(always)]
-    fn store(x: f32) -> bf16 {
-        bf16::from_bits(round_bf16(x))
-    }
-    #[inline(always)]
-    fn store_slice(dst: &mut [bf16], src: &[f32]) {
-        round_slice(dst, src);
-    }
-}
-
-/// `dst[i]` = `src[i]` rounded by [`round_bf16`], in vectors on AVX512_BF16
-/// (`vcvtne2ps2bf16`, tested equal to it).
-pub fn round_slice(dst: &mut [bf16], src: &[f32]) {
-    assert_eq!(dst.len(), src.len(), "round_slice lengths");
-    #[cfg(all(target_arch = "x86_64", feature = "avx512"))]
-    if super::avx512::Avx512Bf16::detected() {
-        // SAFETY: the CPU has the instructions; the slices have equal lengths.
-        return unsafe { super::avx512::round_slice(dst, src) };
-    }
-    for (d, &s) in dst.iter_mut().zip(src) {
-        *d = bf16::from_bits(round_bf16(s));
     }
 }
 
