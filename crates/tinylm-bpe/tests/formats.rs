@@ -432,6 +432,34 @@ fn rank_error(dir: &Path, lines: &[String], parts: &[&str]) -> String {
     e
 }
 
+/// The fuzzer's finding (`fuzz/corpus/tiktoken/found-far-special-id`): 21 byte
+/// ranks and a special token at id 60,000 made 59,978 placeholder tokens, 2.9 MB
+/// from a 185-byte input, which the cap of unused ids (then 65,536) let through. It
+/// is refused now, naming the file, and a special as far as the cap allows is read.
+#[test]
+fn a_special_id_far_past_few_ranks_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("few.tiktoken");
+    std::fs::write(&path, byte_lines()[..21].join("\n") + "\n").unwrap();
+    let special = |id| [("<|far|>".to_string(), Some(id))];
+    let e = err(tiktoken::load(&path, Pattern::Gpt4, &special(60_000)));
+    assert!(
+        e.contains(&format!(
+            "{}: the special tokens' id 60000 leaves",
+            path.display()
+        )),
+        "{e}"
+    );
+    let far = 21 + MAX_UNUSED_IDS as u32;
+    assert_eq!(
+        tiktoken::load(&path, Pattern::Gpt4, &special(far))
+            .unwrap()
+            .vocab
+            .len(),
+        far as usize + 1
+    );
+}
+
 fn byte_lines() -> Vec<String> {
     use base64::Engine;
     (0..=255u8)
