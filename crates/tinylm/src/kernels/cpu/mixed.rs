@@ -17,6 +17,7 @@ use super::attention::{attention_backward_on, attention_forward_on, HeadProduct}
 use super::bf16::{matmul_bf16_on, matmul_bf16_view, Bf16Kernel, Operand as Bf16View};
 use super::linear::View;
 use super::memory::zeroed;
+use super::simd::CHUNK;
 use super::{adamw, rmsnorm, swiglu, Cpu};
 use crate::config::RMS_NORM_EPS;
 use crate::distributed::World;
@@ -187,23 +188,18 @@ fn operand<'a>(span: Span<'a, MixedBuf>) -> Operand<'a> {
     }
 }
 
-/// Elements per task of [`store`] and [`load`].
-const COPY_CHUNK: usize = 1 << 14;
-
 /// `dst = src` stored as `T` ([`Element::store_slice`]: in vectors), in parallel chunks.
 fn store<T: Element<f32>>(dst: &mut [T], src: &[f32]) {
     assert_eq!(dst.len(), src.len(), "copy size");
-    (dst.par_chunks_mut(COPY_CHUNK)
-        .zip(src.par_chunks(COPY_CHUNK)))
-    .for_each(|(dst, src)| T::store_slice(dst, src));
+    (dst.par_chunks_mut(CHUNK).zip(src.par_chunks(CHUNK)))
+        .for_each(|(dst, src)| T::store_slice(dst, src));
 }
 
 /// `dst = src`'s values, in parallel chunks.
 fn load<T: Element<f32>>(dst: &mut [f32], src: &[T]) {
     assert_eq!(dst.len(), src.len(), "copy size");
-    (dst.par_chunks_mut(COPY_CHUNK)
-        .zip(src.par_chunks(COPY_CHUNK)))
-    .for_each(|(dst, src)| dst.iter_mut().zip(src).for_each(|(d, &s)| *d = s.load()));
+    (dst.par_chunks_mut(CHUNK).zip(src.par_chunks(CHUNK)))
+        .for_each(|(dst, src)| dst.iter_mut().zip(src).for_each(|(d, &s)| *d = s.load()));
 }
 
 impl MixedBuf {
