@@ -34,6 +34,18 @@ pub(crate) trait HeadProduct<F>: Sync {
         scale: F,
         accumulate: bool,
     );
+
+    /// Whether a right operand strided along `k` (`Kᵀ`, `Vᵀ` as views of the
+    /// `qkv` rows) costs no more than a contiguous one, so no transposed copy is
+    /// made.
+    fn reads_strided(&self) -> bool {
+        false
+    }
+
+    /// Queries per block ([`QUERY_BLOCK`] unless the products favour longer ones).
+    fn query_block(&self) -> usize {
+        QUERY_BLOCK
+    }
 }
 
 /// The products in the backend's float, through `gemm` ([`gemm_view`]).
@@ -55,7 +67,8 @@ impl<F: Float> HeadProduct<F> for Gemm {
 }
 
 /// Queries per block: a block's products only reach the keys its last query sees,
-/// which skips most of the zero upper triangle of `P`.
+/// which skips most of the zero upper triangle of `P`; fewer per block skip more
+/// but pack (or transpose) the keys' and values' operands once more each.
 const QUERY_BLOCK: usize = 32;
 
 /// Forward: for each (b, h), `S = Q Kᵀ / sqrt(D)` `(Tq, T)`, `P = softmax` over keys
@@ -93,7 +106,7 @@ pub(crate) fn attention_forward_on<F: Float>(
         unsafe {
             // Decoding (fewer queries than a block) reads K once: the strided view
             // costs less than a transposed copy.
-            if tq < QUERY_BLOCK {
+            if tq < products.query_block() || products.reads_strided() {
                 let k = View::new(k, 3 * c, true);
                 return head_forward(p, out_ptr.get(), seq, k, v, b, h, s, products);
             }
@@ -127,8 +140,9 @@ unsafe fn head_forward<F: Float>(
 ) {
     let (t, tq, c, d) = (s.t, s.tq(), s.c(), s.d);
     let scale = F::ONE / F::from_f64(d as f64).sqrt();
-    for i0 in (0..tq).step_by(QUERY_BLOCK) {
-        let i1 = (i0 + QUERY_BLOCK).min(tq);
+    let query_block = products.query_block();
+    for i0 in (0..tq).step_by(query_block) {
+        let i1 = (i0 + query_block).min(tq);
         // Keys 0..keys are visible to some query of this block.
         let keys = s.q0 + i1;
         let q = View::new(&seq[(s.q0 + i0) * 3 * c + h * d..], 3 * c, false);
@@ -219,7 +233,7 @@ pub fn sdpa<F: Float>(
 /// gradient, `dV = Pᵀ dO`, `dP = dO Vᵀ`, `dS = P ⊙ (dP − rowsum(dP ⊙ P)) / sqrt(D)`,
 /// `dQ = dS K`, `dK = dSᵀ Q`, written into `dqkv (B, T, 3C)`.
 /// `dout (B, T, C)`, `qkv (B, T, 3C)`, `att (B, H, T, T)`, scratch `datt (B, H, T, T)`
-/// of which each head reuses its first `QUERY_BLOCK` rows for every query block: the
+/// of which each head reuses its first rows for every block of queries: the
 /// block stays in cache instead of streaming the whole `dP` through memory. Every
 /// product in `F` (`Gemm`).
 pub fn attention_backward<F: Float>(
@@ -261,16 +275,23 @@ pub(crate) fn attention_backward_on<F: Float>(
             let view =
                 |part: usize, transposed| View::new(&seq[part * c + h * d..], 3 * c, transposed);
             let dseq = dqkv_ptr.get().wrapping_add(b * t * 3 * c + h * d);
-            with_scratch(d * t, |vt| {
-                transpose(vt, &seq[2 * c + h * d..], t, d, 3 * c);
-                let vt = View::new(vt, t, false);
+            let v = &seq[2 * c + h * d..];
+            let strided = products.reads_strided();
+            with_scratch(if strided { 0 } else { d * t }, |vt| {
+                let vt = if strided {
+                    View::new(v, 3 * c, true)
+                } else {
+                    transpose(vt, v, t, d, 3 * c);
+                    View::new(vt, t, false)
+                };
                 // Query blocks from the last: it sees every key, so it writes dK and dV
                 // for all rows and the earlier (shorter) blocks add to them.
-                for i0 in (0..t.div_ceil(QUERY_BLOCK))
+                let query_block = products.query_block();
+                for i0 in (0..t.div_ceil(query_block))
                     .rev()
-                    .map(|blk| blk * QUERY_BLOCK)
+                    .map(|blk| blk * query_block)
                 {
-                    let i1 = (i0 + QUERY_BLOCK).min(t);
+                    let i1 = (i0 + query_block).min(t);
                     let (rows, keys, first) = (i1 - i0, i1, i1 == t);
                     let dout = View::new(&dout[(b * t + i0) * c + h * d..], c, false);
                     let p_block_t = View::new(&p[i0 * t..], t, true);

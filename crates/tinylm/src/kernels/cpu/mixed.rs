@@ -93,6 +93,19 @@ impl HeadProduct<f32> for CpuBf16 {
             }
         }
     }
+
+    /// Packing rounds `Kᵀ` and `Vᵀ` from their rows of `qkv` as fast as from a
+    /// transposed copy.
+    fn reads_strided(&self) -> bool {
+        true
+    }
+
+    /// Each product packs both operands: blocks of 64 queries pack `K` and `V`
+    /// half as often as blocks of 32 (at `T = 128`: attention 0.6 ms per step
+    /// faster on Zen 5) for a little more of `P`'s zero triangle multiplied.
+    fn query_block(&self) -> usize {
+        64
+    }
 }
 
 impl Default for CpuBf16 {

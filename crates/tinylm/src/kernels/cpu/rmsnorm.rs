@@ -27,11 +27,15 @@ pub fn rmsnorm_forward<F: Float, O: Element<F>>(
                         let ms = sum_by(x, |v| v * v) / F::from_f64(c as f64);
                         *r = F::ONE / (ms + F::from_f64(eps)).sqrt();
                         let s = *r;
-                        store_tiled(out, |r, tile| {
-                            for ((t, &v), &g) in tile.iter_mut().zip(&x[r.clone()]).zip(&g[r]) {
-                                *t = v * s * g;
-                            }
-                        });
+                        store_tiled(
+                            out,
+                            #[inline(always)]
+                            |r, tile| {
+                                for ((t, &v), &g) in tile.iter_mut().zip(&x[r.clone()]).zip(&g[r]) {
+                                    *t = v * s * g;
+                                }
+                            },
+                        );
                     }
                 },
             )

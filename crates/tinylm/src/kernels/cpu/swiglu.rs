@@ -19,18 +19,22 @@ pub fn swiglu_forward<F: Float, O: Element<F>>(out: &mut [O], a: &[F], b: Option
         vectorized(
             #[inline(always)]
             || {
-                store_tiled(out, |r, tile| match b {
-                    Some(b) => {
-                        for ((t, &a), &b) in tile.iter_mut().zip(&a[r.clone()]).zip(&b[r]) {
-                            *t = a * sigmoid(a) * b;
+                store_tiled(
+                    out,
+                    #[inline(always)]
+                    |r, tile| match b {
+                        Some(b) => {
+                            for ((t, &a), &b) in tile.iter_mut().zip(&a[r.clone()]).zip(&b[r]) {
+                                *t = a * sigmoid(a) * b;
+                            }
                         }
-                    }
-                    None => {
-                        for (t, &a) in tile.iter_mut().zip(&a[r]) {
-                            *t = a * sigmoid(a);
+                        None => {
+                            for (t, &a) in tile.iter_mut().zip(&a[r]) {
+                                *t = a * sigmoid(a);
+                            }
                         }
-                    }
-                })
+                    },
+                )
             },
         )
     });
@@ -58,21 +62,25 @@ pub fn swiglu_backward<F: Float, O: Element<F>>(
                     #[inline(always)]
                     || {
                         let mut db_tile = [F::ZERO; TILE];
-                        store_tiled(da, |r, da_tile| {
-                            let db_tile = &mut db_tile[..r.len()];
-                            for ((((da, db), &d), &a), &b) in da_tile
-                                .iter_mut()
-                                .zip(db_tile.iter_mut())
-                                .zip(&dout[r.clone()])
-                                .zip(&a[r.clone()])
-                                .zip(&b[r.clone()])
-                            {
-                                let s = sigmoid(a);
-                                *db = d * a * s;
-                                *da = d * b * s * (F::ONE + a * (F::ONE - s));
-                            }
-                            O::store_slice(&mut db[r], db_tile);
-                        })
+                        store_tiled(
+                            da,
+                            #[inline(always)]
+                            |r, da_tile| {
+                                let db_tile = &mut db_tile[..r.len()];
+                                for ((((da, db), &d), &a), &b) in da_tile
+                                    .iter_mut()
+                                    .zip(db_tile.iter_mut())
+                                    .zip(&dout[r.clone()])
+                                    .zip(&a[r.clone()])
+                                    .zip(&b[r.clone()])
+                                {
+                                    let s = sigmoid(a);
+                                    *db = d * a * s;
+                                    *da = d * b * s * (F::ONE + a * (F::ONE - s));
+                                }
+                                O::store_slice(&mut db[r], db_tile);
+                            },
+                        )
                     },
                 )
             }),
@@ -82,12 +90,16 @@ pub fn swiglu_backward<F: Float, O: Element<F>>(
             vectorized(
                 #[inline(always)]
                 || {
-                    store_tiled(da, |r, tile| {
-                        for ((t, &d), &a) in tile.iter_mut().zip(&dout[r.clone()]).zip(&a[r]) {
-                            let s = sigmoid(a);
-                            *t = d * s * (F::ONE + a * (F::ONE - s));
-                        }
-                    })
+                    store_tiled(
+                        da,
+                        #[inline(always)]
+                        |r, tile| {
+                            for ((t, &d), &a) in tile.iter_mut().zip(&dout[r.clone()]).zip(&a[r]) {
+                                let s = sigmoid(a);
+                                *t = d * s * (F::ONE + a * (F::ONE - s));
+                            }
+                        },
+                    )
                 },
             )
         }),

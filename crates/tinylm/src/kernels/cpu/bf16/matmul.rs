@@ -379,44 +379,50 @@ unsafe fn block<K: Microkernel, A: Bf16Operand, B: Bf16Operand>(
 /// share per tile over the `tiles` micro-kernel calls before it is packed: the runs
 /// along the dimension the operand is contiguous in, line by line.
 struct Ahead {
-    start: *const u8,
-    /// Bytes between runs.
+    /// The next line to fetch: its run's first byte, and its offset in the run.
+    run: *const u8,
+    at: usize,
+    /// Bytes between runs, bytes in a run.
     stride: usize,
-    runs: usize,
-    lines_per_run: usize,
-    /// Lines fetched so far, and per tile.
-    done: usize,
+    run_bytes: usize,
+    /// Lines still to fetch, and per tile.
+    left: usize,
     per_tile: usize,
 }
 
 impl Ahead {
     fn new<E>(src: Operand<E>, rows: usize, kc: usize, tiles: usize) -> Self {
         let size = size_of::<E>();
-        let (runs, stride, run) = if src.cs == 1 {
+        let (runs, stride, run_bytes) = if src.cs == 1 {
             (rows, src.rs * size, kc * size)
         } else {
             (kc, src.cs * size, rows * size)
         };
-        let lines_per_run = run.div_ceil(64);
+        let lines = runs * run_bytes.div_ceil(64);
         Ahead {
-            start: src.ptr.cast(),
+            run: src.ptr.cast(),
+            at: 0,
             stride,
-            runs,
-            lines_per_run,
-            done: 0,
-            per_tile: (runs * lines_per_run).div_ceil(tiles.max(1)),
+            run_bytes,
+            left: lines,
+            per_tile: lines.div_ceil(tiles.max(1)),
         }
     }
 
-    /// Fetches the next tile's share.
+    /// Fetches the next tile's share (counters, no division: this runs once per
+    /// micro-kernel call).
     #[inline(always)]
     fn step<K: Microkernel>(&mut self) {
-        let end = (self.done + self.per_tile).min(self.runs * self.lines_per_run);
-        for line in self.done..end {
-            let (run, at) = (line / self.lines_per_run, line % self.lines_per_run);
-            K::prefetch(self.start.wrapping_add(run * self.stride + at * 64));
+        let count = self.per_tile.min(self.left);
+        self.left -= count;
+        for _ in 0..count {
+            K::prefetch(self.run.wrapping_add(self.at));
+            self.at += 64;
+            if self.at >= self.run_bytes {
+                self.run = self.run.wrapping_add(self.stride);
+                self.at = 0;
+            }
         }
-        self.done = end;
     }
 }
 
