@@ -89,12 +89,11 @@ impl OpenedWeights {
 
     /// A model run by `backend` with these weights, a file's read tensor by tensor
     /// into its parameter buffer.
-    pub fn model<B: Backend<f32>>(self, backend: B) -> Result<Model<f32, B>> {
-        match self.values {
-            Values::File(file, layout) => {
-                model_from(&weights_of(&file, &layout)?, self.config, backend)
-            }
-            Values::Host(params) => Model::with_backend(self.config, &params, backend),
+    pub fn model<B: Backend<f32>>(&self, backend: B) -> Result<Model<f32, B>> {
+        let config = self.config.clone();
+        match &self.values {
+            Values::File(file, layout) => model_from(&weights_of(file, layout)?, config, backend),
+            Values::Host(params) => Model::with_backend(config, params, backend),
         }
     }
 }

@@ -53,12 +53,16 @@ pub struct GenerateArgs {
     device: super::flags::DeviceArgs,
 }
 
-/// When each part of loading ended, from the command's start.
+/// When loading started and ended, and how long its parts took.
 struct Load {
     start: Instant,
+    /// The thread pool started, the checkpoint's header read.
     threads: Instant,
-    tokenizer: Instant,
-    weights: Instant,
+    header: Instant,
+    /// The tokenizer and the weights, read side by side.
+    tokenizer: Duration,
+    weights: Duration,
+    end: Instant,
 }
 
 pub fn run(args: GenerateArgs) -> Result<()> {
@@ -68,15 +72,17 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     tinylm::kernels::cpu::on_pool(move || generate(args, start, threads))
 }
 
+/// `f()` and how long it took.
+fn timed<T>(f: impl FnOnce() -> T) -> (T, Duration) {
+    let start = Instant::now();
+    (f(), start.elapsed())
+}
+
 /// [`run`] after the thread pool's start (`start`, then `threads`).
 fn generate(args: GenerateArgs, start: Instant, threads: Instant) -> Result<()> {
     let sampler = Sampler::new(args.temperature, args.top_p, args.top_k, args.seed)?;
     let ckpt = weights::open(&args.checkpoint, None)?;
-    let (tokenizer, eos) = for_model(args.tokenizer.as_deref(), &ckpt, &args.checkpoint)?;
-    let tokenizer_loaded = Instant::now();
-    // A tokenizer that came out smaller than the model's vocabulary decodes only its
-    // own ids: the model's others are never drawn.
-    let mut sampler = sampler.vocabulary(tokenizer.vocab_size());
+    let header = Instant::now();
     let target = args.device.target();
     eprintln!(
         "{}",
@@ -85,8 +91,23 @@ fn generate(args: GenerateArgs, start: Instant, threads: Instant) -> Result<()> 
     );
     let backend = AnyBackend::open(args.device.device, args.device.precision)?;
     let written = on_backend!(backend, backend => {
-        let mut model = ckpt.model(backend)?;
-        let load = Load { start, threads, tokenizer: tokenizer_loaded, weights: Instant::now() };
+        // Neither needs the other: the tokenizer is parsed while the weights are read.
+        let ((tokenizer, tokenizer_s), (model, weights_s)) = rayon::join(
+            || timed(|| for_model(args.tokenizer.as_deref(), &ckpt, &args.checkpoint)),
+            || timed(|| ckpt.model(backend)),
+        );
+        let ((tokenizer, eos), mut model) = (tokenizer?, model?);
+        let load = Load {
+            start,
+            threads,
+            header,
+            tokenizer: tokenizer_s,
+            weights: weights_s,
+            end: Instant::now(),
+        };
+        // A tokenizer that came out smaller than the model's vocabulary decodes only
+        // its own ids: the model's others are never drawn.
+        let mut sampler = sampler.clone().vocabulary(tokenizer.vocab_size());
         let (prompt, out) = (&args.prompt, &mut std::io::stdout().lock());
         write_continuation(&mut model, &tokenizer, eos, prompt, args.max_tokens, &mut sampler, out)
             .map(|continuation| (load, continuation))
@@ -111,11 +132,12 @@ fn timings(load: &Load, run: &Continuation) -> String {
     let rate = |n: usize, d: Duration| n as f64 / d.as_secs_f64().max(1e-9);
     let since = |a: Instant, b: Instant| b.saturating_duration_since(a);
     let mut lines = format!(
-        "load:        {:9.2} ms (thread pool {:.2} ms, header and tokenizer {:.2} ms, weights {:.2} ms)\n",
-        ms(since(load.start, load.weights)),
+        "load:        {:9.2} ms (thread pool {:.2} ms, header {:.2} ms, then side by side: tokenizer {:.2} ms, weights {:.2} ms)\n",
+        ms(since(load.start, load.end)),
         ms(since(load.start, load.threads)),
-        ms(since(load.threads, load.tokenizer)),
-        ms(since(load.tokenizer, load.weights)),
+        ms(since(load.threads, load.header)),
+        ms(load.tokenizer),
+        ms(load.weights),
     );
     let Some(first) = run.first_token else {
         return lines + "no new token: the model ended the text at once\n";

@@ -481,11 +481,17 @@ pub trait Backend<F: Float>: Allocator<F> + Sync {
     fn host<'a>(&self, _src: Span<'a, Self::Buf>) -> Option<&'a [F]> {
         None
     }
-    /// [`Backend::host`] to write: the values of `dst` where they lie, when they
-    /// lie in host memory; `None` for a device, whose values are [`upload`]ed.
+    /// [`Backend::host`] to write: `write` fills the values of `dst` where they
+    /// lie, when they lie in host memory, and what mirrors them (the bf16 copy of
+    /// mixed-precision parameters) is brought up to date; `None`, without calling
+    /// `write`, for a device, whose values are [`upload`]ed.
     ///
     /// [`upload`]: Backend::upload
-    fn host_mut<'a>(&self, _dst: SpanMut<'a, Self::Buf>) -> Option<&'a mut [F]> {
+    fn write_host(
+        &self,
+        _dst: SpanMut<Self::Buf>,
+        _write: &mut dyn FnMut(&mut [F]) -> Result<()>,
+    ) -> Option<Result<()>> {
         None
     }
     /// Staging memory for `len` values (see [`Backend::Staging`]).

@@ -174,8 +174,12 @@ impl<F: Float, B: Backend<F>> Backend<F> for Profiled<B> {
         self.inner.host(src)
     }
 
-    fn host_mut<'a>(&self, dst: SpanMut<'a, B::Buf>) -> Option<&'a mut [F]> {
-        self.inner.host_mut(dst)
+    fn write_host(
+        &self,
+        dst: SpanMut<B::Buf>,
+        write: &mut dyn FnMut(&mut [F]) -> Result<()>,
+    ) -> Option<Result<()>> {
+        self.inner.write_host(dst, write)
     }
 
     fn alloc_staging(&self, len: usize) -> Result<B::Staging> {

@@ -68,8 +68,12 @@ impl<F: Float> Backend<F> for Cpu {
         Some(src.slice())
     }
 
-    fn host_mut<'a>(&self, dst: SpanMut<'a, Vec<F>>) -> Option<&'a mut [F]> {
-        Some(dst.slice())
+    fn write_host(
+        &self,
+        dst: SpanMut<Vec<F>>,
+        write: &mut dyn FnMut(&mut [F]) -> Result<()>,
+    ) -> Option<Result<()>> {
+        Some(write(dst.slice()))
     }
 
     fn alloc_staging(&self, len: usize) -> Result<Vec<F>> {

@@ -293,13 +293,18 @@ impl Backend<f32> for CpuBf16 {
         }
     }
 
-    /// `f32` values to write in place, but the parameters' (whose copy an
-    /// [`upload`](Backend::upload) refreshes).
-    fn host_mut<'a>(&self, dst: SpanMut<'a, MixedBuf>) -> Option<&'a mut [f32]> {
-        match &dst.buf.values {
-            Values::F32(_) if dst.buf.copy.is_empty() => Some(f32s_mut(dst).slice()),
-            _ => None,
-        }
+    /// `f32` values written in place, then their bf16 copy where they have one
+    /// (the parameters': a checkpoint is read straight into them).
+    fn write_host(
+        &self,
+        dst: SpanMut<MixedBuf>,
+        write: &mut dyn FnMut(&mut [f32]) -> Result<()>,
+    ) -> Option<Result<()>> {
+        let Values::F32(values) = &mut dst.buf.values else {
+            return None;
+        };
+        let range = dst.start..dst.start + dst.len;
+        Some(write(&mut values[range]).map(|()| dst.buf.refresh_copy(dst.start, dst.len)))
     }
 
     fn alloc_staging(&self, len: usize) -> Result<Vec<f32>> {
