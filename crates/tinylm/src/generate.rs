@@ -31,6 +31,10 @@ pub struct Sampler {
     probs: Vec<(u32, f32)>,
 }
 
+/// Entries sorted first when looking for the top-p nucleus (more are sorted
+/// only if these do not reach it).
+const NUCLEUS_GUESS: usize = 64;
+
 impl Sampler {
     /// Checks `temperature ≥ 0`, `0 < top_p ≤ 1` and `top_k ≥ 1`.
     pub fn new(temperature: f32, top_p: f32, top_k: Option<usize>, seed: u64) -> Result<Self> {
@@ -83,10 +87,14 @@ impl Sampler {
                 .zip(logits)
                 .map(|(id, &l)| (id, ((l - max) * inv_t).exp())),
         );
+        // Most probable first, the lower id first among equals: a strict order, so
+        // the most probable `n` are the same whichever way they are found.
+        let order = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
         let k = self.top_k.unwrap_or(usize::MAX).min(self.probs.len());
-        if k < self.probs.len() || self.top_p < 1.0 {
-            self.probs
-                .sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        let top_k = k < self.probs.len();
+        if top_k {
+            // The k most probable, in no order yet (k ≥ 1: `new` refuses 0).
+            self.probs.select_nth_unstable_by(k - 1, order);
             self.probs.truncate(k);
         }
         if self.top_p < 1.0 {
@@ -95,16 +103,32 @@ impl Sampler {
             // admitting one token more than the smallest nucleus.
             let kept: f64 = self.probs.iter().map(|&(_, p)| p as f64).sum();
             let target = self.top_p as f64 * kept * (1.0 - 1e-6);
-            let mut sum = 0.0;
-            let nucleus = self
-                .probs
-                .iter()
-                .position(|&(_, p)| {
+            // The nucleus is a prefix of the sorted entries: sort only the most
+            // probable `head` (selected in linear time), more until their sum
+            // reaches the target — a few dozen of a vocabulary of thousands, most
+            // steps, where sorting all of it cost more than the model's step.
+            let mut head = NUCLEUS_GUESS.min(self.probs.len());
+            loop {
+                if head < self.probs.len() {
+                    self.probs.select_nth_unstable_by(head - 1, order);
+                }
+                self.probs[..head].sort_unstable_by(order);
+                let mut sum = 0.0;
+                let nucleus = self.probs[..head].iter().position(|&(_, p)| {
                     sum += p as f64;
                     sum >= target
-                })
-                .map_or(self.probs.len(), |i| i + 1);
-            self.probs.truncate(nucleus);
+                });
+                match nucleus {
+                    Some(i) => {
+                        self.probs.truncate(i + 1);
+                        break;
+                    }
+                    None if head == self.probs.len() => break,
+                    None => head = (4 * head).min(self.probs.len()),
+                }
+            }
+        } else if top_k {
+            self.probs.sort_unstable_by(order);
         }
         let kept: f64 = self.probs.iter().map(|&(_, p)| p as f64).sum();
         let scale = (1.0 / kept) as f32;

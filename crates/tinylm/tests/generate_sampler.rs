@@ -105,6 +105,55 @@ fn temperature_zero_is_greedy() {
     );
 }
 
+/// The nucleus of a large vocabulary — of a few tokens, or of hundreds (past the
+/// sampler's first guess of how many to sort) — with and without top-k, equals the
+/// one of the whole vocabulary sorted, in the same order.
+#[test]
+fn the_nucleus_of_a_large_vocabulary_is_that_of_the_whole_sort() {
+    // 5,000 logits spread over 6 nats, with ties (values on a grid).
+    let logits: Vec<f32> = (0..5000u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) % 600) as f32 / 100.0)
+        .collect();
+    for (top_p, top_k) in [
+        (0.01, None),
+        (0.3, None),
+        (0.9, None),
+        (0.999, None),
+        (0.9, Some(700)),
+        (1.0, Some(300)),
+        (0.5, Some(1)),
+    ] {
+        let mut s = Sampler::new(1.0, top_p, top_k, 0).unwrap();
+        let got = s.distribution(&logits).to_vec();
+        // The reference: every token sorted, top-k, then the smallest prefix whose
+        // sum reaches top_p of what top-k kept.
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut all: Vec<(u32, f32)> = (0u32..)
+            .zip(&logits)
+            .map(|(id, &l)| (id, (l - max).exp()))
+            .collect();
+        all.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        all.truncate(top_k.unwrap_or(all.len()));
+        let total: f64 = all.iter().map(|&(_, p)| p as f64).sum();
+        let mut sum = 0.0;
+        let n = all
+            .iter()
+            .position(|&(_, p)| {
+                sum += p as f64;
+                sum >= top_p as f64 * total * (1.0 - 1e-6)
+            })
+            .map_or(all.len(), |i| i + 1);
+        let want = &all[..n];
+        assert_eq!(ids(&got), ids(want), "top_p {top_p}, top_k {top_k:?}");
+        let kept: f64 = want.iter().map(|&(_, p)| p as f64).sum();
+        let want: Vec<f32> = want
+            .iter()
+            .map(|&(_, p)| (p as f64 / kept) as f32)
+            .collect();
+        assert_probs(&got, &want);
+    }
+}
+
 #[test]
 fn samples_follow_the_truncated_distribution() {
     let probs = [0.1, 0.2, 0.5, 0.2];
