@@ -1,6 +1,6 @@
 """tinylm generate against llama.cpp on the same weights (bench/generate.sh runs it).
 
-For each model: `tinylm generate` on the checkpoint (`--precision fp32` and `bf16`)
+For each model: `tinylm generate` on the checkpoint (`--precision fp32`, `bf16`, `q8_0`)
 and llama.cpp's `llama-completion` on its `tinylm export gguf` files (f32, bf16,
 q8_0), greedy, the same prompt, the same
 threads, alternating in ROUNDS rounds so that the machine's load hits all alike.
@@ -15,9 +15,8 @@ Each round runs every program twice:
 llama.cpp runs without its warm-up decode (`--no-warmup`), so that its process does
 no more than tinylm's. Prints per model a table of the best and the median over the
 rounds (and, for each llama.cpp row, tinylm's speed relative to it from the best
-figures — f32 against tinylm fp32, bf16 and q8_0 against tinylm bf16, its smallest
-weights: above 1, tinylm is faster), and whether the greedy texts of tinylm and
-llama.cpp f32 agree.
+figures — each against tinylm in the same weights' format: above 1, tinylm is
+faster), and whether the greedy texts of tinylm and llama.cpp f32 agree.
 """
 
 import argparse
@@ -29,9 +28,9 @@ import time
 
 LLAMA_DTYPES = ["f32", "bf16", "q8_0"]
 # tinylm's rows: label -> `--precision`.
-TINYLM_PRECISIONS = {"f32": "fp32", "bf16": "bf16"}
+TINYLM_PRECISIONS = {"f32": "fp32", "bf16": "bf16", "q8_0": "q8_0"}
 # The tinylm row each llama.cpp row is held against.
-COUNTERPART = {"f32": "f32", "bf16": "bf16", "q8_0": "bf16"}
+COUNTERPART = {"f32": "f32", "bf16": "bf16", "q8_0": "q8_0"}
 
 
 def run(cmd):

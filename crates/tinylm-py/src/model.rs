@@ -166,7 +166,11 @@ impl Engine {
         let device: Device = device.parse().map_err(model_error)?;
         let device = resolve(device).map_err(model_error)?;
         let precision: Precision = match (precision, device) {
-            (Some(precision), _) => precision.parse().map_err(model_error)?,
+            // The package's models train: q8_0 (generation's) is refused, saying so.
+            (Some(precision), _) => precision
+                .parse::<Precision>()
+                .and_then(Precision::for_training)
+                .map_err(model_error)?,
             (None, Device::Cpu) => Precision::Fp32,
             (None, _) => Precision::Auto,
         };

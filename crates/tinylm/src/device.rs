@@ -90,6 +90,7 @@ impl AnyBackend {
         match resolve(device)? {
             Device::Cpu => Ok(match resolve_precision(Device::Cpu, precision) {
                 Precision::Bf16 => AnyBackend::CpuBf16(CpuBf16::new()),
+                Precision::Q8_0 => AnyBackend::CpuBf16(CpuBf16::q8()),
                 _ => AnyBackend::Cpu(Cpu),
             }),
             Device::Cuda(ordinal) => open_cuda(ordinal, precision),

@@ -334,6 +334,7 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
         fill: impl FnOnce(&B, &mut B::Buf) -> Result<()>,
     ) -> Result<Self> {
         config.validate()?;
+        backend.check_model(&config)?;
         let layout = ParamLayout::new(&config);
         for layer in &layout.layers {
             assert!(

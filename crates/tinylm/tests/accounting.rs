@@ -168,6 +168,9 @@ fn every_buffer_the_cpu_allocates_is_accounted_in_every_ablation() {
     // bf16 mixed precision: the product-only activations in bf16, the parameters
     // with their bf16 copy.
     cpu_buffers_are_accounted(&CpuBf16::new(), Target::CpuBf16);
+    // Generation's 8-bit weights: the parameters with their Q8_0 copy, every
+    // activation f32.
+    cpu_buffers_are_accounted(&CpuBf16::q8(), Target::CpuQ8);
 }
 
 /// A training step on `backend` (a CPU backend, whose buffers `target` sizes) holds

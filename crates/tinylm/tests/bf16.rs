@@ -157,3 +157,47 @@ fn bf16_training_follows_f32_and_micro_batches_change_nothing_but_rounding() {
     }
     assert!(bf16s[29] < 0.5 * bf16s[0], "bf16 does not learn: {bf16s:?}");
 }
+
+/// Generation's 8-bit weights ([`CpuBf16::q8`]): the logits of a full pass and of
+/// decoding token by token on a KV cache within Q8_0's tolerance of `f32`'s (8
+/// bits per value, one scale per 32: a few times bf16's error), unbiased; a model
+/// whose layers do not split into whole blocks is refused, naming the dimension.
+#[test]
+fn q8_0_logits_are_f32_within_8_bit_tolerance() {
+    let c = config();
+    let params = ParamLayout::new(&c).init(7);
+    let (ids, _) = batch(&c);
+    let mut f32_model = Model::with_backend(c.clone(), &params, Cpu).unwrap();
+    let want = f32_model.forward(&ids, B, T).unwrap().to_vec();
+    let mut q8_model = Model::with_backend(c.clone(), &params, CpuBf16::q8()).unwrap();
+    let got = q8_model.forward(&ids, B, T).unwrap().to_vec();
+    let (error, slope) = (relative_error(&got, &want), slope(&got, &want));
+    println!("q8_0 against f32: logits {error:.2e} (slope {slope:.5})");
+    assert!(
+        error < 3e-2 && (slope - 1.0).abs() < 1e-2,
+        "{error:.2e}, slope {slope}"
+    );
+    // Decoding the first sequence token by token: each position's logits.
+    let mut cache = q8_model.new_cache().unwrap();
+    let v = c.vocab_size;
+    let decoded: Vec<f32> = (0..T)
+        .flat_map(|i| q8_model.decode_step(&mut cache, ids[i]).unwrap().to_vec())
+        .collect();
+    let error = relative_error(&decoded, &want[..T * v]);
+    assert!(error < 3e-2, "decoded logits {error:.2e}");
+
+    let odd = ModelConfig {
+        d_model: 48,
+        num_heads: 4,
+        ..c
+    };
+    let params = ParamLayout::new(&odd).init(7);
+    let err = Model::with_backend(odd, &params, CpuBf16::q8())
+        .err()
+        .unwrap();
+    assert!(
+        err.to_string()
+            .contains("d_model to be a multiple of 32 (it is 48)"),
+        "{err}"
+    );
+}

@@ -24,8 +24,9 @@ pub struct DeviceArgs {
     /// GPU is present).
     #[arg(long, default_value_t)]
     pub device: Device,
-    /// Arithmetic: bf16 (mixed precision: bf16 products summed in f32), fp32, or
-    /// auto (bf16 where the CPU or GPU multiplies bf16 natively, else fp32).
+    /// Arithmetic: bf16 (mixed precision: bf16 products summed in f32), fp32, auto
+    /// (bf16 where the CPU or GPU multiplies bf16 natively, else fp32), or — to
+    /// generate and evaluate on the CPU — q8_0 (8-bit weights, llama.cpp's Q8_0).
     #[arg(long, default_value_t)]
     pub precision: Precision,
 }

@@ -86,7 +86,12 @@ pub fn run(args: ForwardArgs) -> Result<()> {
     let mut logits_shape = shape.clone();
     logits_shape.push(config.vocab_size);
     let layout = ParamLayout::new(&config);
-    let backend = AnyBackend::open(args.device.device, args.device.precision)?;
+    let precision = match args.grads_out {
+        // Gradients are training's: q8_0 (generation's) is refused, saying so.
+        Some(_) => args.device.precision.for_training()?,
+        None => args.device.precision,
+    };
+    let backend = AnyBackend::open(args.device.device, precision)?;
     let (logits, loss, grads) = on_backend!(backend, backend => {
         let mut model = weights.model(backend)?;
         let logits = model.forward(&ids, b, t)?.to_vec();

@@ -141,7 +141,7 @@ pub fn run(args: QuickstartArgs) -> Result<()> {
         model,
         batch_size: args.batch_size,
         device,
-        precision: args.device.precision,
+        precision: args.device.precision.for_training()?,
     };
     pool.install(|| quickstart(&settings))
 }

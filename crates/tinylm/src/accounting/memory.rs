@@ -35,6 +35,9 @@ pub enum Target {
     /// ([`BufKind::Operands`]) in bf16, the parameters f32 with a bf16 copy, the
     /// rest f32.
     CpuBf16,
+    /// Host memory for generation with 8-bit weights (`q8_0`): the parameters f32
+    /// with a copy in Q8_0 blocks, every activation f32.
+    CpuQ8,
     /// A GPU's memory: activations in the precision's width (2 bytes under bf16),
     /// parameters, gradients, moments and normalization statistics f32, and under
     /// bf16 a bf16 copy of the parameters for the matrix products.
@@ -54,6 +57,7 @@ impl Target {
             (Device::Cuda(_), Precision::Fp32) => Target::Cuda(Precision::Fp32),
             (Device::Cuda(_), _) => Target::Cuda(Precision::Bf16),
             (_, Precision::Bf16) => Target::CpuBf16,
+            (_, Precision::Q8_0) => Target::CpuQ8,
             _ => Target::Cpu,
         })
     }
@@ -68,6 +72,7 @@ impl Target {
         match self {
             Target::Cpu => "f32 on the CPU".to_string(),
             Target::CpuBf16 => "bf16 mixed precision on the CPU".to_string(),
+            Target::CpuQ8 => "q8_0 weights on the CPU".to_string(),
             Target::Cuda(p) => format!("{p} on a GPU"),
         }
     }
@@ -147,7 +152,11 @@ impl Allocator<f32> for Planner {
 
     fn alloc(&self, _role: Role, len: usize, kind: BufKind) -> Result<Planned> {
         let width = match (self.target, kind) {
-            (Target::Cpu, _) | (_, BufKind::Full) => 4,
+            (Target::CpuQ8, BufKind::Params) => {
+                let bytes = 4 * len as u64 + crate::kernels::cpu::q8::Q8Buffer::bytes_of(len);
+                return Ok(Planned { len, bytes });
+            }
+            (Target::Cpu | Target::CpuQ8, _) | (_, BufKind::Full) => 4,
             (Target::CpuBf16, BufKind::Activations) => 4,
             (Target::CpuBf16, BufKind::Operands) => 2,
             (Target::CpuBf16 | Target::Cuda(Precision::Bf16), BufKind::Params) => 4 + 2,
@@ -427,9 +436,8 @@ impl RunMemory {
         let ids = |rows: usize| 2 * 4 * (rows * seq_len) as u64;
         let on_gpu = step.target.on_gpu();
         // A checkpoint's tensors pass through staging where parameters are not
-        // written in place: a GPU's, and the CPU's under bf16 (whose bf16 copy an
-        // upload refreshes).
-        let staged = on_gpu || step.target == Target::CpuBf16;
+        // written in place: a GPU's.
+        let staged = on_gpu;
         let largest_tensor = crate::params::ParamLayout::new(c)
             .specs
             .iter()
@@ -543,6 +551,7 @@ impl InferenceMemory {
         let place = match target {
             Target::Cpu => "host memory".to_string(),
             Target::CpuBf16 => "host memory (bf16)".to_string(),
+            Target::CpuQ8 => "host memory (q8_0 weights)".to_string(),
             Target::Cuda(p) => format!("GPU memory ({p})"),
         };
         let mut parts = vec![format!("parameters {}", byte_size(self.parameters()))];

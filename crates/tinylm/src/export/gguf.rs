@@ -12,6 +12,7 @@
 use super::{check_fits, check_llama, rename, Naming};
 use crate::config::RMS_NORM_EPS;
 use crate::files::write_file;
+use crate::kernels::cpu::q8::{self, quantize_block};
 use crate::params::ParamLayout;
 use crate::{Error, ModelConfig, Result};
 use std::io::Write;
@@ -36,7 +37,7 @@ pub enum GgufDtype {
 }
 
 /// Values per Q8_0 block (ggml's `QK8_0`).
-pub const Q8_0_BLOCK: usize = 32;
+pub const Q8_0_BLOCK: usize = q8::BLOCK;
 
 /// Bytes of one Q8_0 block: an f16 scale and 32 int8 values.
 const Q8_0_BLOCK_BYTES: usize = 2 + Q8_0_BLOCK;
@@ -101,22 +102,19 @@ impl GgufDtype {
     }
 }
 
-/// ggml's `quantize_row_q8_0_ref`: `values` (a whole number of blocks of
-/// [`Q8_0_BLOCK`]) as blocks of an f16 scale `d = max|x| / 127` and 32 int8 `q =
-/// round(x · (1/d))` (in `f32`, halves away from zero; `q = 0` where `d = 0`), so
-/// that `x ≈ d·q`.
+/// `values` (a whole number of blocks of [`Q8_0_BLOCK`]) as Q8_0 blocks: each an
+/// f16 scale and 32 int8 values ([`quantize_block`], ggml's
+/// `quantize_row_q8_0_ref`), as GGUF stores them.
 pub fn quantize_q8_0(values: &[f32]) -> Vec<u8> {
     assert!(
         values.len().is_multiple_of(Q8_0_BLOCK),
         "Q8_0 quantizes whole blocks of {Q8_0_BLOCK} values"
     );
     let mut out = Vec::with_capacity(GgufDtype::Q8_0.bytes(values.len()));
+    let mut q = [0i8; Q8_0_BLOCK];
     for block in values.chunks_exact(Q8_0_BLOCK) {
-        let amax = block.iter().fold(0f32, |m, x| m.max(x.abs()));
-        let d = amax / 127.0;
-        let inv_d = if d == 0.0 { 0.0 } else { 1.0 / d };
-        out.extend(half::f16::from_f32(d).to_le_bytes());
-        out.extend(block.iter().map(|&x| (x * inv_d).round() as i8 as u8));
+        out.extend(quantize_block(block, &mut q).to_le_bytes());
+        out.extend(q.map(|q| q as u8));
     }
     out
 }

@@ -119,6 +119,26 @@ pub enum Precision {
     Bf16,
     /// f32 everywhere.
     Fp32,
+    /// Generation with 8-bit weights (the CPU; not for training): llama.cpp's
+    /// Q8_0 blocks (32 int8 values and an f16 scale) multiplied by activations
+    /// quantized the same way, int8 products summed exactly per block; attention's
+    /// products as under bf16, the rest in f32.
+    #[serde(rename = "q8_0")]
+    Q8_0,
+}
+
+impl Precision {
+    /// This precision, where it can train (q8_0 cannot: an error saying so).
+    pub fn for_training(self) -> Result<Self> {
+        match self {
+            Precision::Q8_0 => Err(Error::Config(
+                "precision q8_0 stores weights for generation (generate, serve, eval), \
+                 not for training: use bf16 or fp32"
+                    .into(),
+            )),
+            precision => Ok(precision),
+        }
+    }
 }
 
 impl FromStr for Precision {
@@ -129,8 +149,9 @@ impl FromStr for Precision {
             "auto" => Ok(Precision::Auto),
             "bf16" => Ok(Precision::Bf16),
             "fp32" => Ok(Precision::Fp32),
+            "q8_0" => Ok(Precision::Q8_0),
             _ => Err(Error::Config(format!(
-                "unknown precision '{s}': expected auto, bf16 or fp32"
+                "unknown precision '{s}': expected auto, bf16, fp32 or q8_0"
             ))),
         }
     }
@@ -142,6 +163,7 @@ impl fmt::Display for Precision {
             Precision::Auto => "auto",
             Precision::Bf16 => "bf16",
             Precision::Fp32 => "fp32",
+            Precision::Q8_0 => "q8_0",
         })
     }
 }
@@ -504,6 +526,11 @@ pub trait Backend<F: Float>: Allocator<F> + Sync {
     fn staged<'a>(&self, staging: &'a mut Self::Staging) -> Result<&'a mut [F]>;
     /// Waits for every kernel launched so far; the first failure since the last call.
     fn sync(&self) -> Result<()>;
+    /// An error naming what this backend cannot run of a model of `config` (the
+    /// shapes its kernels need); checked before the model is made.
+    fn check_model(&self, _config: &crate::ModelConfig) -> Result<()> {
+        Ok(())
+    }
 
     /// `out = a·b` or `out += a·b` (see [`MatMul`]).
     fn matmul(

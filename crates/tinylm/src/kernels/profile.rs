@@ -190,6 +190,10 @@ impl<F: Float, B: Backend<F>> Backend<F> for Profiled<B> {
         self.inner.staged(staging)
     }
 
+    fn check_model(&self, config: &crate::ModelConfig) -> Result<()> {
+        self.inner.check_model(config)
+    }
+
     fn sync(&self) -> Result<()> {
         let failure = self
             .failure

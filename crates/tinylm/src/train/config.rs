@@ -287,6 +287,7 @@ impl TrainConfig {
             return bad(format!("zero must be 0 or 1, got {}", self.zero));
         }
         self.check_scale()?;
+        self.precision.for_training()?;
         if self.total_steps() == 0 {
             return bad("the number of steps must be positive".into());
         }

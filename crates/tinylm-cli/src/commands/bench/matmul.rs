@@ -133,7 +133,7 @@ impl PeakProducts {
                         let to_bf16 = |x: Vec<f32>| x.into_iter().map(bf16::from_f32).collect();
                         Operands::Bf16(to_bf16(a), to_bf16(b))
                     }
-                    Precision::Fp32 | Precision::Auto => Operands::F32(a, b),
+                    Precision::Fp32 | Precision::Auto | Precision::Q8_0 => Operands::F32(a, b),
                 };
                 Product {
                     name,
@@ -156,7 +156,9 @@ impl PeakProducts {
     pub fn library(&self) -> String {
         match self.precision {
             Precision::Bf16 => format!("tinylm bf16, {}", Bf16Kernel::best().name()),
-            Precision::Fp32 | Precision::Auto => format!("gemm crate, {}", matmul_isa()),
+            Precision::Fp32 | Precision::Auto | Precision::Q8_0 => {
+                format!("gemm crate, {}", matmul_isa())
+            }
         }
     }
 

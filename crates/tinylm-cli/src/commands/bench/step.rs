@@ -86,7 +86,7 @@ fn bench(args: &BenchArgs, c: &ModelConfig, b: usize, t: usize, world: &World) -
         t,
         rows: n,
     };
-    let precision = resolve_precision(device, args.device.precision);
+    let precision = resolve_precision(device, args.device.precision.for_training()?);
     if root {
         print_setup(c, b, t, flops, device, &args.device, ranks);
     }

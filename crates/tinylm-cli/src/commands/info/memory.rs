@@ -39,7 +39,7 @@ pub fn step_report(b: usize, t: usize, m: &Memory, launch: &Launch) -> String {
     let mut out = String::new();
     let share = |n: u64, of: u64| format!("{:.1}%", 100.0 * n as f64 / of as f64);
     let precision = match m.target {
-        Target::Cpu => "f32 on the CPU".to_string(),
+        Target::Cpu | Target::CpuQ8 => "f32 on the CPU".to_string(),
         Target::CpuBf16 => {
             "on the CPU: bf16 product-only activations, f32 weights and moments".to_string()
         }
@@ -168,7 +168,7 @@ pub fn fit_report(c: &ModelConfig, shape: &RunShape, share: usize, limit: u64) -
         "Fitting in {} per rank ({})\n",
         byte_size(limit),
         match shape.target {
-            Target::Cpu | Target::CpuBf16 => "host memory".to_string(),
+            Target::Cpu | Target::CpuBf16 | Target::CpuQ8 => "host memory".to_string(),
             Target::Cuda(p) => format!("GPU memory, {p}; leave room for the CUDA context"),
         }
     );

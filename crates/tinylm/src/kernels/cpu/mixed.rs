@@ -18,7 +18,7 @@ use super::bf16::{matmul_bf16_on, matmul_bf16_view, Bf16Kernel, Operand as Bf16V
 use super::linear::View;
 use super::memory::zeroed;
 use super::simd::CHUNK;
-use super::{adamw, rmsnorm, swiglu, Cpu};
+use super::{adamw, q8, rmsnorm, swiglu, Cpu};
 use crate::config::RMS_NORM_EPS;
 use crate::distributed::World;
 use crate::kernels::float::Element;
@@ -30,10 +30,22 @@ use crate::Result;
 use half::bf16;
 use rayon::prelude::*;
 
-/// The CPU backend under bf16 mixed precision, on one bf16 kernel.
+/// The CPU backend under bf16 mixed precision, on one bf16 kernel — or, to
+/// generate with 8-bit weights, with the weights' copy in Q8_0 blocks.
 #[derive(Clone, Copy, Debug)]
 pub struct CpuBf16 {
     kernel: Bf16Kernel,
+    weights: WeightCopy,
+}
+
+/// What the parameters' copy that the products read holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightCopy {
+    /// bf16 values.
+    Bf16,
+    /// Q8_0 blocks ([`q8`]): for generation only, whose products are all
+    /// `x · Wᵀ` of `f32` activations (every activation stays `f32`).
+    Q8,
 }
 
 impl CpuBf16 {
@@ -46,7 +58,25 @@ impl CpuBf16 {
     /// On `kernel` (which must run on this CPU).
     pub fn on(kernel: Bf16Kernel) -> Self {
         assert!(kernel.runs_here(), "this CPU cannot run {}", kernel.name());
-        CpuBf16 { kernel }
+        CpuBf16 {
+            kernel,
+            weights: WeightCopy::Bf16,
+        }
+    }
+
+    /// For generation with the weights in Q8_0 blocks (`--precision q8_0`):
+    /// the linear layers' products on int8 ([`q8::matmul_q8`]), attention's on
+    /// the bf16 kernel, the rest in `f32`. A model on it runs forward only.
+    pub fn q8() -> Self {
+        CpuBf16 {
+            weights: WeightCopy::Q8,
+            ..CpuBf16::new()
+        }
+    }
+
+    /// What the parameters' copy holds.
+    pub fn weights(&self) -> WeightCopy {
+        self.weights
     }
 
     /// The kernel its products run on.
@@ -115,12 +145,20 @@ impl Default for CpuBf16 {
 }
 
 /// A buffer of [`CpuBf16`]: its values, `f32` or bf16 as its [`BufKind`] says,
-/// and for the parameters their bf16 copy, the products' operand.
+/// and for the parameters their copy, the products' operand.
 pub struct MixedBuf {
     values: Values,
-    /// The parameters' values rounded to bf16, refreshed by every write (upload,
-    /// AdamW, a gather over ranks); empty for every other buffer.
-    copy: Vec<bf16>,
+    /// The parameters' values rounded to bf16 or quantized, refreshed by every
+    /// write (upload, AdamW, a gather over ranks); none for every other buffer.
+    copy: ParamCopy,
+}
+
+/// A [`MixedBuf`]'s copy of its values.
+enum ParamCopy {
+    None,
+    Bf16(Vec<bf16>),
+    /// (Boxed: every buffer's struct stays the size of a bf16 copy's.)
+    Q8(Box<q8::Q8Buffer>),
 }
 
 /// A [`MixedBuf`]'s values.
@@ -145,7 +183,12 @@ impl Allocation for MixedBuf {
             Values::F32(v) => v.bytes(),
             Values::Bf16(v) => v.bytes(),
         };
-        values + self.copy.bytes()
+        values
+            + match &self.copy {
+                ParamCopy::None => 0,
+                ParamCopy::Bf16(copy) => copy.bytes(),
+                ParamCopy::Q8(copy) => copy.bytes(),
+            }
     }
 }
 
@@ -186,18 +229,21 @@ fn out<'a>(span: SpanMut<'a, MixedBuf>) -> Out<'a> {
     }
 }
 
-/// A matrix product's operand: the parameters' bf16 copy, else the values.
+/// A matrix product's operand: the parameters' copy, else the values.
 enum Operand<'a> {
     F32(&'a [f32]),
     Bf16(&'a [bf16]),
+    /// Q8_0 blocks from value `start` on.
+    Q8(&'a q8::Q8Buffer, usize),
 }
 
 fn operand<'a>(span: Span<'a, MixedBuf>) -> Operand<'a> {
     let range = span.start..span.start + span.len;
-    match &span.buf.values {
-        _ if !span.buf.copy.is_empty() => Operand::Bf16(&span.buf.copy[range]),
-        Values::F32(v) => Operand::F32(&v[range]),
-        Values::Bf16(v) => Operand::Bf16(&v[range]),
+    match (&span.buf.copy, &span.buf.values) {
+        (ParamCopy::Bf16(copy), _) => Operand::Bf16(&copy[range]),
+        (ParamCopy::Q8(copy), _) => Operand::Q8(copy, span.start),
+        (ParamCopy::None, Values::F32(v)) => Operand::F32(&v[range]),
+        (ParamCopy::None, Values::Bf16(v)) => Operand::Bf16(&v[range]),
     }
 }
 
@@ -216,12 +262,16 @@ fn load<T: Element<f32>>(dst: &mut [f32], src: &[T]) {
 }
 
 impl MixedBuf {
-    /// Rounds parameters `start..start + len` into their bf16 copy (none for other
-    /// buffers).
+    /// Rounds (or quantizes) parameters `start..start + len` into their copy
+    /// (none for other buffers).
     fn refresh_copy(&mut self, start: usize, len: usize) {
-        if let (Values::F32(values), false) = (&self.values, self.copy.is_empty()) {
-            let range = start..start + len;
-            store(&mut self.copy[range.clone()], &values[range]);
+        let range = start..start + len;
+        match (&mut self.copy, &self.values) {
+            (ParamCopy::Bf16(copy), Values::F32(values)) => {
+                store(&mut copy[range.clone()], &values[range])
+            }
+            (ParamCopy::Q8(copy), Values::F32(values)) => copy.refresh(values, range),
+            _ => {}
         }
     }
 }
@@ -232,10 +282,16 @@ impl Allocator<f32> for CpuBf16 {
     type Stats = StepStats;
 
     fn alloc(&self, _role: Role, len: usize, kind: BufKind) -> Result<MixedBuf> {
-        let (values, copy) = match kind {
-            BufKind::Params => (Values::F32(zeroed(len)), zeroed(len)),
-            BufKind::Activations | BufKind::Full => (Values::F32(zeroed(len)), Vec::new()),
-            BufKind::Operands => (Values::Bf16(zeroed(len)), Vec::new()),
+        let (values, copy) = match (kind, self.weights) {
+            (BufKind::Params, WeightCopy::Bf16) => {
+                (Values::F32(zeroed(len)), ParamCopy::Bf16(zeroed(len)))
+            }
+            (BufKind::Params, WeightCopy::Q8) => (
+                Values::F32(zeroed(len)),
+                ParamCopy::Q8(Box::new(q8::Q8Buffer::new(len))),
+            ),
+            (BufKind::Operands, WeightCopy::Bf16) => (Values::Bf16(zeroed(len)), ParamCopy::None),
+            _ => (Values::F32(zeroed(len)), ParamCopy::None),
         };
         Ok(MixedBuf { values, copy })
     }
@@ -319,6 +375,20 @@ impl Backend<f32> for CpuBf16 {
         Ok(())
     }
 
+    /// Q8_0 weights: every linear layer's input splits into whole blocks.
+    fn check_model(&self, config: &crate::ModelConfig) -> Result<()> {
+        let dims = [("d_model", config.d_model), ("d_ff", config.d_ff)];
+        match dims.into_iter().find(|(_, d)| !d.is_multiple_of(q8::BLOCK)) {
+            Some((name, d)) if self.weights == WeightCopy::Q8 => {
+                Err(crate::Error::Config(format!(
+                    "q8_0 weights need {name} to be a multiple of {} (it is {d}): use bf16",
+                    q8::BLOCK
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// bf16 operands (the parameters' copy, bf16 activations as they are, `f32`
     /// activations rounded as they are packed), `f32` sums into `f32` `out`.
     fn matmul(&self, out: SpanMut<MixedBuf>, a: Span<MixedBuf>, b: Span<MixedBuf>, shape: MatMul) {
@@ -329,6 +399,8 @@ impl Backend<f32> for CpuBf16 {
             (Operand::F32(a), Operand::Bf16(b)) => matmul_bf16_on(k, out, a, b, shape),
             (Operand::Bf16(a), Operand::F32(b)) => matmul_bf16_on(k, out, a, b, shape),
             (Operand::Bf16(a), Operand::Bf16(b)) => matmul_bf16_on(k, out, a, b, shape),
+            (Operand::F32(a), Operand::Q8(w, start)) => q8::matmul_q8(out, a, w, start, shape),
+            _ => panic!("q8_0 weights multiply f32 activations, as the weights' right operand"),
         }
     }
 
@@ -502,13 +574,16 @@ impl Backend<f32> for CpuBf16 {
     ) {
         let range = params.start..params.start + params.len;
         let buf = params.buf;
-        let copy = (!buf.copy.is_empty()).then(|| &mut buf.copy[range.clone()]);
         let Values::F32(values) = &mut buf.values else {
             panic!("parameters are f32");
         };
+        let bf16_copy = match &mut buf.copy {
+            ParamCopy::Bf16(copy) => Some(&mut copy[range.clone()]),
+            _ => None,
+        };
         adamw::adamw_update(
-            &mut values[range],
-            copy,
+            &mut values[range.clone()],
+            bf16_copy,
             f32s(grads).slice(),
             f32s_mut(m).slice(),
             f32s_mut(v).slice(),
@@ -517,6 +592,9 @@ impl Backend<f32> for CpuBf16 {
             &step.hp,
             step.grad_scale(stats.sum_squares),
         );
+        if let ParamCopy::Q8(copy) = &mut buf.copy {
+            copy.refresh(values, range);
+        }
     }
 }
 

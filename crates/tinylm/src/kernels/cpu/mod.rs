@@ -19,6 +19,7 @@ pub mod global_norm;
 pub mod linear;
 pub mod memory;
 pub mod mixed;
+pub mod q8;
 pub mod rmsnorm;
 pub mod rope;
 pub mod simd;

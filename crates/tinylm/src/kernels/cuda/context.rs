@@ -90,6 +90,11 @@ impl Cuda {
             Precision::Auto => Precision::Fp32,
             chosen => chosen,
         };
+        if precision == Precision::Q8_0 {
+            return Err(Error::Device(
+                "q8_0 weights run on the CPU: use --device cpu (or bf16 on the GPU)".into(),
+            ));
+        }
         if precision == Precision::Bf16 && capability.0 < 8 {
             return Err(Error::Device(format!(
                 "{device_name} (cuda:{ordinal}) has compute capability {}.{}: bf16 needs 8.0 \
@@ -158,7 +163,7 @@ impl Cuda {
     pub fn float_x(&self) -> DType {
         match self.precision {
             Precision::Bf16 => DType::Bf16,
-            Precision::Fp32 | Precision::Auto => DType::F32,
+            Precision::Fp32 | Precision::Auto | Precision::Q8_0 => DType::F32,
         }
     }
 

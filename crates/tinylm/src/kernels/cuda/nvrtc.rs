@@ -117,7 +117,7 @@ pub fn compile(family: &str, source: &str, arch: &str, precision: Precision) -> 
     }
     let include = match precision {
         Precision::Bf16 => Some(cuda_include_dir()?),
-        Precision::Fp32 | Precision::Auto => None,
+        Precision::Fp32 | Precision::Auto | Precision::Q8_0 => None,
     };
     let options = cudarc::nvrtc::CompileOptions {
         options: compile_options(arch, precision, include.as_deref()),

@@ -1,0 +1,519 @@
+//! 8-bit weights for generation, llama.cpp's Q8_0: blocks of [`BLOCK`] values along
+//! a row, each an f16 scale `d` and 32 int8 `q` with `x ≈ d·q` ([`quantize_block`],
+//! ggml's `quantize_row_q8_0_ref` bit for bit: `tinylm export gguf --dtype q8_0`
+//! writes the same blocks), and the products of a few rows against them.
+//!
+//! A product `x (m, k) · Wᵀ` quantizes `x` per block the same way (as llama.cpp's
+//! CPU products do), sums each block's 32 int8 products exactly in `i32`, scales it
+//! by both blocks' `d` and sums the blocks in `f32`:
+//! `Σ_b dx_b · dw_b · Σ_t qx_t · qw_t`.
+//!
+//! On AVX512_VNNI, `vpdpbusd` multiplies unsigned by signed bytes, so `x`'s values
+//! enter as `qx + 128` and each block's `128 · Σ_t qw_t` is taken back off: the
+//! buffer keeps `dw · Σ_t qw_t` per block for that.
+
+use super::linear::for_each_column_block;
+use super::memory::{with_scratch, zeroed, SharedMut};
+use crate::kernels::MatMul;
+use half::f16;
+use rayon::prelude::*;
+use std::ops::Range;
+
+/// Values per block (ggml's `QK8_0`).
+pub const BLOCK: usize = 32;
+
+/// Quantizes up to [`BLOCK`] values `x` into `q` (the rest of `q` left as it is):
+/// `d = max|x| / 127` (returned rounded to f16) and `q = round(x · (1/d))` with the
+/// `f32` `d` (halves away from zero; `q = 0` where `d = 0`).
+pub fn quantize_block(x: &[f32], q: &mut [i8]) -> f16 {
+    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let inv_d = if d == 0.0 { 0.0 } else { 1.0 / d };
+    for (q, &x) in q.iter_mut().zip(x) {
+        *q = round_half_away(x * inv_d) as i8;
+    }
+    f16::from_f32(d)
+}
+
+/// `x.round()` (halves away from zero) for `|x| < 2^31`, without the call to
+/// libm's `roundf` that `f32::round` is on a baseline x86-64: truncation and an
+/// exact fraction, which vectorize.
+#[inline(always)]
+fn round_half_away(x: f32) -> i32 {
+    let t = x as i32;
+    let frac = x - t as f32;
+    t + (frac >= 0.5) as i32 - (frac <= -0.5) as i32
+}
+
+/// A flat `f32` buffer in Q8_0 blocks (the last zero-padded): the weights' copy
+/// that products read when a model generates with `--precision q8_0`.
+pub struct Q8Buffer {
+    len: usize,
+    q: Vec<i8>,
+    /// Each block's scale `d` (an f16 value).
+    d: Vec<f32>,
+    /// Each block's `d · Σ q`.
+    d_sum: Vec<f32>,
+}
+
+impl Q8Buffer {
+    /// `len` zeros.
+    pub fn new(len: usize) -> Self {
+        let blocks = len.div_ceil(BLOCK);
+        Q8Buffer {
+            len,
+            q: zeroed(blocks * BLOCK),
+            d: zeroed(blocks),
+            d_sum: zeroed(blocks),
+        }
+    }
+
+    pub fn bytes(&self) -> u64 {
+        (self.q.len() + 4 * (self.d.len() + self.d_sum.len())) as u64
+    }
+
+    /// Bytes that a buffer of `len` values takes, for the memory accounting: per
+    /// block 32 int8 values and two `f32`s.
+    pub fn bytes_of(len: usize) -> u64 {
+        (len.div_ceil(BLOCK) * (BLOCK + 2 * 4)) as u64
+    }
+
+    /// Quantizes again the blocks that hold values `range` of `values` (the whole
+    /// buffer's `f32` values), in parallel.
+    pub fn refresh(&mut self, values: &[f32], range: Range<usize>) {
+        assert_eq!(values.len(), self.len, "q8 buffer size");
+        let blocks = range.start / BLOCK..range.end.div_ceil(BLOCK);
+        let len = self.len;
+        let q = &mut self.q[blocks.start * BLOCK..blocks.end * BLOCK];
+        let d = &mut self.d[blocks.clone()];
+        let d_sum = &mut self.d_sum[blocks.clone()];
+        (q.par_chunks_mut(BLOCK).zip(d).zip(d_sum))
+            .enumerate()
+            .with_min_len(1024)
+            .for_each(|(i, ((q, d), d_sum))| {
+                let b = blocks.start + i;
+                q.fill(0);
+                let scale = quantize_block(&values[b * BLOCK..((b + 1) * BLOCK).min(len)], q);
+                *d = scale.to_f32();
+                *d_sum = *d * q.iter().map(|&v| v as i32).sum::<i32>() as f32;
+            });
+    }
+}
+
+/// Rows of a product quantized at a time (rows past them run in a second pass
+/// over the weight).
+const ROWS: usize = 16;
+
+/// `out (m, n) (+)= x (m, k) · Wᵀ` for `W (n, k)` the values of `w` from `w_start`
+/// on, rows contiguous along `k` (a linear layer's weight): `x` quantized per
+/// block, the sums as the module says. Columns are split among the threads as the
+/// other few-rows products split them; every `ROWS` (16) rows of `x` stream the
+/// weight once.
+///
+/// # Panics
+/// If the product is not `x · Wᵀ` of a weight whose rows are whole blocks (`k`
+/// and `w_start` multiples of [`BLOCK`]), or a size is not the shape's.
+pub fn matmul_q8(out: &mut [f32], x: &[f32], w: &Q8Buffer, w_start: usize, s: MatMul) {
+    let (m, k, n) = (s.m, s.k, s.n);
+    assert!(
+        s.b_transposed && !s.a_transposed,
+        "q8_0 weights multiply as x · Wᵀ (generation), not in training's products"
+    );
+    assert!(
+        k.is_multiple_of(BLOCK) && w_start.is_multiple_of(BLOCK),
+        "q8_0 weights need rows of whole {BLOCK}-value blocks (k = {k})"
+    );
+    assert_eq!(out.len(), m * n, "matmul output size");
+    assert_eq!(x.len(), m * k, "matmul lhs size");
+    assert!(w_start + n * k <= w.len, "matmul rhs size");
+    if k == 0 {
+        if !s.accumulate {
+            out.fill(0.0);
+        }
+        return;
+    }
+    let blocks = k / BLOCK;
+    let w = Weight {
+        q: w.q[w_start..].as_ptr(),
+        d: w.d[w_start / BLOCK..].as_ptr(),
+        d_sum: w.d_sum[w_start / BLOCK..].as_ptr(),
+    };
+    for (rows, out) in x.chunks(ROWS * k).zip(out.chunks_mut(ROWS * n)) {
+        let m = rows.len() / k;
+        with_scratch::<u8, _>(m * k, |xq| {
+            with_scratch::<f32, _>(m * blocks, |xd| {
+                quantize_rows(rows, xq, xd);
+                let rows = Rows {
+                    q: xq.as_ptr(),
+                    d: xd.as_ptr(),
+                };
+                let out = SharedMut(out.as_mut_ptr());
+                for_each_column_block(MatMul::linear(m, k, n), |cols| {
+                    let out = &out;
+                    // SAFETY: the operands hold their shapes (checked above); each
+                    // block writes only its own columns.
+                    unsafe { columns(out.get(), rows, w, (m, k, n), cols, s.accumulate) }
+                });
+            })
+        });
+    }
+}
+
+/// `x`'s rows quantized: `q` as `qx + 128` (unsigned), `d` per block.
+fn quantize_rows(x: &[f32], q: &mut [u8], d: &mut [f32]) {
+    let mut block = [0i8; BLOCK];
+    for ((x, q), d) in x.chunks(BLOCK).zip(q.chunks_mut(BLOCK)).zip(d) {
+        *d = quantize_block(x, &mut block).to_f32();
+        for (q, &b) in q.iter_mut().zip(&block) {
+            *q = (b as u8) ^ 0x80;
+        }
+    }
+}
+
+/// A weight's blocks from its first row on.
+#[derive(Clone, Copy)]
+struct Weight {
+    q: *const i8,
+    d: *const f32,
+    d_sum: *const f32,
+}
+
+/// Quantized rows of `x`.
+#[derive(Clone, Copy)]
+struct Rows {
+    q: *const u8,
+    d: *const f32,
+}
+
+// SAFETY: read-only views of buffers that outlive the product.
+unsafe impl Send for Weight {}
+unsafe impl Sync for Weight {}
+unsafe impl Send for Rows {}
+unsafe impl Sync for Rows {}
+
+/// Columns `cols` of the product on the best kernel this CPU has.
+///
+/// # Safety
+/// As [`matmul_q8`]'s checks; `out` holds `(m, n)` values no other thread writes
+/// in `cols`.
+unsafe fn columns(
+    out: *mut f32,
+    x: Rows,
+    w: Weight,
+    shape: (usize, usize, usize),
+    cols: Range<usize>,
+    accumulate: bool,
+) {
+    #[cfg(all(target_arch = "x86_64", feature = "avx512"))]
+    if avx512::detected() {
+        return avx512::columns(out, x, w, shape, cols, accumulate);
+    }
+    portable(out, x, w, shape, cols, accumulate)
+}
+
+/// [`columns`] in plain Rust: each block's `i32` sum, scaled, added in `f32`.
+///
+/// # Safety
+/// As [`columns`].
+unsafe fn portable(
+    out: *mut f32,
+    x: Rows,
+    w: Weight,
+    (m, k, n): (usize, usize, usize),
+    cols: Range<usize>,
+    accumulate: bool,
+) {
+    let blocks = k / BLOCK;
+    for i in 0..m {
+        let xq = std::slice::from_raw_parts(x.q.add(i * k), k);
+        let xd = std::slice::from_raw_parts(x.d.add(i * blocks), blocks);
+        for j in cols.clone() {
+            let wq = std::slice::from_raw_parts(w.q.add(j * k), k);
+            let wd = std::slice::from_raw_parts(w.d.add(j * blocks), blocks);
+            let mut sum = 0f32;
+            for b in 0..blocks {
+                let range = b * BLOCK..(b + 1) * BLOCK;
+                let dot: i32 = (xq[range.clone()].iter().zip(&wq[range]))
+                    .map(|(&u, &q)| ((u ^ 0x80) as i8 as i32) * q as i32)
+                    .sum();
+                sum += xd[b] * wd[b] * dot as f32;
+            }
+            let o = out.add(i * n + j);
+            *o = if accumulate { *o + sum } else { sum };
+        }
+    }
+}
+
+#[cfg(all(target_arch = "x86_64", feature = "avx512"))]
+mod avx512 {
+    use super::{Rows, Weight, BLOCK};
+    use std::arch::x86_64::*;
+    use std::ops::Range;
+
+    /// Whether this CPU has the instructions.
+    pub fn detected() -> bool {
+        is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vnni")
+    }
+
+    /// Rows of `x` and of the weight dotted together (16 sums in registers; each
+    /// weight vector loaded once for the rows of `x`, which stay in L1).
+    const FEW_X: usize = 4;
+    const FEW_W: usize = 4;
+
+    /// [`super::columns`] with `vpdpbusd` on 64 values (two blocks) at a time.
+    ///
+    /// # Safety
+    /// As [`super::columns`]; the CPU must have AVX512_VNNI.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub unsafe fn columns(
+        out: *mut f32,
+        x: Rows,
+        w: Weight,
+        (m, k, n): (usize, usize, usize),
+        cols: Range<usize>,
+        accumulate: bool,
+    ) {
+        let mut j0 = cols.start;
+        while j0 < cols.end {
+            // The last block repeats its last row (written once).
+            let js: [usize; FEW_W] = std::array::from_fn(|t| (j0 + t).min(cols.end - 1));
+            let mut i0 = 0;
+            while i0 < m {
+                let sums = match m - i0 {
+                    1 => pad(dots::<1>(x, w, [i0], js, k)),
+                    2 => pad(dots::<2>(x, w, [i0, i0 + 1], js, k)),
+                    3 => pad(dots::<3>(x, w, [i0, i0 + 1, i0 + 2], js, k)),
+                    _ => dots::<FEW_X>(x, w, [i0, i0 + 1, i0 + 2, i0 + 3], js, k),
+                };
+                for (r, row) in sums.iter().enumerate().take(m - i0) {
+                    for (t, &sum) in row.iter().enumerate() {
+                        if t == 0 || js[t] != js[t - 1] {
+                            let o = out.add((i0 + r) * n + js[t]);
+                            *o = if accumulate { *o + sum } else { sum };
+                        }
+                    }
+                }
+                i0 += FEW_X;
+            }
+            j0 += FEW_W;
+        }
+    }
+
+    /// `R` rows of sums, padded to [`FEW_X`].
+    #[inline(always)]
+    fn pad<const R: usize>(sums: [[f32; FEW_W]; R]) -> [[f32; FEW_W]; FEW_X] {
+        std::array::from_fn(|r| if r < R { sums[r] } else { [0.0; FEW_W] })
+    }
+
+    /// `Σ a·b` over `len` values, 16 at a time.
+    #[inline(always)]
+    unsafe fn dot(a: *const f32, b: *const f32, len: usize) -> f32 {
+        let mut acc = _mm512_setzero_ps();
+        for c in (0..len).step_by(16) {
+            let mask: __mmask16 = if c + 16 <= len {
+                !0
+            } else {
+                (1 << (len - c)) - 1
+            };
+            let (a, b) = (
+                _mm512_maskz_loadu_ps(mask, a.add(c)),
+                _mm512_maskz_loadu_ps(mask, b.add(c)),
+            );
+            acc = _mm512_fmadd_ps(a, b, acc);
+        }
+        _mm512_reduce_add_ps(acc)
+    }
+
+    /// The 16 lanes' scales of two blocks: `d[0]` in the low 8, `d[1]` (or 0 past
+    /// the row's last block) in the high 8.
+    #[inline(always)]
+    unsafe fn pair_scales(d: *const f32, both: bool) -> __m512 {
+        let lo = _mm512_set1_ps(*d);
+        let hi = if both { *d.add(1) } else { 0.0 };
+        _mm512_mask_broadcastss_ps(lo, 0xFF00, _mm_set_ss(hi))
+    }
+
+    /// The products of rows `is` of `x` with rows `js` of the weight.
+    #[inline(always)]
+    unsafe fn dots<const R: usize>(
+        x: Rows,
+        w: Weight,
+        is: [usize; R],
+        js: [usize; FEW_W],
+        k: usize,
+    ) -> [[f32; FEW_W]; R] {
+        let blocks = k / BLOCK;
+        let mut acc = [[_mm512_setzero_ps(); FEW_W]; R];
+        for c in (0..k).step_by(2 * BLOCK) {
+            let both = c + 2 * BLOCK <= k;
+            let mask: __mmask64 = if both { !0 } else { (1 << BLOCK) - 1 };
+            let b = c / BLOCK;
+            let mut wv = [_mm512_setzero_si512(); FEW_W];
+            let mut wd = [_mm512_setzero_ps(); FEW_W];
+            for t in 0..FEW_W {
+                // The next rows' line: a row is only k bytes, too short a stream
+                // for the hardware prefetcher to get ahead of.
+                let next = w.q.wrapping_add((js[t] + 2 * FEW_W) * k + c);
+                _mm_prefetch::<_MM_HINT_T0>(next.cast());
+                wv[t] = _mm512_maskz_loadu_epi8(mask, w.q.add(js[t] * k + c).cast());
+                wd[t] = pair_scales(w.d.add(js[t] * blocks + b), both);
+            }
+            for r in 0..R {
+                let xv = _mm512_maskz_loadu_epi8(mask, x.q.add(is[r] * k + c).cast());
+                let xd = pair_scales(x.d.add(is[r] * blocks + b), both);
+                for t in 0..FEW_W {
+                    let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), xv, wv[t]);
+                    let scale = _mm512_mul_ps(xd, wd[t]);
+                    acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[r][t]);
+                }
+            }
+        }
+        // Each block's 128 · Σ qw, taken back off: -128 · Σ_b dx_b · (dw_b Σ qw).
+        let mut sums = [[0.0; FEW_W]; R];
+        for r in 0..R {
+            for t in 0..FEW_W {
+                let offset = dot(x.d.add(is[r] * blocks), w.d_sum.add(js[t] * blocks), blocks);
+                sums[r][t] = _mm512_reduce_add_ps(acc[r][t]) - 128.0 * offset;
+            }
+        }
+        sums
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Pseudo-random values of a few magnitudes, some blocks all zero.
+    fn values(len: usize, seed: u32) -> Vec<f32> {
+        (0..len as u32)
+            .map(|i| {
+                let h = (i ^ seed).wrapping_mul(2_654_435_761) >> 8;
+                let x = (h % 2001) as f32 / 1000.0 - 1.0;
+                match i / BLOCK as u32 % 5 {
+                    0 => 0.0,
+                    1 => x * 1e-3,
+                    _ => x,
+                }
+            })
+            .collect()
+    }
+
+    /// The product by its definition, in `f64`: both operands quantized per
+    /// block, `Σ_b dx_b · dw_b · Σ qx·qw`.
+    fn reference(x: &[f32], w: &[f32], (m, k, n): (usize, usize, usize)) -> Vec<f64> {
+        let quantized = |v: &[f32]| -> Vec<(f64, [i8; BLOCK])> {
+            v.chunks(BLOCK)
+                .map(|b| {
+                    let mut q = [0i8; BLOCK];
+                    (quantize_block(b, &mut q).to_f64(), q)
+                })
+                .collect()
+        };
+        let (xq, wq) = (quantized(x), quantized(w));
+        let blocks = k / BLOCK;
+        let mut out = vec![0.0; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                out[i * n + j] = (0..blocks)
+                    .map(|b| {
+                        let ((dx, qx), (dw, qw)) = (xq[i * blocks + b], wq[j * blocks + b]);
+                        let dot: i32 = qx.iter().zip(&qw).map(|(&a, &b)| a as i32 * b as i32).sum();
+                        dx * dw * dot as f64
+                    })
+                    .sum();
+            }
+        }
+        out
+    }
+
+    /// Every row count around the groups of 4 and [`ROWS`], `k` of odd and even
+    /// block counts, the weight at an offset inside its buffer, written and
+    /// accumulated, on the native kernel and the portable one: the definition, to
+    /// `f32` rounding.
+    #[test]
+    fn products_equal_their_quantized_definition() {
+        for (m, k, n) in [
+            (1, 32, 1),
+            (3, 96, 7),
+            (5, 64, 9),
+            (17, 160, 13),
+            (16, 768, 70),
+        ] {
+            let offset = 3 * BLOCK;
+            let x = values(m * k, 1);
+            let w_all = values(offset + n * k + 5, 2);
+            let w_values = &w_all[offset..offset + n * k];
+            let mut w = Q8Buffer::new(w_all.len());
+            w.refresh(&w_all, 0..w_all.len());
+            let want = reference(&x, w_values, (m, k, n));
+            for accumulate in [false, true] {
+                let start = if accumulate { 0.5 } else { 0.0 };
+                let check = |got: &[f32], what: &str| {
+                    for (idx, (&g, &r)) in got.iter().zip(&want).enumerate() {
+                        let r = r + start;
+                        assert!(
+                            (g as f64 - r).abs() <= 1e-5 * (1.0 + r.abs()),
+                            "{what} {m}x{k}x{n} at {idx}: {g} vs {r}"
+                        );
+                    }
+                };
+                let s = match accumulate {
+                    true => MatMul::linear(m, k, n).accumulating(),
+                    false => MatMul::linear(m, k, n),
+                };
+                let mut got = vec![0.5; m * n];
+                matmul_q8(&mut got, &x, &w, offset, s);
+                check(&got, "best kernel");
+                // The portable kernel on the same quantized rows.
+                let mut xq = vec![0u8; m * k];
+                let mut xd = vec![0f32; m * k / BLOCK];
+                quantize_rows(&x, &mut xq, &mut xd);
+                let weight = Weight {
+                    q: w.q[offset..].as_ptr(),
+                    d: w.d[offset / BLOCK..].as_ptr(),
+                    d_sum: w.d_sum[offset / BLOCK..].as_ptr(),
+                };
+                let rows = Rows {
+                    q: xq.as_ptr(),
+                    d: xd.as_ptr(),
+                };
+                let mut got = vec![0.5; m * n];
+                // SAFETY: the shapes are the buffers'.
+                unsafe { portable(got.as_mut_ptr(), rows, weight, (m, k, n), 0..n, accumulate) };
+                check(&got, "portable");
+            }
+        }
+    }
+
+    /// The rounding is `f32::round`'s, at and around every half of the range.
+    #[test]
+    fn rounding_is_half_away_from_zero() {
+        for i in -300..=300 {
+            for x in [
+                i as f32 * 0.5,
+                f32::from_bits((i as f32 * 0.5).to_bits() + 1),
+                f32::from_bits((i as f32 * 0.5).to_bits().saturating_sub(1)),
+            ] {
+                assert_eq!(round_half_away(x), x.round() as i32, "{x}");
+            }
+        }
+    }
+
+    /// Refreshing a range requantizes the blocks it touches and only those.
+    #[test]
+    fn a_refresh_requantizes_the_blocks_of_its_range() {
+        let mut v = values(5 * BLOCK, 3);
+        let mut q = Q8Buffer::new(v.len());
+        q.refresh(&v, 0..v.len());
+        let before = q.d.clone();
+        v.iter_mut().for_each(|x| *x *= 2.0);
+        q.refresh(&v, BLOCK + 3..2 * BLOCK + 1);
+        for (b, (&now, &before)) in q.d.iter().zip(&before).enumerate() {
+            let twice = (b == 1 || b == 2) && before != 0.0;
+            assert_eq!(now != before, twice, "block {b}");
+        }
+    }
+}
