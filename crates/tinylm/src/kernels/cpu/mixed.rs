@@ -40,7 +40,7 @@ pub struct CpuBf16 {
 
 /// What the parameters' copy that the products read holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum WeightCopy {
+enum WeightCopy {
     /// bf16 values.
     Bf16,
     /// Q8_0 blocks ([`q8`]): for generation only, whose products are all
@@ -72,11 +72,6 @@ impl CpuBf16 {
             weights: WeightCopy::Q8,
             ..CpuBf16::new()
         }
-    }
-
-    /// What the parameters' copy holds.
-    pub fn weights(&self) -> WeightCopy {
-        self.weights
     }
 
     /// The kernel its products run on.
