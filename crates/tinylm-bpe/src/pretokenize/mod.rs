@@ -412,6 +412,17 @@ mod tests {
         );
     }
 
+    /// The largest pattern in use compiles within the limit; the fuzzer's variant of
+    /// GPT-4's, whose `\p{N}{1,34}` compiles to more, is refused, saying so.
+    #[test]
+    fn a_pattern_compiled_past_the_limit_is_refused() {
+        assert!(custom::Custom::new(O200K_PATTERN, false).is_ok());
+        let big = GPT4_PATTERN.replace(r"\p{N}{1,3}+", r"\p{N}{1,34}");
+        assert_ne!(big, GPT4_PATTERN);
+        let err = Pattern::from_regex(&big, true).unwrap_err().to_string();
+        assert!(err.contains("at most 256 KiB compiled"), "{err}");
+    }
+
     #[test]
     fn specials_split_longest_first() {
         let s = SpecialSplitter::new(&["<|eot|>".into(), "<|eot|><|eot|>".into()]);
