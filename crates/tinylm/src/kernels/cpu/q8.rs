@@ -249,6 +249,7 @@ unsafe fn portable(
 #[cfg(all(target_arch = "x86_64", feature = "avx512"))]
 mod avx512 {
     use super::{Rows, Weight, BLOCK};
+    use crate::kernels::cpu::linear::{for_each_few_dot, FewDots, FEW_W};
     use std::arch::x86_64::*;
     use std::ops::Range;
 
@@ -258,11 +259,6 @@ mod avx512 {
             && is_x86_feature_detected!("avx512bw")
             && is_x86_feature_detected!("avx512vnni")
     }
-
-    /// Rows of `x` and of the weight dotted together (16 sums in registers; each
-    /// weight vector loaded once for the rows of `x`, which stay in L1).
-    const FEW_X: usize = 4;
-    const FEW_W: usize = 4;
 
     /// [`super::columns`] with `vpdpbusd` on 64 values (two blocks) at a time.
     ///
@@ -277,36 +273,17 @@ mod avx512 {
         cols: Range<usize>,
         accumulate: bool,
     ) {
-        let mut j0 = cols.start;
-        while j0 < cols.end {
-            // The last block repeats its last row (written once).
-            let js: [usize; FEW_W] = std::array::from_fn(|t| (j0 + t).min(cols.end - 1));
-            let mut i0 = 0;
-            while i0 < m {
-                let sums = match m - i0 {
-                    1 => pad(dots::<1>(x, w, [i0], js, k)),
-                    2 => pad(dots::<2>(x, w, [i0, i0 + 1], js, k)),
-                    3 => pad(dots::<3>(x, w, [i0, i0 + 1, i0 + 2], js, k)),
-                    _ => dots::<FEW_X>(x, w, [i0, i0 + 1, i0 + 2, i0 + 3], js, k),
-                };
-                for (r, row) in sums.iter().enumerate().take(m - i0) {
-                    for (t, &sum) in row.iter().enumerate() {
-                        if t == 0 || js[t] != js[t - 1] {
-                            let o = out.add((i0 + r) * n + js[t]);
-                            *o = if accumulate { *o + sum } else { sum };
-                        }
-                    }
-                }
-                i0 += FEW_X;
-            }
-            j0 += FEW_W;
-        }
+        for_each_few_dot(&Dots { x, w, k }, m, cols, |i, j, sum| {
+            let o = out.add(i * n + j);
+            *o = if accumulate { *o + sum } else { sum };
+        })
     }
 
-    /// `R` rows of sums, padded to [`FEW_X`].
-    #[inline(always)]
-    fn pad<const R: usize>(sums: [[f32; FEW_W]; R]) -> [[f32; FEW_W]; FEW_X] {
-        std::array::from_fn(|r| if r < R { sums[r] } else { [0.0; FEW_W] })
+    /// The operands of [`columns`]' dot products.
+    struct Dots {
+        x: Rows,
+        w: Weight,
+        k: usize,
     }
 
     /// `Σ a·b` over `len` values, 16 at a time.
@@ -337,50 +314,50 @@ mod avx512 {
         _mm512_mask_broadcastss_ps(lo, 0xFF00, _mm_set_ss(hi))
     }
 
-    /// The products of rows `is` of `x` with rows `js` of the weight.
-    #[inline(always)]
-    unsafe fn dots<const R: usize>(
-        x: Rows,
-        w: Weight,
-        is: [usize; R],
-        js: [usize; FEW_W],
-        k: usize,
-    ) -> [[f32; FEW_W]; R] {
-        let blocks = k / BLOCK;
-        let mut acc = [[_mm512_setzero_ps(); FEW_W]; R];
-        for c in (0..k).step_by(2 * BLOCK) {
-            let both = c + 2 * BLOCK <= k;
-            let mask: __mmask64 = if both { !0 } else { (1 << BLOCK) - 1 };
-            let b = c / BLOCK;
-            let mut wv = [_mm512_setzero_si512(); FEW_W];
-            let mut wd = [_mm512_setzero_ps(); FEW_W];
-            for t in 0..FEW_W {
-                // The next rows' line: a row is only k bytes, too short a stream
-                // for the hardware prefetcher to get ahead of.
-                let next = w.q.wrapping_add((js[t] + 2 * FEW_W) * k + c);
-                _mm_prefetch::<_MM_HINT_T0>(next.cast());
-                wv[t] = _mm512_maskz_loadu_epi8(mask, w.q.add(js[t] * k + c).cast());
-                wd[t] = pair_scales(w.d.add(js[t] * blocks + b), both);
-            }
-            for r in 0..R {
-                let xv = _mm512_maskz_loadu_epi8(mask, x.q.add(is[r] * k + c).cast());
-                let xd = pair_scales(x.d.add(is[r] * blocks + b), both);
+    impl FewDots for Dots {
+        #[inline(always)]
+        unsafe fn dots<const R: usize>(
+            &self,
+            is: [usize; R],
+            js: [usize; FEW_W],
+        ) -> [[f32; FEW_W]; R] {
+            let Dots { x, w, k } = *self;
+            let blocks = k / BLOCK;
+            let mut acc = [[_mm512_setzero_ps(); FEW_W]; R];
+            for c in (0..k).step_by(2 * BLOCK) {
+                let both = c + 2 * BLOCK <= k;
+                let mask: __mmask64 = if both { !0 } else { (1 << BLOCK) - 1 };
+                let b = c / BLOCK;
+                let mut wv = [_mm512_setzero_si512(); FEW_W];
+                let mut wd = [_mm512_setzero_ps(); FEW_W];
                 for t in 0..FEW_W {
-                    let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), xv, wv[t]);
-                    let scale = _mm512_mul_ps(xd, wd[t]);
-                    acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[r][t]);
+                    // The next rows' line: a row is only k bytes, too short a stream
+                    // for the hardware prefetcher to get ahead of.
+                    let next = w.q.wrapping_add((js[t] + 2 * FEW_W) * k + c);
+                    _mm_prefetch::<_MM_HINT_T0>(next.cast());
+                    wv[t] = _mm512_maskz_loadu_epi8(mask, w.q.add(js[t] * k + c).cast());
+                    wd[t] = pair_scales(w.d.add(js[t] * blocks + b), both);
+                }
+                for r in 0..R {
+                    let xv = _mm512_maskz_loadu_epi8(mask, x.q.add(is[r] * k + c).cast());
+                    let xd = pair_scales(x.d.add(is[r] * blocks + b), both);
+                    for t in 0..FEW_W {
+                        let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), xv, wv[t]);
+                        let scale = _mm512_mul_ps(xd, wd[t]);
+                        acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[r][t]);
+                    }
                 }
             }
-        }
-        // Each block's 128 · Σ qw, taken back off: -128 · Σ_b dx_b · (dw_b Σ qw).
-        let mut sums = [[0.0; FEW_W]; R];
-        for r in 0..R {
-            for t in 0..FEW_W {
-                let offset = dot(x.d.add(is[r] * blocks), w.d_sum.add(js[t] * blocks), blocks);
-                sums[r][t] = _mm512_reduce_add_ps(acc[r][t]) - 128.0 * offset;
+            // Each block's 128 · Σ qw, taken back off: -128 · Σ_b dx_b · (dw_b Σ qw).
+            let mut sums = [[0.0; FEW_W]; R];
+            for r in 0..R {
+                for t in 0..FEW_W {
+                    let offset = dot(x.d.add(is[r] * blocks), w.d_sum.add(js[t] * blocks), blocks);
+                    sums[r][t] = _mm512_reduce_add_ps(acc[r][t]) - 128.0 * offset;
+                }
             }
+            sums
         }
-        sums
     }
 }
 

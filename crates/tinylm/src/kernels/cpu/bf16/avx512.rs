@@ -17,6 +17,7 @@
 
 use super::pack::{pack_pairs, Layout, Microkernel, Operand, Tile};
 use super::round::{Bf16Operand, Storage};
+use crate::kernels::cpu::linear::{for_each_few_dot, FewDots, FEW_W};
 use std::arch::x86_64::*;
 
 /// The AVX512_BF16 kernel.
@@ -381,22 +382,13 @@ pub unsafe fn round_slice(dst: &mut [half::bf16], src: &[f32]) {
     }
 }
 
-/// Rows of `x` dotted together in [`few_rows`] (each weight vector loaded once for all
-/// of them).
-const FEW_X: usize = 4;
-/// Rows of the weight dotted together in [`few_rows`]: four streams from memory,
-/// which the hardware prefetcher follows (two streams, or a software prefetch 1
-/// KiB ahead, decoded the 134M model 7–15% slower on Zen 5).
-const FEW_W: usize = 4;
-
 /// `c (m, n) (+)= x (m, k) · wᵀ` (`c`'s rows `ldc` apart), columns `cols` only, for
 /// a weight `w (n, k)` whose rows, `w_rs` apart, are contiguous along `k` — in bf16
 /// (a weight's copy) or `f32` (rounded as it is loaded) — and the few rows of `x`
 /// already rounded by [`round_rows`] (rows `x_rs` apart, zero-padded): a decoding
 /// step's linear layer, or its attention's scores against the cached keys.
 /// Each row of `w` streams from memory once, `vdpbf16ps` on 32 values of `k` at a
-/// time, in blocks of `FEW_W` rows of `w` against `FEW_X` rows of `x` (16 sums
-/// in registers); `x` stays in L1.
+/// time, in blocks of rows of `w` against rows of `x` ([`for_each_few_dot`]).
 ///
 /// # Safety
 /// The operands must address their shapes, `cols` be inside `0..n`, `c` hold `(m,
@@ -411,38 +403,26 @@ pub unsafe fn few_rows<E: Bf16Operand>(
     cols: std::ops::Range<usize>,
     accumulate: bool,
 ) {
-    let write = |i: usize, j: usize, sum: f32| {
+    let dots = Dots {
+        x: (x, x_rs),
+        w: (w, w_rs),
+        k,
+    };
+    for_each_few_dot(&dots, m, cols, |i, j, sum| {
         let o = c.add(i * ldc + j);
         *o = if accumulate { *o + sum } else { sum };
-    };
-    let mut j0 = cols.start;
-    while j0 < cols.end {
-        // The last block repeats its last row (written once).
-        let js: [usize; FEW_W] = std::array::from_fn(|t| (j0 + t).min(cols.end - 1));
-        let ws = js.map(|j| w.add(j * w_rs));
-        let mut i0 = 0;
-        while i0 < m {
-            let xs = |r: usize| x.add((i0 + r).min(m - 1) * x_rs);
-            let sums = match m - i0 {
-                1 => pad(dots::<1, E>([xs(0)], ws, k)),
-                2 => pad(dots::<2, E>([xs(0), xs(1)], ws, k)),
-                3 => pad(dots::<3, E>([xs(0), xs(1), xs(2)], ws, k)),
-                _ => dots::<FEW_X, E>([xs(0), xs(1), xs(2), xs(3)], ws, k),
-            };
-            for (r, row) in sums.iter().enumerate().take(m - i0) {
-                for (t, &sum) in row.iter().enumerate() {
-                    if t == 0 || js[t] != js[t - 1] {
-                        write(i0 + r, js[t], sum);
-                    }
-                }
-            }
-            i0 += FEW_X;
-        }
-        j0 += FEW_W;
-    }
+    })
 }
 
-/// [`dots`]' sums over values `c..c + count` of `k` (`count` 32 but at the end).
+/// The operands of [`few_rows`]' dot products: rows of `x` and of `w`, each with
+/// its row stride.
+struct Dots<E> {
+    x: (*const u16, usize),
+    w: (*const E, usize),
+    k: usize,
+}
+
+/// [`Dots`]' sums over values `c..c + count` of `k` (`count` 32 but at the end).
 #[inline(always)]
 unsafe fn dot_step<const R: usize, E: Bf16Operand>(
     acc: &mut [[__m512; FEW_W]; R],
@@ -467,37 +447,34 @@ unsafe fn dot_step<const R: usize, E: Bf16Operand>(
     }
 }
 
-/// `R` rows of sums, padded to [`FEW_X`].
-#[inline(always)]
-fn pad<const R: usize>(sums: [[f32; FEW_W]; R]) -> [[f32; FEW_W]; FEW_X] {
-    std::array::from_fn(|r| if r < R { sums[r] } else { [0.0; FEW_W] })
-}
-
-/// The dot products of `R` rows of `x` (zero-padded to a multiple of 32) with
-/// [`FEW_W`] rows of `w` (`k` values each).
-#[inline(always)]
-unsafe fn dots<const R: usize, E: Bf16Operand>(
-    x: [*const u16; R],
-    w: [*const E; FEW_W],
-    k: usize,
-) -> [[f32; FEW_W]; R] {
-    // Loops, not closures: an intrinsic inlines only into code compiled with its
-    // target features, which a closure here is not.
-    let mut acc = [[_mm512_setzero_ps(); FEW_W]; R];
-    let whole = k / 32 * 32;
-    for c in (0..whole).step_by(32) {
-        dot_step(&mut acc, x, w, c, 32);
-    }
-    if whole < k {
-        dot_step(&mut acc, x, w, whole, k - whole);
-    }
-    let mut sums = [[0.0; FEW_W]; R];
-    for r in 0..R {
-        for t in 0..FEW_W {
-            sums[r][t] = _mm512_reduce_add_ps(acc[r][t]);
+/// The dot products of rows of `x` (zero-padded to a multiple of 32) with rows of
+/// `w` (`k` values each).
+impl<E: Bf16Operand> FewDots for Dots<E> {
+    #[inline(always)]
+    unsafe fn dots<const R: usize>(&self, is: [usize; R], js: [usize; FEW_W]) -> [[f32; FEW_W]; R] {
+        let (x, w, k) = (
+            is.map(|i| self.x.0.add(i * self.x.1)),
+            js.map(|j| self.w.0.add(j * self.w.1)),
+            self.k,
+        );
+        // Loops, not closures: an intrinsic inlines only into code compiled with its
+        // target features, which a closure here is not.
+        let mut acc = [[_mm512_setzero_ps(); FEW_W]; R];
+        let whole = k / 32 * 32;
+        for c in (0..whole).step_by(32) {
+            dot_step(&mut acc, x, w, c, 32);
         }
+        if whole < k {
+            dot_step(&mut acc, x, w, whole, k - whole);
+        }
+        let mut sums = [[0.0; FEW_W]; R];
+        for r in 0..R {
+            for t in 0..FEW_W {
+                sums[r][t] = _mm512_reduce_add_ps(acc[r][t]);
+            }
+        }
+        sums
     }
-    sums
 }
 
 #[cfg(test)]
