@@ -10,7 +10,7 @@ use tinylm::checkpoint::CheckpointFile;
 use tinylm::device::{resolve, resolve_precision, Device};
 use tinylm::generate::{generate, Sampler};
 use tinylm::kernels::Precision;
-use tinylm::kernels::{Backend, Cpu, CpuBf16};
+use tinylm::kernels::{Backend, Cpu, CpuMixed};
 use tinylm::params::ParamLayout;
 use tinylm::{Model, ModelConfig};
 
@@ -123,7 +123,7 @@ pub struct TransformerLM {
 /// cargo feature `cuda`, on a GPU.
 enum Engine {
     Cpu(Box<Model>),
-    CpuBf16(Box<Model<f32, CpuBf16>>),
+    CpuMixed(Box<Model<f32, CpuMixed>>),
     #[cfg(feature = "cuda")]
     Cuda(Box<Model<f32, tinylm::kernels::cuda::Cuda>>),
 }
@@ -133,7 +133,7 @@ macro_rules! on_engine {
     ($engine:expr, $m:ident => $body:expr) => {
         match $engine {
             Engine::Cpu($m) => $body,
-            Engine::CpuBf16($m) => $body,
+            Engine::CpuMixed($m) => $body,
             #[cfg(feature = "cuda")]
             Engine::Cuda($m) => $body,
         }
@@ -176,7 +176,7 @@ impl Engine {
         };
         match device {
             Device::Cpu => match resolve_precision(device, precision) {
-                Precision::Bf16 => Ok(Engine::CpuBf16(Box::new(source.model(CpuBf16::new())?))),
+                Precision::Bf16 => Ok(Engine::CpuMixed(Box::new(source.model(CpuMixed::new())?))),
                 _ => Ok(Engine::Cpu(Box::new(source.model(Cpu)?))),
             },
             #[cfg(feature = "cuda")]

@@ -10,7 +10,7 @@
 
 use crate::distributed::World;
 use crate::kernels::cpu::bf16::Bf16Kernel;
-use crate::kernels::{Cpu, CpuBf16, Precision};
+use crate::kernels::{Cpu, CpuMixed, Precision};
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -78,7 +78,7 @@ impl From<Device> for String {
 /// runs generic code on the one it holds.
 pub enum AnyBackend {
     Cpu(Cpu),
-    CpuBf16(CpuBf16),
+    CpuMixed(CpuMixed),
     #[cfg(feature = "cuda")]
     Cuda(Box<crate::kernels::cuda::Cuda>),
 }
@@ -89,8 +89,8 @@ impl AnyBackend {
     pub fn open(device: Device, precision: Precision) -> Result<Self> {
         match resolve(device)? {
             Device::Cpu => Ok(match resolve_precision(Device::Cpu, precision) {
-                Precision::Bf16 => AnyBackend::CpuBf16(CpuBf16::new()),
-                Precision::Q8_0 => AnyBackend::CpuBf16(CpuBf16::q8()),
+                Precision::Bf16 => AnyBackend::CpuMixed(CpuMixed::new()),
+                Precision::Q8_0 => AnyBackend::CpuMixed(CpuMixed::q8()),
                 _ => AnyBackend::Cpu(Cpu),
             }),
             Device::Cuda(ordinal) => open_cuda(ordinal, precision),
@@ -149,7 +149,7 @@ macro_rules! on_backend {
     ($any:expr, $backend:ident => $body:expr) => {
         match $any {
             $crate::device::AnyBackend::Cpu($backend) => $body,
-            $crate::device::AnyBackend::CpuBf16($backend) => $body,
+            $crate::device::AnyBackend::CpuMixed($backend) => $body,
             $crate::device::AnyBackend::Cuda(cuda) => {
                 let $backend = *cuda;
                 $body
@@ -167,7 +167,7 @@ macro_rules! on_backend {
     ($any:expr, $backend:ident => $body:expr) => {
         match $any {
             $crate::device::AnyBackend::Cpu($backend) => $body,
-            $crate::device::AnyBackend::CpuBf16($backend) => $body,
+            $crate::device::AnyBackend::CpuMixed($backend) => $body,
         }
     };
 }

@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Mutex;
 use tinylm::accounting::{step_buffers, Entry, Memory, Part, Planner, Target};
 use tinylm::config::{Ffn, ModelConfig, Norm, Positional};
-use tinylm::kernels::{Backend, BatchPart, Cpu, CpuBf16};
+use tinylm::kernels::{Backend, BatchPart, Cpu, CpuMixed};
 use tinylm::optim::AdamW;
 use tinylm::Model;
 
@@ -167,10 +167,10 @@ fn every_buffer_the_cpu_allocates_is_accounted_in_every_ablation() {
     cpu_buffers_are_accounted(&Cpu, Target::Cpu);
     // bf16 mixed precision: the product-only activations in bf16, the parameters
     // with their bf16 copy.
-    cpu_buffers_are_accounted(&CpuBf16::new(), Target::CpuBf16);
+    cpu_buffers_are_accounted(&CpuMixed::new(), Target::CpuBf16);
     // Generation's 8-bit weights: the parameters with their Q8_0 copy, every
     // activation f32.
-    cpu_buffers_are_accounted(&CpuBf16::q8(), Target::CpuQ8);
+    cpu_buffers_are_accounted(&CpuMixed::q8(), Target::CpuQ8);
 }
 
 /// A training step on `backend` (a CPU backend, whose buffers `target` sizes) holds
@@ -212,7 +212,7 @@ fn cpu_step_holds_the_accounted_bytes<B: Backend<f32> + Copy + Send>(backend: B,
 fn a_training_step_on_the_cpu_holds_the_accounted_bytes_in_every_ablation() {
     let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     cpu_step_holds_the_accounted_bytes(Cpu, Target::Cpu);
-    cpu_step_holds_the_accounted_bytes(CpuBf16::new(), Target::CpuBf16);
+    cpu_step_holds_the_accounted_bytes(CpuMixed::new(), Target::CpuBf16);
 }
 
 /// A real GPU's driver hands out memory in pages of this many bytes at most: each

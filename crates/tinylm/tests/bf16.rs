@@ -1,4 +1,4 @@
-//! Training in bf16 mixed precision on the CPU ([`CpuBf16`]) against the same model
+//! Training in bf16 mixed precision on the CPU ([`CpuMixed`]) against the same model
 //! in `f32` ([`Cpu`]), on the same weights and batch: logits, loss and every
 //! tensor's gradient within bf16's tolerances; the rounding to nearest (a
 //! truncating rounding shrinks every operand and so the logits: caught by their
@@ -6,7 +6,7 @@
 //! the same step; and training steps that follow `f32`'s.
 
 use tinylm::kernels::cpu::bf16::Bf16Kernel;
-use tinylm::kernels::{Backend, BatchPart, Cpu, CpuBf16};
+use tinylm::kernels::{Backend, BatchPart, Cpu, CpuMixed};
 use tinylm::params::ParamLayout;
 use tinylm::{Model, ModelConfig};
 
@@ -74,7 +74,7 @@ fn bf16_logits_loss_and_every_gradient_are_f32_within_bf16_tolerances() {
     let layout = ParamLayout::new(&c);
     let params = layout.init(7);
     let (logits, loss, grads) = pass(Cpu, &params);
-    let (logits16, loss16, grads16) = pass(CpuBf16::new(), &params);
+    let (logits16, loss16, grads16) = pass(CpuMixed::new(), &params);
     let logits_error = relative_error(&logits16, &logits);
     let slope = slope(&logits16, &logits);
     println!(
@@ -111,8 +111,8 @@ fn the_native_and_the_portable_bf16_kernel_give_the_same_step() {
         return;
     };
     let params = ParamLayout::new(&config()).init(3);
-    let (logits, loss, grads) = pass(CpuBf16::on(native), &params);
-    let portable = pass(CpuBf16::on(Bf16Kernel::Portable), &params);
+    let (logits, loss, grads) = pass(CpuMixed::on(native), &params);
+    let portable = pass(CpuMixed::on(Bf16Kernel::Portable), &params);
     assert!(relative_error(&portable.0, &logits) < 1e-6);
     assert!((portable.1 - loss).abs() <= 1e-6 * loss.abs());
     assert!(relative_error(&portable.2, &grads) < 1e-5);
@@ -146,8 +146,8 @@ fn train<B: Backend<f32>>(backend: B, steps: usize, micro_batches: usize) -> Vec
 #[test]
 fn bf16_training_follows_f32_and_micro_batches_change_nothing_but_rounding() {
     let f32s = train(Cpu, 30, 1);
-    let bf16s = train(CpuBf16::new(), 30, 1);
-    let micro = train(CpuBf16::new(), 30, 2);
+    let bf16s = train(CpuMixed::new(), 30, 1);
+    let micro = train(CpuMixed::new(), 30, 2);
     for (step, ((a, b), m)) in f32s.iter().zip(&bf16s).zip(&micro).enumerate() {
         assert!((b - a).abs() < 2e-2 * a, "step {step}: bf16 {b}, f32 {a}");
         assert!(
@@ -158,7 +158,7 @@ fn bf16_training_follows_f32_and_micro_batches_change_nothing_but_rounding() {
     assert!(bf16s[29] < 0.5 * bf16s[0], "bf16 does not learn: {bf16s:?}");
 }
 
-/// Generation's 8-bit weights ([`CpuBf16::q8`]): the logits of a full pass and of
+/// Generation's 8-bit weights ([`CpuMixed::q8`]): the logits of a full pass and of
 /// decoding token by token on a KV cache within Q8_0's tolerance of `f32`'s (8
 /// bits per value, one scale per 32: a few times bf16's error), unbiased; a model
 /// whose layers do not split into whole blocks is refused, naming the dimension.
@@ -169,7 +169,7 @@ fn q8_0_logits_are_f32_within_8_bit_tolerance() {
     let (ids, _) = batch(&c);
     let mut f32_model = Model::with_backend(c.clone(), &params, Cpu).unwrap();
     let want = f32_model.forward(&ids, B, T).unwrap().to_vec();
-    let mut q8_model = Model::with_backend(c.clone(), &params, CpuBf16::q8()).unwrap();
+    let mut q8_model = Model::with_backend(c.clone(), &params, CpuMixed::q8()).unwrap();
     let got = q8_model.forward(&ids, B, T).unwrap().to_vec();
     let (error, slope) = (relative_error(&got, &want), slope(&got, &want));
     println!("q8_0 against f32: logits {error:.2e} (slope {slope:.5})");
@@ -192,7 +192,7 @@ fn q8_0_logits_are_f32_within_8_bit_tolerance() {
         ..c
     };
     let params = ParamLayout::new(&odd).init(7);
-    let err = Model::with_backend(odd, &params, CpuBf16::q8())
+    let err = Model::with_backend(odd, &params, CpuMixed::q8())
         .err()
         .unwrap();
     assert!(

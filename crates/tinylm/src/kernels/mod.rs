@@ -12,7 +12,7 @@
 //! [`Backend`] is the whole interface: [`model`](crate::model) runs forward and
 //! backward only through it. The CPU backend ([`cpu::Cpu`]) implements it for any
 //! [`Float`] (`f32` for real work, `f64` for the finite-difference gradient checks),
-//! [`cpu::CpuBf16`] in bf16 mixed precision; [`Profiled`] wraps any backend to time
+//! [`cpu::CpuMixed`] in bf16 mixed precision; [`Profiled`] wraps any backend to time
 //! its kernels. The methods take spans of buffers the backend owns
 //! ([`Allocator::Buf`]: a `Vec` on the CPU, device memory on
 //! a GPU), so the orchestration is written once for every backend.
@@ -35,6 +35,6 @@ pub use backend::{
     BufKind, Buffer, Collective, MatMul, Precision, Role, Span, SpanMut, StepStats, CLIP_EPS,
     STATS_BYTES,
 };
-pub use cpu::{Cpu, CpuBf16};
+pub use cpu::{Cpu, CpuMixed};
 pub use float::Float;
 pub use profile::Profiled;

@@ -1,7 +1,7 @@
 //! Causal multi-head attention, one rayon task per (batch, head): the score and
 //! value products on strided views of the fused `qkv` rows (through `gemm` in the
 //! backend's float, `Gemm`, or through another `HeadProduct`: the bf16 kernel of
-//! [`CpuBf16`](super::CpuBf16)), the causal structure by bounds (no mask is
+//! [`CpuMixed`](super::CpuMixed)), the causal structure by bounds (no mask is
 //! materialized), softmax with the max subtracted. The right operands `Kᵀ` and `Vᵀ`
 //! are transposed once per head into the thread's scratch: `gemm` reads a right
 //! operand's rows in place but would transpose a strided `Kᵀ` view again for every

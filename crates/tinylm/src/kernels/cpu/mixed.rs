@@ -1,5 +1,5 @@
-//! [`CpuBf16`]: the CPU backend under bf16 mixed precision — PyTorch's CPU autocast
-//! done by hand. Every matrix product multiplies bf16 operands (rounded to
+//! [`CpuMixed`]: the CPU backend under bf16 mixed precision — PyTorch's CPU autocast
+//! done by hand — and, for generation, with the weights in Q8_0 blocks. Every matrix product multiplies bf16 operands (rounded to
 //! nearest, ties to even) and sums in `f32` on the CPU's bf16 kernel
 //! ([`Bf16Kernel::best`]); the weights' operand is a bf16 copy of the parameters
 //! made once per update (by AdamW in the same pass, by an upload or a gather), and
@@ -33,7 +33,7 @@ use rayon::prelude::*;
 /// The CPU backend under bf16 mixed precision, on one bf16 kernel — or, to
 /// generate with 8-bit weights, with the weights' copy in Q8_0 blocks.
 #[derive(Clone, Copy, Debug)]
-pub struct CpuBf16 {
+pub struct CpuMixed {
     kernel: Bf16Kernel,
     weights: WeightCopy,
 }
@@ -48,17 +48,17 @@ enum WeightCopy {
     Q8,
 }
 
-impl CpuBf16 {
+impl CpuMixed {
     /// On the CPU's native bf16 kernel where it has one, else the portable one
     /// (the same values and sums, slower than `f32`).
     pub fn new() -> Self {
-        CpuBf16::on(Bf16Kernel::best())
+        CpuMixed::on(Bf16Kernel::best())
     }
 
     /// On `kernel` (which must run on this CPU).
     pub fn on(kernel: Bf16Kernel) -> Self {
         assert!(kernel.runs_here(), "this CPU cannot run {}", kernel.name());
-        CpuBf16 {
+        CpuMixed {
             kernel,
             weights: WeightCopy::Bf16,
         }
@@ -68,9 +68,9 @@ impl CpuBf16 {
     /// the linear layers' products on int8 ([`q8::matmul_q8`]), attention's on
     /// the bf16 kernel, the rest in `f32`. A model on it runs forward only.
     pub fn q8() -> Self {
-        CpuBf16 {
+        CpuMixed {
             weights: WeightCopy::Q8,
-            ..CpuBf16::new()
+            ..CpuMixed::new()
         }
     }
 
@@ -83,7 +83,7 @@ impl CpuBf16 {
 /// Attention's per-head products on the bf16 kernel: both operands rounded to
 /// bf16 as they are packed, sums and the output in `f32` (the probabilities and
 /// scores themselves stay `f32`; only their product operands are rounded).
-impl HeadProduct<f32> for CpuBf16 {
+impl HeadProduct<f32> for CpuMixed {
     unsafe fn product(
         &self,
         shape: (usize, usize, usize),
@@ -133,13 +133,13 @@ impl HeadProduct<f32> for CpuBf16 {
     }
 }
 
-impl Default for CpuBf16 {
+impl Default for CpuMixed {
     fn default() -> Self {
-        CpuBf16::new()
+        CpuMixed::new()
     }
 }
 
-/// A buffer of [`CpuBf16`]: its values, `f32` or bf16 as its [`BufKind`] says,
+/// A buffer of [`CpuMixed`]: its values, `f32` or bf16 as its [`BufKind`] says,
 /// and for the parameters their copy, the products' operand.
 pub struct MixedBuf {
     values: Values,
@@ -271,7 +271,7 @@ impl MixedBuf {
     }
 }
 
-impl Allocator<f32> for CpuBf16 {
+impl Allocator<f32> for CpuMixed {
     type Buf = MixedBuf;
     type Ids = Vec<u32>;
     type Stats = StepStats;
@@ -300,7 +300,7 @@ impl Allocator<f32> for CpuBf16 {
     }
 }
 
-impl Backend<f32> for CpuBf16 {
+impl Backend<f32> for CpuMixed {
     type Staging = Vec<f32>;
 
     fn send_stats(&self, stats: &mut StepStats) {
@@ -593,7 +593,7 @@ impl Backend<f32> for CpuBf16 {
     }
 }
 
-/// [`CpuBf16`]'s collectives: the CPU's, on the `f32` values.
+/// [`CpuMixed`]'s collectives: the CPU's, on the `f32` values.
 struct MixedCollective<'w> {
     f32s: Box<dyn Collective<Vec<f32>, StepStats> + 'w>,
 }
@@ -697,7 +697,7 @@ mod tests {
         let mut kernels = vec![Bf16Kernel::Portable];
         kernels.extend(Bf16Kernel::native());
         for kernel in kernels {
-            let got = run(&CpuBf16::on(kernel));
+            let got = run(&CpuMixed::on(kernel));
             assert_close(&format!("{} out", kernel.name()), &got.0, &want.0);
             assert_close(&format!("{} att", kernel.name()), &got.1, &want.1);
             assert_close(&format!("{} dqkv", kernel.name()), &got.2, &want.2);

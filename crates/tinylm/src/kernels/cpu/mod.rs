@@ -27,7 +27,7 @@ pub mod softmax;
 pub mod swiglu;
 
 pub use backend::Cpu;
-pub use mixed::CpuBf16;
+pub use mixed::CpuMixed;
 
 /// Runs `work` on a thread of rayon's global pool: what calls the CPU backend's
 /// kernels from elsewhere (a command's main thread, a server's model thread,
