@@ -225,17 +225,26 @@ pub(crate) const FEW_W: usize = 4;
 /// The dot products of a few-rows kernel: rows of `x` with rows of a weight `(n, k)`
 /// stored along `k`.
 pub(crate) trait FewDots {
-    /// The products of rows `is` of `x` (`R ≤ FEW_X`) with rows `js` of the weight.
+    /// The products of rows `is` of `x` (`R ≤ FEW_X`) with rows `js` of the weight,
+    /// fetching weight rows `next` into the cache meanwhile where they are given
+    /// (a hint: a kernel may fetch ahead on its own).
     ///
     /// # Safety
     /// The rows must lie inside the operands; the CPU must have the kernel's
     /// instructions (the caller is compiled with them, so that this inlines).
-    unsafe fn dots<const R: usize>(&self, is: [usize; R], js: [usize; FEW_W]) -> [[f32; FEW_W]; R];
+    unsafe fn dots<const R: usize>(
+        &self,
+        is: [usize; R],
+        js: [usize; FEW_W],
+        next: Option<[usize; FEW_W]>,
+    ) -> [[f32; FEW_W]; R];
 }
 
 /// Columns `cols` of a few-rows product `(m, n)`: `write(i, j, sum)` once for each
 /// output, from [`FewDots::dots`] over blocks of [`FEW_W`] weight rows by [`FEW_X`]
 /// rows of `x` (the last block of weight rows repeats its last row, written once).
+/// With more rows of `x` than one block, a block of weight rows is read from memory
+/// by the first, and from L1 by the others, the last of which fetches the next block.
 ///
 /// # Safety
 /// As `dots`'; inlined into the kernel's function compiled with its instructions.
@@ -254,13 +263,16 @@ pub(crate) unsafe fn for_each_few_dot(
     let mut j0 = cols.start;
     while j0 < cols.end {
         let js: [usize; FEW_W] = std::array::from_fn(|t| (j0 + t).min(cols.end - 1));
+        let next_js = (j0 + FEW_W < cols.end)
+            .then(|| std::array::from_fn(|t| (j0 + FEW_W + t).min(cols.end - 1)));
         let mut i0 = 0;
         while i0 < m {
+            let next = next_js.filter(|_| i0 > 0 && i0 + FEW_X >= m);
             let sums = match m - i0 {
-                1 => pad(dots.dots::<1>([i0], js)),
-                2 => pad(dots.dots::<2>([i0, i0 + 1], js)),
-                3 => pad(dots.dots::<3>([i0, i0 + 1, i0 + 2], js)),
-                _ => dots.dots::<FEW_X>([i0, i0 + 1, i0 + 2, i0 + 3], js),
+                1 => pad(dots.dots::<1>([i0], js, next)),
+                2 => pad(dots.dots::<2>([i0, i0 + 1], js, next)),
+                3 => pad(dots.dots::<3>([i0, i0 + 1, i0 + 2], js, next)),
+                _ => dots.dots::<FEW_X>([i0, i0 + 1, i0 + 2, i0 + 3], js, next),
             };
             for (r, row) in sums.iter().enumerate().take(m - i0) {
                 for (t, &sum) in row.iter().enumerate() {

@@ -320,6 +320,9 @@ mod avx512 {
             &self,
             is: [usize; R],
             js: [usize; FEW_W],
+            // (Rows are fetched ahead always, below: a q8 row is too short for the
+            // hardware prefetcher even on the first pass.)
+            _next: Option<[usize; FEW_W]>,
         ) -> [[f32; FEW_W]; R] {
             let Dots { x, w, k } = *self;
             let blocks = k / BLOCK;

@@ -428,9 +428,17 @@ unsafe fn dot_step<const R: usize, E: Bf16Operand>(
     acc: &mut [[__m512; FEW_W]; R],
     x: [*const u16; R],
     w: [*const E; FEW_W],
+    next: Option<[*const E; FEW_W]>,
     c: usize,
     count: usize,
 ) {
+    if let Some(next) = next {
+        for row in next {
+            for line in (0..32 * size_of::<E>()).step_by(64) {
+                _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(c).cast::<i8>().wrapping_add(line));
+            }
+        }
+    }
     let mut wv = [std::mem::transmute::<__m512i, __m512bh>(_mm512_setzero_si512()); FEW_W];
     for t in 0..FEW_W {
         let v = match count {
@@ -451,21 +459,24 @@ unsafe fn dot_step<const R: usize, E: Bf16Operand>(
 /// `w` (`k` values each).
 impl<E: Bf16Operand> FewDots for Dots<E> {
     #[inline(always)]
-    unsafe fn dots<const R: usize>(&self, is: [usize; R], js: [usize; FEW_W]) -> [[f32; FEW_W]; R] {
-        let (x, w, k) = (
-            is.map(|i| self.x.0.add(i * self.x.1)),
-            js.map(|j| self.w.0.add(j * self.w.1)),
-            self.k,
-        );
+    unsafe fn dots<const R: usize>(
+        &self,
+        is: [usize; R],
+        js: [usize; FEW_W],
+        next: Option<[usize; FEW_W]>,
+    ) -> [[f32; FEW_W]; R] {
+        let row = |j: usize| self.w.0.add(j * self.w.1);
+        let (x, w, k) = (is.map(|i| self.x.0.add(i * self.x.1)), js.map(row), self.k);
+        let next = next.map(|js| js.map(row));
         // Loops, not closures: an intrinsic inlines only into code compiled with its
         // target features, which a closure here is not.
         let mut acc = [[_mm512_setzero_ps(); FEW_W]; R];
         let whole = k / 32 * 32;
         for c in (0..whole).step_by(32) {
-            dot_step(&mut acc, x, w, c, 32);
+            dot_step(&mut acc, x, w, next, c, 32);
         }
         if whole < k {
-            dot_step(&mut acc, x, w, whole, k - whole);
+            dot_step(&mut acc, x, w, next, whole, k - whole);
         }
         let mut sums = [[0.0; FEW_W]; R];
         for r in 0..R {
