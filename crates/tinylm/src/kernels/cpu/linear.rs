@@ -11,8 +11,8 @@ use std::ops::Range;
 
 /// Linear layers' products `x Wᵀ` of at most this many rows (a decoding pass's few
 /// sequences) run as dot products that stream each weight row once
-/// ([`few_rows_linear`], and the bf16 products' few-rows path): for two rows or
-/// more `gemm` packs the weight first and takes several times as long.
+/// ([`few_rows_linear`]; the bf16 and Q8_0 products' in `few_dots`): for two rows
+/// or more `gemm` packs the weight first and takes several times as long.
 pub(crate) const FEW_ROWS: usize = 16;
 
 /// Products smaller than this many multiply-adds run on the calling thread: the
@@ -211,80 +211,6 @@ pub(crate) fn for_each_column_block(s: MatMul, block: impl Fn(Range<usize>) + Sy
     (0..parts)
         .into_par_iter()
         .for_each(|part| block(part * cols..((part + 1) * cols).min(s.n)));
-}
-
-/// Rows of `x` whose dot products the hand-written few-rows kernels (bf16, Q8_0)
-/// take together ([`FewDots`]): each weight vector is loaded once for all of them
-/// (`x` stays in L1); with [`FEW_W`], 16 sums in registers.
-pub(crate) const FEW_X: usize = 4;
-/// Rows of the weight dotted together: four streams from memory, which the hardware
-/// prefetcher follows (two streams, or a software prefetch 1 KiB ahead, decoded the
-/// 134M model 7–15% slower in bf16 on Zen 5).
-pub(crate) const FEW_W: usize = 4;
-
-/// The dot products of a few-rows kernel: rows of `x` with rows of a weight `(n, k)`
-/// stored along `k`.
-pub(crate) trait FewDots {
-    /// The products of rows `is` of `x` (`R ≤ FEW_X`) with rows `js` of the weight,
-    /// fetching weight rows `next` into the cache meanwhile where they are given
-    /// (a hint: a kernel may fetch ahead on its own).
-    ///
-    /// # Safety
-    /// The rows must lie inside the operands; the CPU must have the kernel's
-    /// instructions (the caller is compiled with them, so that this inlines).
-    unsafe fn dots<const R: usize>(
-        &self,
-        is: [usize; R],
-        js: [usize; FEW_W],
-        next: Option<[usize; FEW_W]>,
-    ) -> [[f32; FEW_W]; R];
-}
-
-/// Columns `cols` of a few-rows product `(m, n)`: `write(i, j, sum)` once for each
-/// output, from [`FewDots::dots`] over blocks of [`FEW_W`] weight rows by [`FEW_X`]
-/// rows of `x` (the last block of weight rows repeats its last row, written once).
-/// With more rows of `x` than one block, a block of weight rows is read from memory
-/// by the first, and from L1 by the others, the last of which fetches the next block.
-///
-/// # Safety
-/// As `dots`'; inlined into the kernel's function compiled with its instructions.
-#[inline(always)]
-pub(crate) unsafe fn for_each_few_dot(
-    dots: &impl FewDots,
-    m: usize,
-    cols: Range<usize>,
-    mut write: impl FnMut(usize, usize, f32),
-) {
-    /// `R` rows of sums, padded to [`FEW_X`].
-    #[inline(always)]
-    fn pad<const R: usize>(sums: [[f32; FEW_W]; R]) -> [[f32; FEW_W]; FEW_X] {
-        std::array::from_fn(|r| if r < R { sums[r] } else { [0.0; FEW_W] })
-    }
-    let mut j0 = cols.start;
-    while j0 < cols.end {
-        let js: [usize; FEW_W] = std::array::from_fn(|t| (j0 + t).min(cols.end - 1));
-        let next_js = (j0 + FEW_W < cols.end)
-            .then(|| std::array::from_fn(|t| (j0 + FEW_W + t).min(cols.end - 1)));
-        let mut i0 = 0;
-        while i0 < m {
-            let next = next_js.filter(|_| i0 > 0 && i0 + FEW_X >= m);
-            let sums = match m - i0 {
-                1 => pad(dots.dots::<1>([i0], js, next)),
-                2 => pad(dots.dots::<2>([i0, i0 + 1], js, next)),
-                3 => pad(dots.dots::<3>([i0, i0 + 1, i0 + 2], js, next)),
-                _ => dots.dots::<FEW_X>([i0, i0 + 1, i0 + 2, i0 + 3], js, next),
-            };
-            for (r, row) in sums.iter().enumerate().take(m - i0) {
-                for (t, &sum) in row.iter().enumerate() {
-                    if t == 0 || js[t] != js[t - 1] {
-                        write(i0 + r, js[t], sum);
-                    }
-                }
-            }
-            i0 += FEW_X;
-        }
-        j0 += FEW_W;
-    }
 }
 
 /// Columns `cols` of [`few_rows_linear`]'s product, with the widest vectors the CPU

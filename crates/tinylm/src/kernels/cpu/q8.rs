@@ -249,7 +249,7 @@ unsafe fn portable(
 #[cfg(all(target_arch = "x86_64", feature = "avx512"))]
 mod avx512 {
     use super::{Rows, Weight, BLOCK};
-    use crate::kernels::cpu::linear::{for_each_few_dot, FewDots, FEW_W};
+    use crate::kernels::cpu::few_dots::{for_each_few_dot, FewDots, FEW_W};
     use std::arch::x86_64::*;
     use std::ops::Range;
 

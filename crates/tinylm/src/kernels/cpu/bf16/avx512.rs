@@ -17,7 +17,7 @@
 
 use super::pack::{pack_pairs, Layout, Microkernel, Operand, Tile};
 use super::round::{Bf16Operand, Storage};
-use crate::kernels::cpu::linear::{for_each_few_dot, FewDots, FEW_W};
+use crate::kernels::cpu::few_dots::{for_each_few_dot, FewDots, FEW_W};
 use std::arch::x86_64::*;
 
 /// The AVX512_BF16 kernel.
@@ -388,7 +388,7 @@ pub unsafe fn round_slice(dst: &mut [half::bf16], src: &[f32]) {
 /// already rounded by [`round_rows`] (rows `x_rs` apart, zero-padded): a decoding
 /// step's linear layer, or its attention's scores against the cached keys.
 /// Each row of `w` streams from memory once, `vdpbf16ps` on 32 values of `k` at a
-/// time, in blocks of rows of `w` against rows of `x` (`linear::for_each_few_dot`).
+/// time, in blocks of rows of `w` against rows of `x` (`few_dots::for_each_few_dot`).
 ///
 /// # Safety
 /// The operands must address their shapes, `cols` be inside `0..n`, `c` hold `(m,
