@@ -1,6 +1,7 @@
 //! [`CpuMixed`]: the CPU backend under bf16 mixed precision — PyTorch's CPU autocast
-//! done by hand — and, for generation, with the weights in Q8_0 blocks. Every matrix product multiplies bf16 operands (rounded to
-//! nearest, ties to even) and sums in `f32` on the CPU's bf16 kernel
+//! done by hand — and, for generation, with the weights in Q8_0 blocks. Every
+//! matrix product multiplies bf16 operands (rounded to nearest, ties to even) and
+//! sums in `f32` on the CPU's bf16 kernel
 //! ([`Bf16Kernel::best`]); the weights' operand is a bf16 copy of the parameters
 //! made once per update (by AdamW in the same pass, by an upload or a gather), and
 //! the activations that backward reads only as product operands
