@@ -97,6 +97,16 @@ impl AnyBackend {
             Device::Auto => unreachable!("resolved above"),
         }
     }
+
+    /// [`AnyBackend::open`] for models that only run forward (generation,
+    /// evaluation, a server): on the CPU under bf16 or q8_0, the weights kept in
+    /// their copy alone ([`CpuMixed::forward_only`]).
+    pub fn open_forward_only(device: Device, precision: Precision) -> Result<Self> {
+        Ok(match AnyBackend::open(device, precision)? {
+            AnyBackend::CpuMixed(mixed) => AnyBackend::CpuMixed(mixed.forward_only()),
+            other => other,
+        })
+    }
 }
 
 /// The precision `asked` means on `device`: `bf16` or `fp32` as asked; `auto` on a

@@ -154,6 +154,13 @@ impl ParamLayout {
         }
     }
 
+    /// Whether `spec` is a linear layer's weight (every projection's, an untied
+    /// output projection's): a forward pass reads it only as a matrix product's
+    /// operand, where the embeddings are also looked up and the gains scale.
+    pub fn is_weight(&self, spec: &ParamSpec) -> bool {
+        spec.shape.len() == 2 && spec.range() != self.token_embeddings
+    }
+
     /// The spec of the tensor called `name`.
     pub fn get(&self, name: &str) -> Option<&ParamSpec> {
         self.specs.iter().find(|s| s.name == name)
@@ -572,6 +579,8 @@ struct Piece<'a> {
     elems: Range<usize>,
     /// Where those are in the flat buffer.
     at: Range<usize>,
+    /// Whether the tensor is a linear layer's weight ([`ParamLayout::is_weight`]).
+    weight: bool,
 }
 
 impl<'a> FileBuffer<'a> {
@@ -583,6 +592,7 @@ impl<'a> FileBuffer<'a> {
                 tensor,
                 elems: at.start - spec.offset..at.end - spec.offset,
                 at,
+                weight: self.layout.is_weight(spec),
             })
         })
     }
@@ -600,8 +610,11 @@ impl<'a> FileBuffer<'a> {
     ) -> Result<()> {
         for piece in self.pieces(range.clone()) {
             let at = piece.at.start - range.start..piece.at.end - range.start;
-            let mut read = |out: &mut [f32]| self.file.read(piece.tensor, piece.elems.clone(), out);
-            if let Some(written) = backend.write_host(dst.at_mut(at.clone()), &mut read) {
+            let read = |offset: usize, out: &mut [f32]| {
+                let start = piece.elems.start + offset;
+                self.file.read(piece.tensor, start..start + out.len(), out)
+            };
+            if let Some(written) = backend.write_host(dst.at_mut(at.clone()), piece.weight, &read) {
                 written?;
                 continue;
             }
@@ -613,7 +626,7 @@ impl<'a> FileBuffer<'a> {
                 }
             };
             let values = &mut backend.staged(staging)?[..at.len()];
-            read(values)?;
+            read(0, values)?;
             backend.upload(dst.at_mut(at), values)?;
         }
         Ok(())

@@ -201,3 +201,48 @@ fn q8_0_logits_are_f32_within_8_bit_tolerance() {
         "{err}"
     );
 }
+
+/// A forward-only backend ([`CpuMixed::forward_only`], and Q8_0's, always) reads a
+/// checkpoint's weights straight into their copy, never into `f32` values: every
+/// logit of a full pass and of decoding is the same as with the values written
+/// (the model built from host memory, whose copy is made from them), and the
+/// parameters are not read back. The feed-forward weights (256 · 640 values) are
+/// read in several parts.
+#[test]
+fn forward_only_models_read_the_same_weights_into_their_copy_alone() {
+    let c = ModelConfig {
+        d_model: 256,
+        d_ff: 640,
+        num_layers: 1,
+        ..config()
+    };
+    let params = ParamLayout::new(&c).init(11);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ckpt.safetensors");
+    tinylm::checkpoint::save(&path, &c, &params, None, &Default::default()).unwrap();
+    let opened = tinylm::weights::open(&path, None).unwrap();
+    let (ids, _) = batch(&c);
+    for (name, backend) in [
+        ("bf16", CpuMixed::new().forward_only()),
+        ("q8_0", CpuMixed::q8()),
+    ] {
+        let mut from_host = Model::with_backend(c.clone(), &params, backend).unwrap();
+        let mut from_file = opened.model(backend).unwrap();
+        let want = from_host.forward(&ids, B, T).unwrap().to_vec();
+        assert_eq!(from_file.forward(&ids, B, T).unwrap(), &want[..], "{name}");
+        let (mut a, mut b) = (
+            from_host.new_cache().unwrap(),
+            from_file.new_cache().unwrap(),
+        );
+        for &id in &ids[..T] {
+            let want = from_host.decode_step(&mut a, id).unwrap().to_vec();
+            assert_eq!(
+                from_file.decode_step(&mut b, id).unwrap(),
+                &want[..],
+                "{name}"
+            );
+        }
+        let err = from_file.download_params().unwrap_err().to_string();
+        assert!(err.contains("forward-only"), "{name}: {err}");
+    }
+}

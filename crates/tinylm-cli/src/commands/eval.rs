@@ -41,7 +41,7 @@ pub fn run(args: EvalArgs) -> Result<()> {
     let ckpt = weights::open(&args.checkpoint, None)?;
     let data = TokenDataset::open(&args.data, ckpt.config.vocab_size)?;
     let t = ckpt.config.context_length;
-    let backend = AnyBackend::open(args.device.device, args.device.precision)?;
+    let backend = AnyBackend::open_forward_only(args.device.device, args.device.precision)?;
     let r = tinylm::kernels::cpu::on_pool(|| -> Result<_> {
         Ok(on_backend!(backend, backend => {
             let mut model = ckpt.model(backend)?;

@@ -89,13 +89,18 @@ fn generate(args: GenerateArgs, start: Instant, threads: Instant) -> Result<()> 
         InferenceMemory::decoding(&ckpt.config, 1, ckpt.config.context_length, target)
             .describe(target)
     );
-    let backend = AnyBackend::open(args.device.device, args.device.precision)?;
+    let backend = AnyBackend::open_forward_only(args.device.device, args.device.precision)?;
     let written = on_backend!(backend, backend => {
-        // Neither needs the other: the tokenizer is parsed while the weights are read.
-        let ((tokenizer, tokenizer_s), (model, weights_s)) = rayon::join(
-            || timed(|| for_model(args.tokenizer.as_deref(), &ckpt, &args.checkpoint)),
-            || timed(|| ckpt.model(backend)),
-        );
+        // Neither needs the other: the tokenizer is parsed on a thread of its own
+        // while the weights are read on every thread of the pool (as one side of a
+        // `rayon::join`, the weights had one thread until the tokenizer was done).
+        let ((tokenizer, tokenizer_s), (model, weights_s)) = std::thread::scope(|s| {
+            let tokenizer = s.spawn(|| {
+                timed(|| for_model(args.tokenizer.as_deref(), &ckpt, &args.checkpoint))
+            });
+            let weights = timed(|| ckpt.model(backend));
+            (tokenizer.join().expect("the tokenizer's thread"), weights)
+        });
         let ((tokenizer, eos), mut model) = (tokenizer?, model?);
         let load = Load {
             start,

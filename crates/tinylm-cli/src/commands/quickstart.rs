@@ -295,7 +295,7 @@ fn quickstart(s: &Settings) -> Result<()> {
     );
 
     let ckpt = CheckpointFile::open(&summary.checkpoint)?;
-    let backend = AnyBackend::open(s.device, s.precision)?;
+    let backend = AnyBackend::open_forward_only(s.device, s.precision)?;
     let samples = on_backend!(backend, b => {
         evaluate_and_sample(b, s, &ckpt, &val_npy, &tokenizer_dir, &summary)?
     });

@@ -285,6 +285,10 @@ impl<T> Allocation for Vec<T> {
     }
 }
 
+/// Fills values `offset..offset + out.len()` of a buffer being written from the
+/// host ([`Backend::write_host`]): `write(offset, out)`, from any thread.
+pub type HostWrite<'a, F> = dyn Fn(usize, &mut [F]) -> Result<()> + Sync + 'a;
+
 /// Values `start..start + len` of a backend buffer, read-only.
 pub struct Span<'a, B: ?Sized> {
     pub buf: &'a B,
@@ -503,16 +507,21 @@ pub trait Backend<F: Float>: Allocator<F> + Sync {
     fn host<'a>(&self, _src: Span<'a, Self::Buf>) -> Option<&'a [F]> {
         None
     }
-    /// [`Backend::host`] to write: `write` fills the values of `dst` where they
-    /// lie, when they lie in host memory, and what mirrors them (the bf16 copy of
-    /// mixed-precision parameters) is brought up to date; `None`, without calling
-    /// `write`, for a device, whose values are [`upload`]ed.
+    /// [`Backend::host`] to write: `write(offset, out)` fills `out` with values
+    /// `offset..offset + out.len()` of `dst` (called once for all of them, or for
+    /// parts from several threads) where they lie, when they lie in host memory,
+    /// and what mirrors them (the copy of mixed-precision parameters) is brought up
+    /// to date; `None`, without calling `write`, for a device, whose values are
+    /// [`upload`]ed. `weight`: the values are a linear layer's weight, which a
+    /// forward pass reads only as a matrix product's operand — a backend that
+    /// multiplies a copy of the weights may then keep the copy alone.
     ///
     /// [`upload`]: Backend::upload
     fn write_host(
         &self,
         _dst: SpanMut<Self::Buf>,
-        _write: &mut dyn FnMut(&mut [F]) -> Result<()>,
+        _weight: bool,
+        _write: &HostWrite<'_, F>,
     ) -> Option<Result<()>> {
         None
     }

@@ -13,6 +13,7 @@ pub trait Float:
     + Sync
     + Debug
     + Default
+    + bytemuck::Zeroable
     + PartialOrd
     + 'static
     + Add<Output = Self>

@@ -1,8 +1,8 @@
 //! A backend wrapper that times every kernel call by kind: where a step's time goes.
 
 use super::{
-    AdamWStep, Allocator, AttnShape, Backend, BatchPart, BufKind, Collective, Float, MatMul, Role,
-    Span, SpanMut, StepStats,
+    AdamWStep, Allocator, AttnShape, Backend, BatchPart, BufKind, Collective, Float, HostWrite,
+    MatMul, Role, Span, SpanMut, StepStats,
 };
 use crate::distributed::World;
 use crate::{Error, Result};
@@ -177,9 +177,10 @@ impl<F: Float, B: Backend<F>> Backend<F> for Profiled<B> {
     fn write_host(
         &self,
         dst: SpanMut<B::Buf>,
-        write: &mut dyn FnMut(&mut [F]) -> Result<()>,
+        weight: bool,
+        write: &HostWrite<'_, F>,
     ) -> Option<Result<()>> {
-        self.inner.write_host(dst, write)
+        self.inner.write_host(dst, weight, write)
     }
 
     fn alloc_staging(&self, len: usize) -> Result<B::Staging> {

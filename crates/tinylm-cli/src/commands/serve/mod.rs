@@ -83,7 +83,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .name("tinylm-model".into())
         .spawn(move || -> Result<()> {
             tinylm::kernels::cpu::on_pool(move || {
-                let backend = match AnyBackend::open(device, precision) {
+                let backend = match AnyBackend::open_forward_only(device, precision) {
                     Ok(backend) => backend,
                     Err(e) => {
                         let _ = ready.send(Err(e.into()));

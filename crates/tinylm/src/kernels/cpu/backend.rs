@@ -8,8 +8,8 @@ use super::{
 use crate::config::RMS_NORM_EPS;
 use crate::distributed::World;
 use crate::kernels::{
-    AdamWStep, Allocator, AttnShape, Backend, BatchPart, BufKind, Collective, Float, MatMul, Role,
-    Span, SpanMut, StepStats,
+    AdamWStep, Allocator, AttnShape, Backend, BatchPart, BufKind, Collective, Float, HostWrite,
+    MatMul, Role, Span, SpanMut, StepStats,
 };
 use crate::{Error, Result};
 use rayon::prelude::*;
@@ -71,9 +71,10 @@ impl<F: Float> Backend<F> for Cpu {
     fn write_host(
         &self,
         dst: SpanMut<Vec<F>>,
-        write: &mut dyn FnMut(&mut [F]) -> Result<()>,
+        _weight: bool,
+        write: &HostWrite<'_, F>,
     ) -> Option<Result<()>> {
-        Some(write(dst.slice()))
+        Some(write(0, dst.slice()))
     }
 
     fn alloc_staging(&self, len: usize) -> Result<Vec<F>> {

@@ -4,12 +4,15 @@
 
 use crate::kernels::Float;
 
-/// A zeroed buffer of `len` elements. On Linux a buffer of several MiB asks for
-/// transparent huge pages before its first touch (`madvise`; a no-op where the
-/// kernel has them off): the products' packing and attention walk rows that lie
-/// kilobytes apart, and 2 MiB pages spare those walks most of their TLB misses.
-pub fn zeroed<T: Copy + Default>(len: usize) -> Vec<T> {
-    let buf = vec![T::default(); len];
+/// A zeroed buffer of `len` elements, from the allocator's zeroed memory: a large
+/// one is fresh pages that nothing touches before the buffer's first writes (so
+/// values never written cost no memory). On Linux a buffer of several MiB asks
+/// for transparent huge pages before that first touch (`madvise`; a no-op where
+/// the kernel has them off): a fault then brings 2 MiB at a time, several times
+/// faster than 4 KiB ones, and the products' packing and attention, which walk
+/// rows that lie kilobytes apart, are spared most of their TLB misses.
+pub fn zeroed<T: bytemuck::Zeroable>(len: usize) -> Vec<T> {
+    let buf = bytemuck::zeroed_vec::<T>(len);
     #[cfg(target_os = "linux")]
     {
         const HUGE_PAGE: usize = 2 << 20;
@@ -111,9 +114,10 @@ pub(crate) fn transpose<F: Float>(
 mod tests {
     use super::{transpose, with_scratch};
 
-    /// The `VmFlags` of the mapping that holds `addr`, from `/proc/self/smaps`.
+    /// Field `key` (e.g. `VmFlags:`) of the mapping that holds `addr`, from
+    /// `/proc/self/smaps`.
     #[cfg(target_os = "linux")]
-    fn vm_flags(addr: usize) -> String {
+    fn smaps_field(addr: usize, key: &str) -> String {
         let smaps = std::fs::read_to_string("/proc/self/smaps").expect("read /proc/self/smaps");
         let mut inside = false;
         for line in smaps.lines() {
@@ -127,8 +131,8 @@ mod tests {
                     continue;
                 }
             }
-            if let Some(flags) = line.strip_prefix("VmFlags:").filter(|_| inside) {
-                return flags.to_string();
+            if let Some(value) = line.strip_prefix(key).filter(|_| inside) {
+                return value.to_string();
             }
         }
         panic!("no mapping holds {addr:#x}")
@@ -140,7 +144,7 @@ mod tests {
         use super::zeroed;
         let buf: Vec<f32> = zeroed(8 << 20);
         let aligned = (buf.as_ptr() as usize).next_multiple_of(2 << 20);
-        let flags = vm_flags(aligned);
+        let flags = smaps_field(aligned, "VmFlags:");
         assert!(
             flags.split_whitespace().any(|f| f == "hg"),
             "32 MiB buffer without MADV_HUGEPAGE: VmFlags{flags}"
@@ -148,6 +152,29 @@ mod tests {
         assert!(buf.iter().all(|&x| x == 0.0));
         let small: Vec<f64> = zeroed(100);
         assert_eq!(small, vec![0.0; 100]);
+    }
+
+    /// A forward-only model never writes its weights' `f32` values: they must cost
+    /// no memory, in every element type (a bf16 buffer filled at allocation did).
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn large_buffers_are_untouched_until_written() {
+        use super::zeroed;
+        fn resident_kib<T>(buf: &[T]) -> u64 {
+            let aligned = (buf.as_ptr() as usize).next_multiple_of(2 << 20);
+            let rss = smaps_field(aligned, "Rss:");
+            let kib = rss.trim().trim_end_matches("kB").trim();
+            kib.parse().expect("Rss in kB")
+        }
+        let values: Vec<f32> = zeroed(8 << 20);
+        let copy: Vec<half::bf16> = zeroed(16 << 20);
+        let quantized: Vec<i8> = zeroed(32 << 20);
+        assert_eq!(resident_kib(&values), 0, "32 MiB of f32");
+        assert_eq!(resident_kib(&copy), 0, "32 MiB of bf16");
+        assert_eq!(resident_kib(&quantized), 0, "32 MiB of i8");
+        let mut copy = copy;
+        copy[(4 << 20) + 1] = half::bf16::ONE;
+        assert!(resident_kib(&copy) > 0, "a written page is resident");
     }
 
     #[test]

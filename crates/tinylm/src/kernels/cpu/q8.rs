@@ -14,7 +14,8 @@
 
 use super::linear::for_each_column_block;
 use super::memory::{with_scratch, zeroed, SharedMut};
-use crate::kernels::MatMul;
+use crate::kernels::{HostWrite, MatMul};
+use crate::Result;
 use half::f16;
 use rayon::prelude::*;
 use std::ops::Range;
@@ -26,23 +27,43 @@ pub const BLOCK: usize = 32;
 /// `d = max|x| / 127` (returned rounded to f16) and `q = round(x · (1/d))` with the
 /// `f32` `d` (halves away from zero; `q = 0` where `d = 0`).
 pub fn quantize_block(x: &[f32], q: &mut [i8]) -> f16 {
-    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+    // The largest |x| in eight lanes side by side: each lane's running maximum is
+    // a chain of its own, and those vectorize (one running maximum does not).
+    let mut lanes = [0f32; 8];
+    let (eights, rest) = x.as_chunks::<8>();
+    for eight in eights {
+        for (m, v) in lanes.iter_mut().zip(eight) {
+            *m = m.max(v.abs());
+        }
+    }
+    let amax = (rest.iter().chain(&lanes)).fold(0f32, |m, v| m.max(v.abs()));
     let d = amax / 127.0;
     let inv_d = if d == 0.0 { 0.0 } else { 1.0 / d };
-    for (q, &x) in q.iter_mut().zip(x) {
-        *q = round_half_away(x * inv_d) as i8;
+    let round = |x: f32| round_half_away(x * inv_d) as i8;
+    match (<&[f32; BLOCK]>::try_from(x), q.first_chunk_mut::<BLOCK>()) {
+        // A whole block: a loop of known length, which vectorizes.
+        (Ok(x), Some(q)) => {
+            for i in 0..BLOCK {
+                q[i] = round(x[i]);
+            }
+        }
+        _ => (q.iter_mut().zip(x)).for_each(|(q, &x)| *q = round(x)),
     }
     f16::from_f32(d)
 }
 
-/// `x.round()` (halves away from zero) for `|x| < 2^31`, without the call to
-/// libm's `roundf` that `f32::round` is on a baseline x86-64: truncation and an
-/// exact fraction, which vectorize.
+/// `x.round()` (halves away from zero) for `|x| ≤ 2^22` (0 for NaN), in
+/// operations that vectorize on a baseline x86-64, where `f32::round` is a call
+/// to libm's `roundf` and a float-to-int cast (which saturates) is scalar: adding
+/// 1.5·2^23 rounds `x` to an integer (ties to even) held in the sum's low bits,
+/// and a tie that went toward zero moves away from it.
 #[inline(always)]
 fn round_half_away(x: f32) -> i32 {
-    let t = x as i32;
-    let frac = x - t as f32;
-    t + (frac >= 0.5) as i32 - (frac <= -0.5) as i32
+    const MAGIC: f32 = 12_582_912.0;
+    let sum = x + MAGIC;
+    let below = x - (sum - MAGIC);
+    let away = (below == 0.5 && x > 0.0) as i32 - (below == -0.5 && x < 0.0) as i32;
+    (sum.to_bits() as i32 - MAGIC.to_bits() as i32 + away) * !x.is_nan() as i32
 }
 
 /// A flat `f32` buffer in Q8_0 blocks (the last zero-padded): the weights' copy
@@ -82,23 +103,55 @@ impl Q8Buffer {
     /// buffer's `f32` values), in parallel.
     pub fn refresh(&mut self, values: &[f32], range: Range<usize>) {
         assert_eq!(values.len(), self.len, "q8 buffer size");
+        let start = range.start / BLOCK * BLOCK;
+        let end = (range.end.div_ceil(BLOCK) * BLOCK).min(self.len);
+        let copy = |offset: usize, out: &mut [f32]| {
+            out.copy_from_slice(&values[start + offset..][..out.len()]);
+            Ok(())
+        };
+        self.write(start..end, &copy)
+            .expect("copying values cannot fail");
+    }
+
+    /// Quantizes values `range` (whole blocks: it starts at a block, and ends at
+    /// one or at the buffer's end) as `write(offset, out)` gives them — `out` values
+    /// `range.start + offset..` at a time, from the rayon threads, each into its
+    /// own scratch — so that no `f32` copy of them is ever whole.
+    pub fn write(&mut self, range: Range<usize>, write: &HostWrite<'_, f32>) -> Result<()> {
+        assert!(
+            range.start.is_multiple_of(BLOCK)
+                && (range.end.is_multiple_of(BLOCK) || range.end == self.len),
+            "q8_0 values are written in whole blocks"
+        );
         let blocks = range.start / BLOCK..range.end.div_ceil(BLOCK);
-        let len = self.len;
         let q = &mut self.q[blocks.start * BLOCK..blocks.end * BLOCK];
         let d = &mut self.d[blocks.clone()];
-        let d_sum = &mut self.d_sum[blocks.clone()];
-        (q.par_chunks_mut(BLOCK).zip(d).zip(d_sum))
+        let d_sum = &mut self.d_sum[blocks];
+        const STEP: usize = WRITE_CHUNK / BLOCK;
+        (q.par_chunks_mut(WRITE_CHUNK).zip(d.par_chunks_mut(STEP)))
+            .zip(d_sum.par_chunks_mut(STEP))
             .enumerate()
-            .with_min_len(1024)
-            .for_each(|(i, ((q, d), d_sum))| {
-                let b = blocks.start + i;
-                q.fill(0);
-                let scale = quantize_block(&values[b * BLOCK..((b + 1) * BLOCK).min(len)], q);
-                *d = scale.to_f32();
-                *d_sum = *d * q.iter().map(|&v| v as i32).sum::<i32>() as f32;
-            });
+            .try_for_each(|(i, ((q, d), d_sum))| {
+                let offset = i * WRITE_CHUNK;
+                let len = (range.len() - offset).min(WRITE_CHUNK);
+                with_scratch(len, |x: &mut [f32]| {
+                    write(offset, x)?;
+                    for ((x, q), (d, d_sum)) in
+                        (x.chunks(BLOCK).zip(q.chunks_mut(BLOCK))).zip(d.iter_mut().zip(d_sum))
+                    {
+                        q.fill(0);
+                        *d = quantize_block(x, q).to_f32();
+                        *d_sum = *d * q.iter().map(|&v| v as i32).sum::<i32>() as f32;
+                    }
+                    Ok(())
+                })
+            })
     }
 }
+
+/// Values a task converts at a time where a buffer's values are written from the
+/// host in parts (256 KiB of `f32`; whole Q8_0 blocks).
+pub(crate) const WRITE_CHUNK: usize = 1 << 16;
 
 /// Rows of a product quantized at a time (rows past them run in a second pass
 /// over the weight).
@@ -473,6 +526,7 @@ mod tests {
     /// The rounding is `f32::round`'s, at and around every half of the range.
     #[test]
     fn rounding_is_half_away_from_zero() {
+        assert_eq!(round_half_away(f32::NAN), 0);
         for i in -300..=300 {
             for x in [
                 i as f32 * 0.5,
