@@ -8,9 +8,10 @@
 //! by both blocks' `d` and sums the blocks in `f32`:
 //! `Σ_b dx_b · dw_b · Σ_t qx_t · qw_t`.
 //!
-//! On AVX512_VNNI, `vpdpbusd` multiplies unsigned by signed bytes, so `x`'s values
-//! enter as `qx + 128` and each block's `128 · Σ_t qw_t` is taken back off: the
-//! buffer keeps `dw · Σ_t qw_t` per block for that.
+//! On AVX512_VNNI, `vpdpbusd` multiplies unsigned by signed bytes, so the weights'
+//! values are kept as `qw + 128` and each sum starts from `-128 · Σ qx` over its
+//! values (itself a `vpdpbusd` of ones, once per row of `x` and 64 values, for
+//! every weight row it meets): the buffer holds nothing but the blocks.
 
 use super::linear::for_each_column_block;
 use super::memory::{with_scratch, zeroed, SharedMut};
@@ -70,11 +71,10 @@ fn round_half_away(x: f32) -> i32 {
 /// that products read when a model generates with `--precision q8_0`.
 pub struct Q8Buffer {
     len: usize,
-    q: Vec<i8>,
+    /// Each value's `q + 128` (`vpdpbusd`'s unsigned operand).
+    q: Vec<u8>,
     /// Each block's scale `d` (an f16 value).
     d: Vec<f32>,
-    /// Each block's `d · Σ q`.
-    d_sum: Vec<f32>,
 }
 
 impl Q8Buffer {
@@ -85,18 +85,17 @@ impl Q8Buffer {
             len,
             q: zeroed(blocks * BLOCK),
             d: zeroed(blocks),
-            d_sum: zeroed(blocks),
         }
     }
 
     pub fn bytes(&self) -> u64 {
-        (self.q.len() + 4 * (self.d.len() + self.d_sum.len())) as u64
+        (self.q.len() + 4 * self.d.len()) as u64
     }
 
     /// Bytes that a buffer of `len` values takes, for the memory accounting: per
-    /// block 32 int8 values and two `f32`s.
+    /// block 32 int8 values and an `f32`.
     pub fn bytes_of(len: usize) -> u64 {
-        (len.div_ceil(BLOCK) * (BLOCK + 2 * 4)) as u64
+        (len.div_ceil(BLOCK) * (BLOCK + 4)) as u64
     }
 
     /// Quantizes again the blocks that hold values `range` of `values` (the whole
@@ -125,23 +124,21 @@ impl Q8Buffer {
         );
         let blocks = range.start / BLOCK..range.end.div_ceil(BLOCK);
         let q = &mut self.q[blocks.start * BLOCK..blocks.end * BLOCK];
-        let d = &mut self.d[blocks.clone()];
-        let d_sum = &mut self.d_sum[blocks];
+        let d = &mut self.d[blocks];
         const STEP: usize = WRITE_CHUNK / BLOCK;
         (q.par_chunks_mut(WRITE_CHUNK).zip(d.par_chunks_mut(STEP)))
-            .zip(d_sum.par_chunks_mut(STEP))
             .enumerate()
-            .try_for_each(|(i, ((q, d), d_sum))| {
+            .try_for_each(|(i, (q, d))| {
                 let offset = i * WRITE_CHUNK;
                 let len = (range.len() - offset).min(WRITE_CHUNK);
                 with_scratch(len, |x: &mut [f32]| {
                     write(offset, x)?;
-                    for ((x, q), (d, d_sum)) in
-                        (x.chunks(BLOCK).zip(q.chunks_mut(BLOCK))).zip(d.iter_mut().zip(d_sum))
-                    {
-                        q.fill(0);
-                        *d = quantize_block(x, q).to_f32();
-                        *d_sum = *d * q.iter().map(|&v| v as i32).sum::<i32>() as f32;
+                    for ((x, q), d) in x.chunks(BLOCK).zip(q.chunks_mut(BLOCK)).zip(d) {
+                        let mut block = [0i8; BLOCK];
+                        *d = quantize_block(x, &mut block).to_f32();
+                        for (q, b) in q.iter_mut().zip(block) {
+                            *q = b as u8 ^ 0x80;
+                        }
                     }
                     Ok(())
                 })
@@ -189,11 +186,10 @@ pub fn matmul_q8(out: &mut [f32], x: &[f32], w: &Q8Buffer, w_start: usize, s: Ma
     let w = Weight {
         q: w.q[w_start..].as_ptr(),
         d: w.d[w_start / BLOCK..].as_ptr(),
-        d_sum: w.d_sum[w_start / BLOCK..].as_ptr(),
     };
     for (rows, out) in x.chunks(ROWS * k).zip(out.chunks_mut(ROWS * n)) {
         let m = rows.len() / k;
-        with_scratch::<u8, _>(m * k, |xq| {
+        with_scratch::<i8, _>(m * k, |xq| {
             with_scratch::<f32, _>(m * blocks, |xd| {
                 quantize_rows(rows, xq, xd);
                 let rows = Rows {
@@ -212,31 +208,25 @@ pub fn matmul_q8(out: &mut [f32], x: &[f32], w: &Q8Buffer, w_start: usize, s: Ma
     }
 }
 
-/// `x`'s rows quantized: `q` as `qx + 128` (unsigned), `d` per block.
-fn quantize_rows(x: &[f32], q: &mut [u8], d: &mut [f32]) {
-    let mut block = [0i8; BLOCK];
+/// `x`'s rows quantized: `q` and `d` per block.
+fn quantize_rows(x: &[f32], q: &mut [i8], d: &mut [f32]) {
     for ((x, q), d) in x.chunks(BLOCK).zip(q.chunks_mut(BLOCK)).zip(d) {
-        *d = quantize_block(x, &mut block).to_f32();
-        for (q, &b) in q.iter_mut().zip(&block) {
-            *q = (b as u8) ^ 0x80;
-        }
+        *d = quantize_block(x, q).to_f32();
     }
 }
 
 /// A weight's blocks from its first row on.
 #[derive(Clone, Copy)]
 struct Weight {
-    q: *const i8,
+    /// Each value's `q + 128`.
+    q: *const u8,
     d: *const f32,
-    /// Read by the `vpdpbusd` kernel only (the portable one sums `qx·qw` as is).
-    #[cfg_attr(not(all(target_arch = "x86_64", feature = "avx512")), allow(dead_code))]
-    d_sum: *const f32,
 }
 
 /// Quantized rows of `x`.
 #[derive(Clone, Copy)]
 struct Rows {
-    q: *const u8,
+    q: *const i8,
     d: *const f32,
 }
 
@@ -289,7 +279,7 @@ unsafe fn portable(
             for b in 0..blocks {
                 let range = b * BLOCK..(b + 1) * BLOCK;
                 let dot: i32 = (xq[range.clone()].iter().zip(&wq[range]))
-                    .map(|(&u, &q)| ((u ^ 0x80) as i8 as i32) * q as i32)
+                    .map(|(&qx, &u)| qx as i32 * ((u ^ 0x80) as i8 as i32))
                     .sum();
                 sum += xd[b] * wd[b] * dot as f32;
             }
@@ -339,25 +329,6 @@ mod avx512 {
         k: usize,
     }
 
-    /// `Σ a·b` over `len` values, 16 at a time.
-    #[inline(always)]
-    unsafe fn dot(a: *const f32, b: *const f32, len: usize) -> f32 {
-        let mut acc = _mm512_setzero_ps();
-        for c in (0..len).step_by(16) {
-            let mask: __mmask16 = if c + 16 <= len {
-                !0
-            } else {
-                (1 << (len - c)) - 1
-            };
-            let (a, b) = (
-                _mm512_maskz_loadu_ps(mask, a.add(c)),
-                _mm512_maskz_loadu_ps(mask, b.add(c)),
-            );
-            acc = _mm512_fmadd_ps(a, b, acc);
-        }
-        _mm512_reduce_add_ps(acc)
-    }
-
     /// The 16 lanes' scales of two blocks: `d[0]` in the low 8, `d[1]` (or 0 past
     /// the row's last block) in the high 8.
     #[inline(always)]
@@ -380,6 +351,7 @@ mod avx512 {
             let Dots { x, w, k } = *self;
             let blocks = k / BLOCK;
             let mut acc = [[_mm512_setzero_ps(); FEW_W]; R];
+            let ones = _mm512_set1_epi8(1);
             for c in (0..k).step_by(2 * BLOCK) {
                 let both = c + 2 * BLOCK <= k;
                 let mask: __mmask64 = if both { !0 } else { (1 << BLOCK) - 1 };
@@ -397,22 +369,18 @@ mod avx512 {
                 for r in 0..R {
                     let xv = _mm512_maskz_loadu_epi8(mask, x.q.add(is[r] * k + c).cast());
                     let xd = pair_scales(x.d.add(is[r] * blocks + b), both);
+                    // Each lane's -128 · Σ qx over its 4 values: where its sums start.
+                    let sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, xv);
+                    let start =
+                        _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32::<7>(sums));
                     for t in 0..FEW_W {
-                        let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), xv, wv[t]);
+                        let dot = _mm512_dpbusd_epi32(start, wv[t], xv);
                         let scale = _mm512_mul_ps(xd, wd[t]);
                         acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[r][t]);
                     }
                 }
             }
-            // Each block's 128 · Σ qw, taken back off: -128 · Σ_b dx_b · (dw_b Σ qw).
-            let mut sums = [[0.0; FEW_W]; R];
-            for r in 0..R {
-                for t in 0..FEW_W {
-                    let offset = dot(x.d.add(is[r] * blocks), w.d_sum.add(js[t] * blocks), blocks);
-                    sums[r][t] = _mm512_reduce_add_ps(acc[r][t]) - 128.0 * offset;
-                }
-            }
-            sums
+            acc.map(|row| row.map(|acc| _mm512_reduce_add_ps(acc)))
         }
     }
 }
@@ -503,13 +471,12 @@ mod tests {
                 matmul_q8(&mut got, &x, &w, offset, s);
                 check(&got, "best kernel");
                 // The portable kernel on the same quantized rows.
-                let mut xq = vec![0u8; m * k];
+                let mut xq = vec![0i8; m * k];
                 let mut xd = vec![0f32; m * k / BLOCK];
                 quantize_rows(&x, &mut xq, &mut xd);
                 let weight = Weight {
                     q: w.q[offset..].as_ptr(),
                     d: w.d[offset / BLOCK..].as_ptr(),
-                    d_sum: w.d_sum[offset / BLOCK..].as_ptr(),
                 };
                 let rows = Rows {
                     q: xq.as_ptr(),
