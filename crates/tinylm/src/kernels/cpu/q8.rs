@@ -73,8 +73,8 @@ pub struct Q8Buffer {
     len: usize,
     /// Each value's `q + 128` (`vpdpbusd`'s unsigned operand).
     q: Vec<u8>,
-    /// Each block's scale `d` (an f16 value).
-    d: Vec<f32>,
+    /// Each block's scale `d`.
+    d: Vec<f16>,
 }
 
 impl Q8Buffer {
@@ -89,13 +89,13 @@ impl Q8Buffer {
     }
 
     pub fn bytes(&self) -> u64 {
-        (self.q.len() + 4 * self.d.len()) as u64
+        (self.q.len() + 2 * self.d.len()) as u64
     }
 
     /// Bytes that a buffer of `len` values takes, for the memory accounting: per
-    /// block 32 int8 values and an `f32`.
+    /// block 32 int8 values and an f16.
     pub fn bytes_of(len: usize) -> u64 {
-        (len.div_ceil(BLOCK) * (BLOCK + 4)) as u64
+        (len.div_ceil(BLOCK) * (BLOCK + 2)) as u64
     }
 
     /// Quantizes again the blocks that hold values `range` of `values` (the whole
@@ -143,7 +143,7 @@ impl Q8Buffer {
 /// `x` quantized into blocks of `q + 128` and their `d` (the buffer's form), on
 /// AVX-512 where the CPU has it (the same values bit for bit, several times
 /// faster: it is most of a Q8_0 model's load).
-fn store_blocks(x: &[f32], q: &mut [u8], d: &mut [f32]) {
+fn store_blocks(x: &[f32], q: &mut [u8], d: &mut [f16]) {
     #[cfg(all(target_arch = "x86_64", feature = "avx512"))]
     if avx512::detected() && x.len().is_multiple_of(BLOCK) {
         // SAFETY: the CPU has the instructions; `q` and `d` hold `x`'s blocks.
@@ -153,10 +153,10 @@ fn store_blocks(x: &[f32], q: &mut [u8], d: &mut [f32]) {
 }
 
 /// [`store_blocks`] by [`quantize_block`].
-fn store_blocks_portable(x: &[f32], q: &mut [u8], d: &mut [f32]) {
+fn store_blocks_portable(x: &[f32], q: &mut [u8], d: &mut [f16]) {
     for ((x, q), d) in x.chunks(BLOCK).zip(q.chunks_mut(BLOCK)).zip(d) {
         let mut block = [0i8; BLOCK];
-        *d = quantize_block(x, &mut block).to_f32();
+        *d = quantize_block(x, &mut block);
         for (q, b) in q.iter_mut().zip(block) {
             *q = b as u8 ^ 0x80;
         }
@@ -237,7 +237,7 @@ fn quantize_rows(x: &[f32], q: &mut [i8], d: &mut [f32]) {
 struct Weight {
     /// Each value's `q + 128`.
     q: *const u8,
-    d: *const f32,
+    d: *const f16,
 }
 
 /// Quantized rows of `x`.
@@ -298,7 +298,7 @@ unsafe fn portable(
                 let dot: i32 = (xq[range.clone()].iter().zip(&wq[range]))
                     .map(|(&qx, &u)| qx as i32 * ((u ^ 0x80) as i8 as i32))
                     .sum();
-                sum += xd[b] * wd[b] * dot as f32;
+                sum += xd[b] * wd[b].to_f32() * dot as f32;
             }
             let o = out.add(i * n + j);
             *o = if accumulate { *o + sum } else { sum };
@@ -310,6 +310,7 @@ unsafe fn portable(
 mod avx512 {
     use super::{Rows, Weight, BLOCK};
     use crate::kernels::cpu::few_dots::{for_each_few_dot, FewDots, FEW_W};
+    use half::f16;
     use std::arch::x86_64::*;
     use std::ops::Range;
 
@@ -318,13 +319,14 @@ mod avx512 {
         is_x86_feature_detected!("avx512f")
             && is_x86_feature_detected!("avx512bw")
             && is_x86_feature_detected!("avx512vnni")
+            && is_x86_feature_detected!("f16c")
     }
 
     /// [`super::columns`] with `vpdpbusd` on 64 values (two blocks) at a time.
     ///
     /// # Safety
-    /// As [`super::columns`]; the CPU must have AVX512_VNNI.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    /// As [`super::columns`]; the CPU must have AVX512_VNNI and F16C.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,f16c")]
     pub unsafe fn columns(
         out: *mut f32,
         x: Rows,
@@ -355,7 +357,7 @@ mod avx512 {
     /// # Safety
     /// The CPU must have AVX-512 F and BW; `q` and `d` hold `x`'s blocks.
     #[target_feature(enable = "avx512f,avx512bw")]
-    pub unsafe fn store_blocks(x: &[f32], q: &mut [u8], d: &mut [f32]) {
+    pub unsafe fn store_blocks(x: &[f32], q: &mut [u8], d: &mut [f16]) {
         assert!(x.len().is_multiple_of(BLOCK) && q.len() >= x.len() && d.len() >= x.len() / BLOCK);
         for ((x, q), d) in
             (x.chunks(16 * BLOCK).zip(q.chunks_mut(16 * BLOCK))).zip(d.chunks_mut(16))
@@ -374,16 +376,15 @@ mod avx512 {
                 *amax = _mm512_reduce_max_ps(m);
             }
             let scale = _mm512_div_ps(_mm512_loadu_ps(amax.as_ptr()), _mm512_set1_ps(127.0));
-            let rounded = _mm512_cvtph_ps(_mm512_cvtps_ph::<
-                { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
-            >(scale));
+            let halves =
+                _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(scale);
             let nonzero = _mm512_cmp_ps_mask::<_CMP_NEQ_OQ>(scale, _mm512_setzero_ps());
             let inv = _mm512_maskz_div_ps(nonzero, _mm512_set1_ps(1.0), scale);
             let mut inv_d = [0f32; 16];
             _mm512_storeu_ps(inv_d.as_mut_ptr(), inv);
-            let mut rounded_d = [0f32; 16];
-            _mm512_storeu_ps(rounded_d.as_mut_ptr(), rounded);
-            d[..blocks].copy_from_slice(&rounded_d[..blocks]);
+            let mut rounded = [f16::ZERO; 16];
+            _mm256_storeu_si256(rounded.as_mut_ptr().cast(), halves);
+            d[..blocks].copy_from_slice(&rounded[..blocks]);
             for (b, &inv) in inv_d.iter().enumerate().take(blocks) {
                 let inv = _mm512_set1_ps(inv);
                 for half in 0..2 {
@@ -413,6 +414,19 @@ mod avx512 {
         _mm512_mask_broadcastss_ps(lo, 0xFF00, _mm_set_ss(hi))
     }
 
+    /// [`pair_scales`] of f16 scales (a weight's), both converted at once.
+    #[inline(always)]
+    unsafe fn pair_scales_f16(d: *const f16, both: bool) -> __m512 {
+        let bits = if both {
+            d.cast::<u32>().read_unaligned() as i32
+        } else {
+            (*d).to_bits() as i32
+        };
+        let pair = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128(bits)));
+        let lanes = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+        _mm512_permutexvar_ps(lanes, pair)
+    }
+
     impl FewDots for Dots {
         #[inline(always)]
         unsafe fn dots<const R: usize>(
@@ -439,7 +453,7 @@ mod avx512 {
                     let next = w.q.wrapping_add((js[t] + 2 * FEW_W) * k + c);
                     _mm_prefetch::<_MM_HINT_T0>(next.cast());
                     wv[t] = _mm512_maskz_loadu_epi8(mask, w.q.add(js[t] * k + c).cast());
-                    wd[t] = pair_scales(w.d.add(js[t] * blocks + b), both);
+                    wd[t] = pair_scales_f16(w.d.add(js[t] * blocks + b), both);
                 }
                 for r in 0..R {
                     let xv = _mm512_maskz_loadu_epi8(mask, x.q.add(is[r] * k + c).cast());
@@ -587,12 +601,12 @@ mod tests {
         x[2 * BLOCK..3 * BLOCK].iter_mut().for_each(|v| *v *= 1e-9);
         x[3 * BLOCK + 7] = f32::NAN;
         let blocks = x.len() / BLOCK;
-        let (mut q, mut d) = (vec![0u8; x.len()], vec![0f32; blocks]);
+        let (mut q, mut d) = (vec![0u8; x.len()], vec![f16::ZERO; blocks]);
         store_blocks(&x, &mut q, &mut d);
-        let (mut want_q, mut want_d) = (vec![0u8; x.len()], vec![0f32; blocks]);
+        let (mut want_q, mut want_d) = (vec![0u8; x.len()], vec![f16::ZERO; blocks]);
         store_blocks_portable(&x, &mut want_q, &mut want_d);
         assert_eq!(q, want_q);
-        let bits = |d: &[f32]| d.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        let bits = |d: &[f16]| d.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&d), bits(&want_d));
     }
 
@@ -621,7 +635,7 @@ mod tests {
         v.iter_mut().for_each(|x| *x *= 2.0);
         q.refresh(&v, BLOCK + 3..2 * BLOCK + 1);
         for (b, (&now, &before)) in q.d.iter().zip(&before).enumerate() {
-            let twice = (b == 1 || b == 2) && before != 0.0;
+            let twice = (b == 1 || b == 2) && before != f16::ZERO;
             assert_eq!(now != before, twice, "block {b}");
         }
     }
