@@ -1,8 +1,13 @@
 //! Memory of the CPU kernels: zeroed buffers on huge pages, a pointer parallel tasks
-//! share to write disjoint parts of one buffer, per-thread scratch, and a blocked
-//! transpose.
+//! share to write disjoint parts of one buffer, per-thread scratch (and the size of
+//! the parts a host write converts in it), and a blocked transpose.
 
 use crate::kernels::Float;
+
+/// Values a task converts at a time where a buffer's values are written from the
+/// host in parts ([`Backend::write_host`](crate::kernels::Backend::write_host)):
+/// 256 KiB of `f32` in a thread's scratch, whole Q8_0 blocks.
+pub(crate) const WRITE_CHUNK: usize = 1 << 16;
 
 /// A zeroed buffer of `len` elements, from the allocator's zeroed memory: a large
 /// one is fresh pages that nothing touches before the buffer's first writes (so

@@ -17,7 +17,7 @@
 use super::attention::{attention_backward_on, attention_forward_on, HeadProduct};
 use super::bf16::{matmul_bf16_on, matmul_bf16_view, Bf16Kernel, Operand as Bf16View};
 use super::linear::View;
-use super::memory::{with_scratch, zeroed};
+use super::memory::{with_scratch, zeroed, WRITE_CHUNK};
 use super::simd::CHUNK;
 use super::{adamw, q8, rmsnorm, swiglu, Cpu};
 use crate::config::RMS_NORM_EPS;
@@ -99,6 +99,12 @@ impl CpuMixed {
     pub fn kernel(&self) -> Bf16Kernel {
         self.kernel
     }
+
+    /// Whether `buf` is parameters whose weights this backend keeps in their copy
+    /// alone ([`CpuMixed::forward_only`]).
+    fn keeps_copy_alone(&self, buf: &MixedBuf) -> bool {
+        self.forward_only && !matches!(buf.copy, ParamCopy::None)
+    }
 }
 
 /// Attention's per-head products on the bf16 kernel: both operands rounded to
@@ -151,14 +157,6 @@ impl HeadProduct<f32> for CpuMixed {
     /// faster on Zen 5) for a little more of `P`'s zero triangle multiplied.
     fn query_block(&self) -> usize {
         64
-    }
-}
-
-impl CpuMixed {
-    /// Whether `buf` is parameters whose weights this backend keeps in their copy
-    /// alone ([`CpuMixed::forward_only`]).
-    fn keeps_copy_alone(&self, buf: &MixedBuf) -> bool {
-        self.forward_only && !matches!(buf.copy, ParamCopy::None)
     }
 }
 
@@ -394,11 +392,11 @@ impl Backend<f32> for CpuMixed {
         if weight && self.keeps_copy_alone(dst.buf) {
             return Some(match &mut dst.buf.copy {
                 ParamCopy::Bf16(copy) => copy[range]
-                    .par_chunks_mut(q8::WRITE_CHUNK)
+                    .par_chunks_mut(WRITE_CHUNK)
                     .enumerate()
                     .try_for_each(|(i, copy)| {
                         with_scratch(copy.len(), |values: &mut [f32]| {
-                            write(i * q8::WRITE_CHUNK, values)?;
+                            write(i * WRITE_CHUNK, values)?;
                             bf16::store_slice(copy, values);
                             Ok(())
                         })

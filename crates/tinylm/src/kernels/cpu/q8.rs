@@ -14,7 +14,7 @@
 //! every weight row it meets): the buffer holds nothing but the blocks.
 
 use super::linear::for_each_column_block;
-use super::memory::{with_scratch, zeroed, SharedMut};
+use super::memory::{with_scratch, zeroed, SharedMut, WRITE_CHUNK};
 use crate::kernels::{HostWrite, MatMul};
 use crate::Result;
 use half::f16;
@@ -162,10 +162,6 @@ fn store_blocks_portable(x: &[f32], q: &mut [u8], d: &mut [f16]) {
         }
     }
 }
-
-/// Values a task converts at a time where a buffer's values are written from the
-/// host in parts (256 KiB of `f32`; whole Q8_0 blocks).
-pub(crate) const WRITE_CHUNK: usize = 1 << 16;
 
 /// Rows of a product quantized at a time (rows past them run in a second pass
 /// over the weight).
