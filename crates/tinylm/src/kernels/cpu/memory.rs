@@ -160,7 +160,8 @@ mod tests {
     }
 
     /// A forward-only model never writes its weights' `f32` values: they must cost
-    /// no memory, in every element type (a bf16 buffer filled at allocation did).
+    /// no memory, in every element type (`zeroed` asks the allocator for zeroed
+    /// memory rather than relying on the compiler to turn a fill into `calloc`).
     #[cfg(target_os = "linux")]
     #[test]
     fn large_buffers_are_untouched_until_written() {
