@@ -27,13 +27,44 @@ pub struct Sampler {
     rng: ChaCha8Rng,
     /// Only ids below this are drawn ([`Sampler::vocabulary`]).
     vocabulary: usize,
-    /// Scratch `(id, probability)` pairs, reused across calls.
-    probs: Vec<(u32, f32)>,
+    /// Scratch: one [`Ranked`] key per token, reused across calls.
+    ranked: Vec<u64>,
 }
 
 /// Entries sorted first when looking for the top-p nucleus (more are sorted
 /// only if these do not reach it).
 const NUCLEUS_GUESS: usize = 64;
+
+/// A token and its probability as one `u64` whose natural order is the sampler's:
+/// most probable first (`f32::total_cmp`, descending, in the high half), the lower
+/// id first among equals (the low half). Selecting and sorting plain integers is
+/// faster than comparing `(id, probability)` pairs with a closure, which was most
+/// of a sample's time once the nucleus held hundreds of tokens (a sample from
+/// 2,048 tokens at top-p 0.95: 32 µs with pairs, 18 µs with keys, on Zen 5).
+struct Ranked;
+
+impl Ranked {
+    fn key(id: u32, p: f32) -> u64 {
+        let bits = p.to_bits();
+        // `total_cmp`'s order as an unsigned one, inverted for "larger first".
+        let ascending = bits ^ (((bits as i32 >> 31) as u32) | 0x8000_0000);
+        (u64::from(!ascending) << 32) | u64::from(id)
+    }
+
+    fn id(key: u64) -> u32 {
+        key as u32
+    }
+
+    fn prob(key: u64) -> f32 {
+        let ascending = !((key >> 32) as u32);
+        let bits = if ascending & 0x8000_0000 != 0 {
+            ascending ^ 0x8000_0000
+        } else {
+            !ascending
+        };
+        f32::from_bits(bits)
+    }
+}
 
 impl Sampler {
     /// Checks `temperature ≥ 0`, `0 < top_p ≤ 1` and `top_k ≥ 1`.
@@ -57,7 +88,7 @@ impl Sampler {
             top_k,
             rng: ChaCha8Rng::seed_from_u64(seed),
             vocabulary: usize::MAX,
-            probs: Vec::new(),
+            ranked: Vec::new(),
         })
     }
 
@@ -78,62 +109,68 @@ impl Sampler {
 
     /// The truncated, renormalized distribution a non-greedy sample is drawn from:
     /// `(id, probability)` pairs, most probable first.
-    pub fn distribution(&mut self, logits: &[f32]) -> &[(u32, f32)] {
+    pub fn distribution(&mut self, logits: &[f32]) -> Vec<(u32, f32)> {
+        let scale = self.nucleus(logits);
+        (self.ranked.iter())
+            .map(|&key| (Ranked::id(key), Ranked::prob(key) * scale))
+            .collect()
+    }
+
+    /// Leaves the kept tokens' [`Ranked`] keys in `ranked`, most probable first
+    /// (probabilities not yet renormalized); returns the factor that renormalizes
+    /// them.
+    fn nucleus(&mut self, logits: &[f32]) -> f32 {
         let inv_t = 1.0 / self.temperature.max(f32::MIN_POSITIVE);
         let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        self.probs.clear();
-        self.probs.extend(
+        let ranked = &mut self.ranked;
+        ranked.clear();
+        ranked.extend(
             (0u32..)
                 .zip(logits)
-                .map(|(id, &l)| (id, ((l - max) * inv_t).exp())),
+                .map(|(id, &l)| Ranked::key(id, ((l - max) * inv_t).exp())),
         );
-        // Most probable first, the lower id first among equals: a strict order, so
-        // the most probable `n` are the same whichever way they are found.
-        let order = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-        let k = self.top_k.unwrap_or(usize::MAX).min(self.probs.len());
-        let top_k = k < self.probs.len();
+        let k = self.top_k.unwrap_or(usize::MAX).min(ranked.len());
+        let top_k = k < ranked.len();
         if top_k {
             // The k most probable, in no order yet (k ≥ 1: `new` refuses 0).
-            self.probs.select_nth_unstable_by(k - 1, order);
-            self.probs.truncate(k);
+            ranked.select_nth_unstable(k - 1);
+            ranked.truncate(k);
         }
+        let mass = |keys: &[u64]| -> f64 { keys.iter().map(|&key| Ranked::prob(key) as f64).sum() };
         if self.top_p < 1.0 {
             // top-p is relative to what top-k kept (renormalized), as in Hugging Face.
             // A tiny relative tolerance keeps rounding in the running sum from
             // admitting one token more than the smallest nucleus.
-            let kept: f64 = self.probs.iter().map(|&(_, p)| p as f64).sum();
-            let target = self.top_p as f64 * kept * (1.0 - 1e-6);
+            let target = self.top_p as f64 * mass(ranked) * (1.0 - 1e-6);
             // The nucleus is a prefix of the sorted entries: sort only the most
-            // probable `head` (selected in linear time), more until their sum
-            // reaches the target — a few dozen of a vocabulary of thousands, most
-            // steps, where sorting all of it cost more than the model's step.
-            let mut head = NUCLEUS_GUESS.min(self.probs.len());
+            // probable `head` (selected in linear time), then the next most probable
+            // ones, until the running sum reaches the target — a few dozen of a
+            // vocabulary of thousands on most steps of a trained model.
+            let (mut sorted, mut sum) = (0, 0.0);
+            let mut head = NUCLEUS_GUESS.min(ranked.len());
             loop {
-                if head < self.probs.len() {
-                    self.probs.select_nth_unstable_by(head - 1, order);
+                let rest = &mut ranked[sorted..];
+                if head - sorted < rest.len() {
+                    rest.select_nth_unstable(head - sorted - 1);
                 }
-                self.probs[..head].sort_unstable_by(order);
-                let mut sum = 0.0;
-                let nucleus = self.probs[..head].iter().position(|&(_, p)| {
-                    sum += p as f64;
+                rest[..head - sorted].sort_unstable();
+                let nucleus = ranked[sorted..head].iter().position(|&key| {
+                    sum += Ranked::prob(key) as f64;
                     sum >= target
                 });
                 match nucleus {
                     Some(i) => {
-                        self.probs.truncate(i + 1);
+                        ranked.truncate(sorted + i + 1);
                         break;
                     }
-                    None if head == self.probs.len() => break,
-                    None => head = (4 * head).min(self.probs.len()),
+                    None if head == ranked.len() => break,
+                    None => (sorted, head) = (head, (4 * head).min(ranked.len())),
                 }
             }
         } else if top_k {
-            self.probs.sort_unstable_by(order);
+            ranked.sort_unstable();
         }
-        let kept: f64 = self.probs.iter().map(|&(_, p)| p as f64).sum();
-        let scale = (1.0 / kept) as f32;
-        self.probs.iter_mut().for_each(|(_, p)| *p *= scale);
-        &self.probs
+        (1.0 / mass(ranked)) as f32
     }
 
     /// Picks the next token from logits `(V,)`.
@@ -143,16 +180,16 @@ impl Sampler {
             return argmax(logits);
         }
         let u: f32 = self.rng.random();
-        self.distribution(logits);
+        let scale = self.nucleus(logits);
         let mut sum = 0.0;
-        for &(id, p) in &self.probs {
-            sum += p;
+        for &key in &self.ranked {
+            sum += Ranked::prob(key) * scale;
             if u < sum {
-                return id;
+                return Ranked::id(key);
             }
         }
         // Rounding left the sum just below u: the last kept token.
-        self.probs.last().map_or(0, |&(id, _)| id)
+        self.ranked.last().map_or(0, |&key| Ranked::id(key))
     }
 }
 
@@ -335,5 +372,41 @@ impl StopText {
     /// What is held back when the text ends without a stop string.
     pub fn finish(self) -> String {
         self.held
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Ranked;
+
+    #[test]
+    fn ranked_keys_order_as_probabilities_then_ids_and_keep_both() {
+        let probs = [
+            0.5,
+            0.0,
+            1.0,
+            f32::MIN_POSITIVE / 4.0,
+            0.5,
+            f32::INFINITY,
+            f32::NAN,
+            -f32::NAN,
+            3e-8,
+            1.0,
+        ];
+        let mut pairs: Vec<(u32, f32)> = (0u32..).zip(probs).collect();
+        pairs.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        let mut keys: Vec<u64> = (0u32..)
+            .zip(probs)
+            .map(|(id, p)| Ranked::key(id, p))
+            .collect();
+        keys.sort_unstable();
+        let back: Vec<(u32, f32)> = keys
+            .iter()
+            .map(|&k| (Ranked::id(k), Ranked::prob(k)))
+            .collect();
+        assert_eq!(format!("{back:?}"), format!("{pairs:?}"));
+        for (&(_, p), &(_, q)) in back.iter().zip(&pairs) {
+            assert_eq!(p.to_bits(), q.to_bits());
+        }
     }
 }

@@ -12,7 +12,7 @@ fn logits_of(probs: &[f32]) -> Vec<f32> {
 /// The kept ids and their renormalized probabilities.
 fn kept(top_p: f32, top_k: Option<usize>, probs: &[f32]) -> Vec<(u32, f32)> {
     let mut s = Sampler::new(1.0, top_p, top_k, 0).unwrap();
-    s.distribution(&logits_of(probs)).to_vec()
+    s.distribution(&logits_of(probs))
 }
 
 fn ids(dist: &[(u32, f32)]) -> Vec<u32> {
@@ -82,7 +82,7 @@ fn temperature_scales_the_logits() {
     let logits = [1.0f32, 2.0, -0.5, 3.0];
     for t in [0.5f32, 1.0, 2.0] {
         let mut s = Sampler::new(t, 1.0, None, 0).unwrap();
-        let mut dist = s.distribution(&logits).to_vec();
+        let mut dist = s.distribution(&logits);
         dist.sort_by_key(|&(id, _)| id);
         let e: Vec<f64> = logits.iter().map(|&l| ((l / t) as f64).exp()).collect();
         let z: f64 = e.iter().sum();
@@ -124,7 +124,7 @@ fn the_nucleus_of_a_large_vocabulary_is_that_of_the_whole_sort() {
         (0.5, Some(1)),
     ] {
         let mut s = Sampler::new(1.0, top_p, top_k, 0).unwrap();
-        let got = s.distribution(&logits).to_vec();
+        let got = s.distribution(&logits);
         // The reference: every token sorted, top-k, then the smallest prefix whose
         // sum reaches top_p of what top-k kept.
         let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
