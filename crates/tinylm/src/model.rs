@@ -898,23 +898,28 @@ fn block_forward<F: Float, B: Backend<F>>(
             );
         }
         Attention::Cached { sequences, layer } => {
-            let (mut row, mut att) = (0, 0);
-            for seq in sequences {
-                let (q0, tq) = (seq.cache.len, seq.tokens.len());
-                let shape = model.attn_shape(1, tq, q0);
-                let rows = 3 * c * row..3 * c * (row + tq);
-                model.rope(acts.qkv.at_mut(rows.clone()), shape, false);
-                let kv = &mut seq.cache.qkv[layer];
-                be.copy(kv.at_mut(3 * c * q0..3 * c * shape.t), acts.qkv.at(rows));
-                let att_len = shape.h * tq * shape.t;
-                be.attention_forward(
-                    acts.atty.at_mut(c * row..c * (row + tq)),
-                    acts.att.at_mut(att..att + att_len),
-                    kv.at(0..3 * c * shape.t),
-                    shape,
-                );
-                (row, att) = (row + tq, att + att_len);
-            }
+            let mut row = 0;
+            let shapes: Vec<AttnShape> = (sequences.iter_mut())
+                .map(|seq| {
+                    let (q0, tq) = (seq.cache.len, seq.tokens.len());
+                    let shape = model.attn_shape(1, tq, q0);
+                    let rows = 3 * c * row..3 * c * (row + tq);
+                    model.rope(acts.qkv.at_mut(rows.clone()), shape, false);
+                    let kv = &mut seq.cache.qkv[layer];
+                    be.copy(kv.at_mut(3 * c * q0..3 * c * shape.t), acts.qkv.at(rows));
+                    row += tq;
+                    shape
+                })
+                .collect();
+            let caches: Vec<_> = (sequences.iter().zip(shapes))
+                .map(|(seq, shape)| (seq.cache.qkv[layer].at(0..3 * c * shape.t), shape))
+                .collect();
+            let probs = caches.iter().map(|(_, s)| s.h * s.tq() * s.t).sum();
+            be.attention_forward_cached(
+                acts.atty.at_mut(0..c * row),
+                acts.att.at_mut(0..probs),
+                &caches,
+            );
         }
     }
     be.copy(acts.r1.all_mut(), x);

@@ -627,6 +627,38 @@ pub trait Backend<F: Float>: Allocator<F> + Sync {
         qkv: Span<Self::Buf>,
         shape: AttnShape,
     );
+    /// [`Backend::attention_forward`] of a decoding pass over several sequences:
+    /// sequence `i`, `caches[i] = (qkv (T, 3C), shape)` with `shape.b == 1` (its KV
+    /// cache, this pass's rows in place), has its `Tq` output rows next in
+    /// `out (Σ Tq, C)` and its probabilities next in `att (Σ H·Tq·T)`. One
+    /// [`Backend::attention_forward`] per sequence unless a backend does better.
+    fn attention_forward_cached(
+        &self,
+        out: SpanMut<Self::Buf>,
+        att: SpanMut<Self::Buf>,
+        caches: &[(Span<Self::Buf>, AttnShape)],
+    ) {
+        let (mut row, mut prob) = (out.start, att.start);
+        for &(qkv, shape) in caches {
+            let rows = shape.tq() * shape.c();
+            let probs = shape.h * shape.tq() * shape.t;
+            self.attention_forward(
+                SpanMut {
+                    buf: &mut *out.buf,
+                    start: row,
+                    len: rows,
+                },
+                SpanMut {
+                    buf: &mut *att.buf,
+                    start: prob,
+                    len: probs,
+                },
+                qkv,
+                shape,
+            );
+            (row, prob) = (row + rows, prob + probs);
+        }
+    }
     /// `dqkv (B, T, 3C)` (overwritten) from `dout (B, T, C)`; `datt (B, H, T, T)` is
     /// scratch. Full passes only (`q0 = 0`).
     #[allow(clippy::too_many_arguments)]

@@ -298,6 +298,17 @@ impl<F: Float, B: Backend<F>> Backend<F> for Profiled<B> {
         })
     }
 
+    fn attention_forward_cached(
+        &self,
+        out: SpanMut<B::Buf>,
+        att: SpanMut<B::Buf>,
+        caches: &[(Span<B::Buf>, AttnShape)],
+    ) {
+        self.time::<F, _>(Kind::Attention, || {
+            self.inner.attention_forward_cached(out, att, caches)
+        })
+    }
+
     fn attention_backward(
         &self,
         dqkv: SpanMut<B::Buf>,

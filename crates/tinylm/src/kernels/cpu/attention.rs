@@ -87,7 +87,7 @@ pub(crate) fn attention_forward_on<F: Float>(
     s: AttnShape,
     products: &(impl HeadProduct<F> + ?Sized),
 ) {
-    let (t, tq, c, d) = (s.t, s.tq(), s.c(), s.d);
+    let (t, tq, c) = (s.t, s.tq(), s.c());
     assert_eq!(qkv.len(), s.b * t * 3 * c, "attention qkv size");
     assert_eq!(out.len(), s.b * tq * c, "attention output size");
     assert_eq!(
@@ -99,24 +99,91 @@ pub(crate) fn attention_forward_on<F: Float>(
     att.par_chunks_mut(tq * t).enumerate().for_each(|(bh, p)| {
         let (b, h) = (bh / s.h, bh % s.h);
         let seq = &qkv[b * t * 3 * c..(b + 1) * t * 3 * c];
-        let k = &seq[c + h * d..];
-        let v = View::new(&seq[2 * c + h * d..], 3 * c, false);
         // SAFETY: head h of sequence b writes only columns h·D..(h+1)·D of its
         // own query rows of `out`: disjoint across tasks.
-        unsafe {
-            // Decoding (fewer queries than a block) reads K once: the strided view
-            // costs less than a transposed copy.
-            if tq < products.query_block() || products.reads_strided() {
-                let k = View::new(k, 3 * c, true);
-                return head_forward(p, out_ptr.get(), seq, k, v, b, h, s, products);
-            }
-            with_scratch(d * t, |kt| {
-                transpose(kt, k, t, d, 3 * c);
-                let kt = View::new(kt, t, false);
-                head_forward(p, out_ptr.get(), seq, kt, v, b, h, s, products);
-            });
-        }
+        unsafe { head_task(p, out_ptr.get(), seq, b, h, s, products) }
     });
+}
+
+/// [`attention_forward`] of a decoding pass over several sequences: sequence `i`
+/// (`caches[i] = (qkv (T, 3C), shape)`, `shape.b == 1`, `qkv` its KV cache with the
+/// new rows in place) has its `Tq` output rows next in `out (Σ Tq, C)` and its
+/// probabilities next in `att (Σ H·Tq·T)`. One rayon task per sequence and head —
+/// not a parallel loop per sequence, whose fork and join cost more than a short
+/// sequence's heads.
+pub fn attention_forward_cached<F: Float>(
+    out: &mut [F],
+    att: &mut [F],
+    caches: &[(&[F], AttnShape)],
+) {
+    attention_forward_cached_on(out, att, caches, &Gemm)
+}
+
+/// [`attention_forward_cached`] with both products on `products`.
+pub(crate) fn attention_forward_cached_on<F: Float>(
+    out: &mut [F],
+    att: &mut [F],
+    caches: &[(&[F], AttnShape)],
+    products: &(impl HeadProduct<F> + ?Sized),
+) {
+    // (probabilities, sequence, head, the sequence's first output row)
+    let mut tasks = Vec::new();
+    let (mut rest, mut row) = (att, 0);
+    for (i, &(qkv, s)) in caches.iter().enumerate() {
+        assert_eq!(s.b, 1, "a cache holds one sequence");
+        assert_eq!(qkv.len(), s.t * 3 * s.c(), "attention cache size");
+        let (probs, after) = rest.split_at_mut(s.h * s.tq() * s.t);
+        tasks.extend(
+            probs
+                .chunks_mut(s.tq() * s.t)
+                .enumerate()
+                .map(|(h, p)| (p, i, h, row)),
+        );
+        (rest, row) = (after, row + s.tq());
+    }
+    assert!(rest.is_empty(), "attention probabilities size");
+    let c = caches.first().map_or(0, |(_, s)| s.c());
+    assert_eq!(out.len(), row * c, "attention output size");
+    let out_ptr = SharedMut(out.as_mut_ptr());
+    tasks.into_par_iter().for_each(|(p, i, h, row)| {
+        let (qkv, s) = caches[i];
+        // SAFETY: head h of sequence i writes only columns h·D..(h+1)·D of the
+        // sequence's own rows of `out`: disjoint across tasks.
+        unsafe { head_task(p, out_ptr.get().add(row * c), qkv, 0, h, s, products) }
+    });
+}
+
+/// Head `h` of sequence `b` of `seq`, its `qkv` rows `(T, 3C)`, into `p (Tq, T)`
+/// and its columns of the `(B, Tq, C)` output `out`: through a transposed copy of
+/// `Kᵀ` unless the products read the strided view as fast or the queries are
+/// fewer than a block (decoding reads `K` once).
+///
+/// # Safety
+/// As [`head_forward`].
+unsafe fn head_task<F: Float>(
+    p: &mut [F],
+    out: *mut F,
+    seq: &[F],
+    b: usize,
+    h: usize,
+    s: AttnShape,
+    products: &(impl HeadProduct<F> + ?Sized),
+) {
+    let (t, c, d) = (s.t, s.c(), s.d);
+    let k = &seq[c + h * d..];
+    let v = View::new(&seq[2 * c + h * d..], 3 * c, false);
+    // SAFETY: the caller's.
+    unsafe {
+        if s.tq() < products.query_block() || products.reads_strided() {
+            let k = View::new(k, 3 * c, true);
+            return head_forward(p, out, seq, k, v, b, h, s, products);
+        }
+        with_scratch(d * t, |kt| {
+            transpose(kt, k, t, d, 3 * c);
+            let kt = View::new(kt, t, false);
+            head_forward(p, out, seq, kt, v, b, h, s, products);
+        });
+    }
 }
 
 /// Head `h` of sequence `b` (see [`attention_forward`]): `p (Tq, T)` its
@@ -468,6 +535,54 @@ mod tests {
                 let (bi, i, hi) = (row / (tq * h), row / h % tq, row % h);
                 let at = ((bi * h + hi) * tq + i) * d;
                 assert_close(got, &want[at..at + d]);
+            }
+        }
+    }
+
+    #[test]
+    fn cached_attention_of_several_sequences_is_each_ones_own() {
+        let (h, d) = (3, 8);
+        let c = h * d;
+        // (cached positions, new rows): decoding steps and a prompt beside them.
+        let parts = [(6, 1), (0, 1), (40, 1), (2, 9), (QUERY_BLOCK + 3, 1)];
+        let shapes: Vec<AttnShape> = (parts.iter())
+            .map(|&(q0, tq)| AttnShape {
+                b: 1,
+                t: q0 + tq,
+                h,
+                d,
+                q0,
+            })
+            .collect();
+        let caches: Vec<Vec<f32>> = (shapes.iter().enumerate())
+            .map(|(i, s)| values(s.t * 3 * c, 2.0, 10 + i as u64))
+            .collect();
+        let rows: usize = shapes.iter().map(|s| s.tq()).sum();
+        let probs: usize = shapes.iter().map(|s| s.h * s.tq() * s.t).sum();
+        let products: [&dyn HeadProduct<f32>; 2] = [&Gemm, &crate::kernels::cpu::CpuMixed::new()];
+        for products in products {
+            let (mut out, mut att) = (vec![0.0; rows * c], vec![0.0; probs]);
+            let cached: Vec<_> = caches
+                .iter()
+                .map(|q| &q[..])
+                .zip(shapes.iter().copied())
+                .collect();
+            attention_forward_cached_on(&mut out, &mut att, &cached, products);
+            let (mut out_rest, mut att_rest) = (&out[..], &att[..]);
+            for (qkv, s) in cached {
+                let (mut want, mut want_att) =
+                    (vec![0.0; s.tq() * c], vec![0.0; s.h * s.tq() * s.t]);
+                attention_forward_on(&mut want, &mut want_att, qkv, s, products);
+                let (got, rest) = out_rest.split_at(want.len());
+                let (got_att, after) = att_rest.split_at(want_att.len());
+                assert_eq!(got, &want[..], "output of a sequence at {}", s.q0);
+                assert_eq!(
+                    got_att,
+                    &want_att[..],
+                    "probabilities of a sequence at {}",
+                    s.q0
+                );
+                (out_rest, att_rest) = (rest, after);
             }
         }
     }

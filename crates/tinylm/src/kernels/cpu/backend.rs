@@ -192,6 +192,16 @@ impl<F: Float> Backend<F> for Cpu {
         attention::attention_forward(out.slice(), att.slice(), qkv.slice(), shape);
     }
 
+    fn attention_forward_cached(
+        &self,
+        out: SpanMut<Vec<F>>,
+        att: SpanMut<Vec<F>>,
+        caches: &[(Span<Vec<F>>, AttnShape)],
+    ) {
+        let caches: Vec<_> = caches.iter().map(|&(qkv, s)| (qkv.slice(), s)).collect();
+        attention::attention_forward_cached(out.slice(), att.slice(), &caches);
+    }
+
     fn attention_backward(
         &self,
         dqkv: SpanMut<Vec<F>>,

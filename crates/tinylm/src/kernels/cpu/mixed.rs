@@ -14,7 +14,9 @@
 //! type, parameters carry their bf16 copy ([`MixedBuf`]), and the one model
 //! orchestration runs on either.
 
-use super::attention::{attention_backward_on, attention_forward_on, HeadProduct};
+use super::attention::{
+    attention_backward_on, attention_forward_cached_on, attention_forward_on, HeadProduct,
+};
 use super::bf16::{matmul_bf16_on, matmul_bf16_view, Bf16Kernel, Operand as Bf16View};
 use super::linear::View;
 use super::memory::{with_scratch, zeroed, WRITE_CHUNK};
@@ -563,6 +565,20 @@ impl Backend<f32> for CpuMixed {
     ) {
         let (out, att, qkv) = (f32s_mut(out), f32s_mut(att), f32s(qkv));
         attention_forward_on(out.slice(), att.slice(), qkv.slice(), shape, self);
+    }
+
+    fn attention_forward_cached(
+        &self,
+        out: SpanMut<MixedBuf>,
+        att: SpanMut<MixedBuf>,
+        caches: &[(Span<MixedBuf>, AttnShape)],
+    ) {
+        let (out, att) = (f32s_mut(out), f32s_mut(att));
+        let caches: Vec<_> = caches
+            .iter()
+            .map(|&(qkv, s)| (f32s(qkv).slice(), s))
+            .collect();
+        attention_forward_cached_on(out.slice(), att.slice(), &caches, self);
     }
 
     fn attention_backward(
