@@ -35,8 +35,11 @@ pub(crate) trait FewDots {
 /// Columns `cols` of a few-rows product `(m, n)`: `write(i, j, sum)` once for each
 /// output, from [`FewDots::dots`] over blocks of [`FEW_W`] weight rows by [`FEW_X`]
 /// rows of `x` (the last block of weight rows repeats its last row, written once).
-/// With more rows of `x` than one block, a block of weight rows is read from memory
-/// by the first, and from L1 by the others, the last of which fetches the next block.
+/// A block of weight rows is read from memory by the first block of rows of `x`
+/// (from L1 by the others), which fetches the next block of weight rows meanwhile
+/// when `x` has more than one row: a ~95M-parameter model decoding 4 sequences
+/// took 6.5 ms a step without that, 4.7 ms with it, on Zen 5; one row alone
+/// decodes faster without (the hardware prefetcher follows its four streams).
 ///
 /// # Safety
 /// As `dots`'; inlined into the kernel's function compiled with its instructions.
@@ -59,7 +62,7 @@ pub(crate) unsafe fn for_each_few_dot(
             .then(|| std::array::from_fn(|t| (j0 + FEW_W + t).min(cols.end - 1)));
         let mut i0 = 0;
         while i0 < m {
-            let next = next_js.filter(|_| i0 > 0 && i0 + FEW_X >= m);
+            let next = next_js.filter(|_| i0 == 0 && m > 1);
             let sums = match m - i0 {
                 1 => pad(dots.dots::<1>([i0], js, next)),
                 2 => pad(dots.dots::<2>([i0, i0 + 1], js, next)),
