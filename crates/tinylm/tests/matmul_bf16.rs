@@ -253,9 +253,10 @@ fn bf16_operands_give_the_products_of_their_f32_originals() {
 #[test]
 fn strided_views_multiply_as_attention_reads_them() {
     let mut rng = ChaCha8Rng::seed_from_u64(49);
-    // 37 positions (blocked products), and 5 and 1 (a decoding step's few rows of
-    // `Q` against the keys, as dot products).
-    for t in [37, 5, 1] {
+    // 37 positions (blocked products), and 5, 4, 3 and 1 (a decoding step's few
+    // rows of `Q` against the keys, as dot products; at most 4 rows of `P` against
+    // the values, pair by pair of their rows, `t` even and odd).
+    for t in [37, 5, 4, 3, 1] {
         strided_views_of(t, &mut rng);
     }
 }

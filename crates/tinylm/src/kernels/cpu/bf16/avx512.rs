@@ -17,7 +17,7 @@
 
 use super::pack::{pack_pairs, Layout, Microkernel, Operand, Tile};
 use super::round::{Bf16Operand, Storage};
-use crate::kernels::cpu::few_dots::{for_each_few_dot, FewDots, FEW_W};
+use crate::kernels::cpu::few_dots::{for_each_few_dot, FewDots, FEW_W, FEW_X};
 use std::arch::x86_64::*;
 
 /// The AVX512_BF16 kernel.
@@ -412,6 +412,105 @@ pub unsafe fn few_rows<E: Bf16Operand>(
         let o = c.add(i * ldc + j);
         *o = if accumulate { *o + sum } else { sum };
     })
+}
+
+/// `c (m, n) (+)= x (m, k) · b (k, n)` (`c`'s rows `ldc` apart) for at most
+/// [`FEW_X`] rows of `x` already rounded by [`round_rows`] (rows `x_rs` apart,
+/// zero-padded) and a right operand whose rows, `b_rs` apart, are contiguous along
+/// `n`: attention's `P · V` in a decoding step. Each pair of rows of `b` is rounded
+/// and interleaved in registers — the pairs `vdpbf16ps` multiplies, as
+/// [`pack_interleaved`] lays them out in memory for the blocked product — and
+/// multiplied against the broadcast pair of each row of `x`: `b` is read once and
+/// never packed (64 columns a pass, 16 sums in registers).
+///
+/// # Safety
+/// The operands must address their shapes, `c` hold `(m, n)` values that no other
+/// thread writes, `m ≤ FEW_X`; the CPU must have AVX512_BF16.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+pub unsafe fn few_rows_by_rows<E: Bf16Operand>(
+    c: (*mut f32, usize),
+    x: (*const u16, usize),
+    b: (*const E, usize),
+    (m, k, n): (usize, usize, usize),
+    accumulate: bool,
+) {
+    let shape = (k, n);
+    match m {
+        1 => by_rows::<1, E>(c, x, b, shape, accumulate),
+        2 => by_rows::<2, E>(c, x, b, shape, accumulate),
+        3 => by_rows::<3, E>(c, x, b, shape, accumulate),
+        _ => by_rows::<FEW_X, E>(c, x, b, shape, accumulate),
+    }
+}
+
+/// Lanes of two 16-value halves in the order `vdpbf16ps` pairs them: `lo[0],
+/// hi[0], lo[1], hi[1], …` (`_mm512_permutex2var_epi16` indices, 32+ the second
+/// operand's).
+static INTERLEAVE_PAIRS: [u16; 32] = {
+    let mut idx = [0; 32];
+    let mut i = 0;
+    while i < 16 {
+        idx[2 * i] = i as u16;
+        idx[2 * i + 1] = 32 + i as u16;
+        i += 1;
+    }
+    idx
+};
+
+/// [`few_rows_by_rows`] for `R` rows of `x`.
+#[inline(always)]
+unsafe fn by_rows<const R: usize, E: Bf16Operand>(
+    (c, ldc): (*mut f32, usize),
+    (x, x_rs): (*const u16, usize),
+    (b, b_rs): (*const E, usize),
+    (k, n): (usize, usize),
+    accumulate: bool,
+) {
+    const CHUNKS: usize = 4;
+    let interleave = _mm512_loadu_si512(INTERLEAVE_PAIRS.as_ptr().cast());
+    for col0 in (0..n).step_by(16 * CHUNKS) {
+        let counts: [usize; CHUNKS] =
+            std::array::from_fn(|t| n.saturating_sub(col0 + 16 * t).min(16));
+        let mut acc = [[_mm512_setzero_ps(); CHUNKS]; R];
+        for j in (0..k).step_by(2) {
+            let mut bv = [std::mem::transmute::<__m512i, __m512bh>(_mm512_setzero_si512()); CHUNKS];
+            for t in 0..CHUNKS {
+                if counts[t] == 0 {
+                    break;
+                }
+                let at = col0 + 16 * t;
+                let lo = _mm512_castsi256_si512(load16(b.add(j * b_rs + at), counts[t]));
+                let hi = match j + 1 < k {
+                    true => _mm512_castsi256_si512(load16(b.add((j + 1) * b_rs + at), counts[t])),
+                    false => _mm512_setzero_si512(),
+                };
+                bv[t] = std::mem::transmute::<__m512i, __m512bh>(_mm512_permutex2var_epi16(
+                    lo, interleave, hi,
+                ));
+            }
+            for (r, acc) in acc.iter_mut().enumerate() {
+                // x's pair (j, j + 1): its rows are zero-padded past k.
+                let pair = x.add(r * x_rs + j).cast::<i32>().read_unaligned();
+                let xv = std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(pair));
+                for (acc, &bv) in acc.iter_mut().zip(&bv) {
+                    *acc = _mm512_dpbf16_ps(*acc, xv, bv);
+                }
+            }
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            for t in 0..CHUNKS {
+                if counts[t] == 0 {
+                    break;
+                }
+                let (o, mask) = (c.add(r * ldc + col0 + 16 * t), low_bits(counts[t]) as u16);
+                let sum = match accumulate {
+                    true => _mm512_add_ps(acc[t], _mm512_maskz_loadu_ps(mask, o)),
+                    false => acc[t],
+                };
+                _mm512_mask_storeu_ps(o, mask, sum);
+            }
+        }
+    }
 }
 
 /// The operands of [`few_rows`]' dot products: rows of `x` and of `w`, each with

@@ -173,9 +173,12 @@ pub fn matmul_bf16_on<A: Bf16Operand, B: Bf16Operand>(
 /// (`x · Wᵀ`) and its attention's scores against the cached keys (`q · Kᵀ`) — on
 /// AVX512_BF16 run as dot products ([`avx512::few_rows`](super::avx512::few_rows)):
 /// `b` streams from memory once, as it is stored, where packing it for the blocked
-/// product would read it twice and write it once. Split among the threads by `b`'s rows when `threaded` (as
-/// `linear::for_each_column_block` splits them). Whether it ran (elsewhere the
-/// blocked product runs).
+/// product would read it twice and write it once. Split among the threads by `b`'s
+/// rows when `threaded` (as `linear::for_each_column_block` splits them). And, on
+/// the calling thread, products of at most `FEW_X` rows against a right operand
+/// contiguous along `n` — a decoding step's `P · V` against the cached values —
+/// pair by pair of `b`'s rows ([`avx512::few_rows_by_rows`](super::avx512::few_rows_by_rows)),
+/// again without packing. Whether it ran (elsewhere the blocked product runs).
 ///
 /// # Safety
 /// As [`matmul_bf16_view`]'s.
@@ -191,39 +194,47 @@ unsafe fn few_rows<A: Bf16Operand, B: Bf16Operand>(
     threaded: bool,
 ) -> bool {
     #[cfg(all(target_arch = "x86_64", feature = "avx512"))]
-    if kernel == Bf16Kernel::Avx512Bf16
-        && m <= crate::kernels::cpu::linear::FEW_ROWS
-        && a.cs == 1
-        && b.rs == 1
-    {
+    if kernel == Bf16Kernel::Avx512Bf16 && a.cs == 1 {
         use super::avx512;
-        use crate::kernels::cpu::linear::for_each_column_block;
+        use crate::kernels::cpu::few_dots::FEW_X;
+        use crate::kernels::cpu::linear::{for_each_column_block, FEW_ROWS};
         let x_rs = k.next_multiple_of(32);
-        let (c, w) = (SharedMut(c), SharedMut(b.ptr.cast_mut()));
-        with_scratch::<u16, _>(m * x_rs, |x| {
-            // SAFETY: `a` holds `m` rows of `k`, `x` `m · x_rs` values; the CPU has
-            // the kernel's instructions (both checked by the callers).
-            avx512::round_rows(x, a.ptr, m, k, a.rs, x_rs);
-            let x = SharedMut(x.as_mut_ptr());
-            let block = |cols| {
-                // The whole wrappers (Sync), not their pointers.
-                let (c, x, w) = (&c, &x, &w);
-                // SAFETY: shapes as above; each block writes only its own columns.
-                avx512::few_rows(
-                    (c.get(), ldc),
-                    (x.get(), x_rs),
-                    (w.get().cast_const(), b.cs),
-                    (m, k),
-                    cols,
-                    accumulate,
-                )
-            };
-            match threaded {
-                true => for_each_column_block(MatMul::linear(m, k, n), block),
-                false => block(0..n),
-            }
-        });
-        return true;
+        if m <= FEW_ROWS && b.rs == 1 {
+            let (c, w) = (SharedMut(c), SharedMut(b.ptr.cast_mut()));
+            with_scratch::<u16, _>(m * x_rs, |x| {
+                // SAFETY: `a` holds `m` rows of `k`, `x` `m · x_rs` values; the CPU
+                // has the kernel's instructions (both checked by the callers).
+                avx512::round_rows(x, a.ptr, m, k, a.rs, x_rs);
+                let x = SharedMut(x.as_mut_ptr());
+                let block = |cols| {
+                    // The whole wrappers (Sync), not their pointers.
+                    let (c, x, w) = (&c, &x, &w);
+                    // SAFETY: shapes as above; each block writes only its own columns.
+                    avx512::few_rows(
+                        (c.get(), ldc),
+                        (x.get(), x_rs),
+                        (w.get().cast_const(), b.cs),
+                        (m, k),
+                        cols,
+                        accumulate,
+                    )
+                };
+                match threaded {
+                    true => for_each_column_block(MatMul::linear(m, k, n), block),
+                    false => block(0..n),
+                }
+            });
+            return true;
+        }
+        if m <= FEW_X && b.cs == 1 && !threaded {
+            with_scratch::<u16, _>(m * x_rs, |x| {
+                // SAFETY: as above; `b`'s rows, `b.rs` apart, hold `n` values each.
+                avx512::round_rows(x, a.ptr, m, k, a.rs, x_rs);
+                let (x, b) = ((x.as_ptr(), x_rs), (b.ptr, b.rs));
+                avx512::few_rows_by_rows((c, ldc), x, b, (m, k, n), accumulate);
+            });
+            return true;
+        }
     }
     let _ = (kernel, (m, k, n), c, ldc, a, b, accumulate, threaded);
     false
