@@ -76,6 +76,10 @@ def test_a_stream_arrives_in_chunks_that_add_up_to_the_completion(client, server
     # The last choice chunk carries the finish reason, then the usage chunk.
     assert chunks[-2].choices[0].finish_reason == whole.choices[0].finish_reason
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    # The same prompt again: all its tokens but the last were found in the KV cache
+    # the first request left, and its text (above) is the same all the same.
+    assert whole.usage.prompt_tokens > 1
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == whole.usage.prompt_tokens - 1
     assert all(c.id == chunks[0].id and c.object == "text_completion" for c in chunks)
 
 

@@ -5,6 +5,11 @@
 //! KV cache, kept for the next sequence). A pass takes at most `context_length`
 //! rows: every decoding sequence's token, then prompts, a long one spread over
 //! several passes if others fill the first.
+//!
+//! An ended sequence's cache keeps the tokens it holds: a new sequence takes the
+//! spare cache that shares the longest start with its prompt and prefills only the
+//! rest (a client sending the same instructions, few-shot examples or conversation
+//! again and again) — the positions kept are the ones a prefill would compute.
 
 use crate::generate::Sampler;
 use crate::kernels::{Backend, Buffer};
@@ -42,6 +47,8 @@ pub struct Drawn {
 struct Sequence<Buf> {
     id: u64,
     cache: KvCache<Buf>,
+    /// The tokens whose keys and values `cache` holds, in order.
+    cached: Vec<u32>,
     /// Tokens not yet in the cache: what is left of the prompt, or the last token
     /// drawn.
     feed: Vec<u32>,
@@ -56,8 +63,8 @@ pub struct Batcher<Buf> {
     slots: usize,
     context_length: usize,
     sequences: Vec<Sequence<Buf>>,
-    /// The KV caches of ended sequences, for the next ones.
-    spare: Vec<KvCache<Buf>>,
+    /// The KV caches of ended sequences and the tokens each holds, for the next ones.
+    spare: Vec<(KvCache<Buf>, Vec<u32>)>,
 }
 
 impl<Buf: Buffer> Batcher<Buf> {
@@ -94,13 +101,15 @@ impl<Buf: Buffer> Batcher<Buf> {
 
     /// Decodes `request` as sequence `id` from the next step on. The prompt and the
     /// new tokens must fit in the context (a sequence never slides its window), the
-    /// prompt's ids in the vocabulary, and a slot must be free.
+    /// prompt's ids in the vocabulary, and a slot must be free. Returns how many of
+    /// the prompt's tokens were found in a spare cache (they are not prefilled
+    /// again); all but its last at most, whose logits draw the first new token.
     pub fn add<B: Backend<f32, Buf = Buf>>(
         &mut self,
         model: &Model<f32, B>,
         id: u64,
         request: Request,
-    ) -> Result<()> {
+    ) -> Result<usize> {
         let Request {
             prompt,
             max_tokens,
@@ -132,19 +141,31 @@ impl<Buf: Buffer> Batcher<Buf> {
                 prompt[i]
             )));
         }
-        let cache = match self.spare.pop() {
-            Some(cache) => cache,
-            None => model.new_cache()?,
+        let shared = |cached: &[u32]| {
+            cached
+                .iter()
+                .zip(&prompt)
+                .take_while(|(a, b)| a == b)
+                .count()
         };
+        let best = (0..self.spare.len()).max_by_key(|&i| shared(&self.spare[i].1));
+        let (mut cache, mut cached) = match best {
+            Some(i) => self.spare.swap_remove(i),
+            None => (model.new_cache()?, Vec::new()),
+        };
+        let reused = shared(&cached).min(prompt.len() - 1);
+        cache.truncate(reused);
+        cached.truncate(reused);
         self.sequences.push(Sequence {
             id,
             cache,
-            feed: prompt,
+            cached,
+            feed: prompt[reused..].to_vec(),
             sampler,
             left: max_tokens,
             eos,
         });
-        Ok(())
+        Ok(reused)
     }
 
     /// Stops decoding sequence `id` (its client left, or its text reached a stop
@@ -152,9 +173,8 @@ impl<Buf: Buffer> Batcher<Buf> {
     pub fn remove(&mut self, id: u64) -> bool {
         match self.sequences.iter().position(|s| s.id == id) {
             Some(i) => {
-                let mut cache = self.sequences.remove(i).cache;
-                cache.clear();
-                self.spare.push(cache);
+                let Sequence { cache, cached, .. } = self.sequences.remove(i);
+                self.spare.push((cache, cached));
                 true
             }
             None => false,
@@ -204,7 +224,7 @@ impl<Buf: Buffer> Batcher<Buf> {
             .collect::<Vec<_>>()
             .into_par_iter()
             .map(|((s, take), logits)| {
-                s.feed.drain(..take);
+                s.cached.extend(s.feed.drain(..take));
                 if !s.feed.is_empty() {
                     return None; // more of its prompt goes in the next pass
                 }

@@ -123,7 +123,12 @@ impl<Buf: Buffer> KvCache<Buf> {
 
     /// Forgets every position (keeps the memory).
     pub fn clear(&mut self) {
-        self.len = 0;
+        self.truncate(0);
+    }
+
+    /// Keeps the first `len` positions (if it holds more) and forgets the rest.
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
     }
 }
 

@@ -1,7 +1,8 @@
 //! Continuous batching against generation one sequence at a time: sequences that
 //! join while others decode, a prompt spread over two passes, a sequence removed
 //! midway, end-of-text and length endings — each sequence's tokens are the ones
-//! `generate` draws for it alone with the same sampler.
+//! `generate` draws for it alone with the same sampler, also when its prompt's start
+//! was found in an ended sequence's cache.
 
 mod ids;
 
@@ -129,8 +130,8 @@ fn a_removed_sequence_frees_its_slot_and_bad_requests_are_refused() {
     }
     assert!(batcher.remove(1));
     assert!(!batcher.remove(1));
-    // The freed slot (and its cache, cleared) takes a new sequence, which draws
-    // what it draws alone.
+    // The freed slot (and its cache) takes a new sequence, which draws what it
+    // draws alone.
     batcher.add(&model, 3, request(9, 5)).unwrap();
     let mut drawn = Vec::new();
     while !batcher.is_empty() {
@@ -169,4 +170,66 @@ fn a_removed_sequence_frees_its_slot_and_bad_requests_are_refused() {
     let err = batcher.add(&model, 9, bad).unwrap_err().to_string();
     assert!(err.contains("token id 53 at position 1"), "{err}");
     assert!(Batcher::new(&model, 0).is_err() && Batcher::new(&model, 41).is_err());
+}
+
+/// Runs the sequences `(id, prompt, sampler)` together to their ends (8 tokens
+/// each, no end of text): how many of each prompt's tokens were found in a spare
+/// cache, and what each drew.
+fn run_together(
+    batcher: &mut Batcher<Vec<f32>>,
+    model: &mut Model<f32>,
+    sequences: &[(u64, &[u32], usize)],
+) -> Vec<(usize, Vec<u32>)> {
+    let mut found = Vec::new();
+    for &(id, prompt, k) in sequences {
+        let request = Request {
+            prompt: prompt.to_vec(),
+            max_tokens: 8,
+            sampler: sampler(k),
+            eos: None,
+        };
+        found.push(batcher.add(model, id, request).unwrap());
+    }
+    let mut drawn: HashMap<u64, Vec<u32>> = HashMap::new();
+    while !batcher.is_empty() {
+        for d in batcher.step(model).unwrap() {
+            drawn.entry(d.id).or_default().extend(d.token);
+        }
+    }
+    (sequences.iter().zip(found))
+        .map(|(&(id, _, _), found)| (found, drawn.remove(&id).unwrap_or_default()))
+        .collect()
+}
+
+/// What `prompt` draws alone with `sampler(k)` (8 tokens).
+fn alone(model: &mut Model<f32>, prompt: &[u32], k: usize) -> Vec<u32> {
+    generate(model, prompt, 8, &mut sampler(k), None, |_| {
+        ControlFlow::Continue(())
+    })
+    .unwrap()
+}
+
+#[test]
+fn a_prompt_found_in_an_ended_sequence_s_cache_is_not_prefilled_again() {
+    let c = config();
+    let mut model = Model::new(c.clone(), 21).unwrap();
+    let a = ids(9, c.vocab_size, 1);
+    let mut b = ids(6, c.vocab_size, 2);
+    b[0] = (a[0] + 1) % c.vocab_size as u32; // shares no start with `a`
+    let mut batcher = Batcher::new(&model, 2).unwrap();
+    let first = run_together(&mut batcher, &mut model, &[(0, &a, 0), (1, &b, 1)]);
+    let want = [(0, alone(&mut model, &a, 0)), (0, alone(&mut model, &b, 1))];
+    assert_eq!(first, want);
+    // `a`'s cache holds `a` and the first 7 drawn tokens (the 8th never went in).
+    let mut a_more = a.clone();
+    a_more.extend(&first[0].1[..3]);
+    a_more.push(4);
+    // `b` again, all but its last token found (its logits draw the first new one);
+    // `a` and 3 of its tokens found, in the other spare cache.
+    let second = run_together(&mut batcher, &mut model, &[(2, &b, 3), (3, &a_more, 4)]);
+    let want = [
+        (b.len() - 1, alone(&mut model, &b, 3)),
+        (a.len() + 3, alone(&mut model, &a_more, 4)),
+    ];
+    assert_eq!(second, want);
 }

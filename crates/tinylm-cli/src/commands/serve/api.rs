@@ -440,12 +440,14 @@ fn choice(index: usize, text: &str, finish: Option<FinishReason>) -> Value {
     })
 }
 
-/// The `usage` object.
-pub fn usage(prompt_tokens: usize, completion_tokens: usize) -> Value {
+/// The `usage` object: `cached_tokens` of the prompt's were found in the KV cache
+/// of an earlier request.
+pub fn usage(prompt_tokens: usize, completion_tokens: usize, cached_tokens: usize) -> Value {
     json!({
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     })
 }
 

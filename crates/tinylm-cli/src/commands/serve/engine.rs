@@ -39,8 +39,13 @@ impl FinishReason {
 pub enum Event {
     /// More text.
     Text(String),
-    /// The end, after `tokens` drawn tokens.
-    Done { finish: FinishReason, tokens: usize },
+    /// The end, after `tokens` drawn tokens; `cached` of the prompt's tokens were
+    /// found in the KV cache of an earlier request (not computed again).
+    Done {
+        finish: FinishReason,
+        tokens: usize,
+        cached: usize,
+    },
     /// Decoding failed.
     Failed(String),
 }
@@ -70,6 +75,8 @@ struct Running<'t> {
     text: TextStream<'t>,
     stop: StopText,
     tokens: usize,
+    /// Prompt tokens found in a spare KV cache.
+    cached: usize,
 }
 
 /// Decodes the jobs `jobs` brings with `model`, `slots` at a time, until the
@@ -118,7 +125,7 @@ pub fn run<B: Backend<f32>>(
             let id = next_id;
             next_id += 1;
             match batcher.add(model, id, request) {
-                Ok(()) => {
+                Ok(cached) => {
                     let job = Running {
                         request: job.request,
                         choice: job.choice,
@@ -126,6 +133,7 @@ pub fn run<B: Backend<f32>>(
                         text: TextStream::new(tokenizer),
                         stop: StopText::new(job.stop),
                         tokens: 0,
+                        cached,
                     };
                     running.insert(id, job);
                 }
@@ -191,10 +199,13 @@ fn deliver<'t, Buf: tinylm::kernels::Buffer>(
         let _ = job.events.send((job.choice, Event::Text(text)));
     }
     if let Some(finish) = finish {
-        let tokens = job.tokens;
-        let _ = job
-            .events
-            .send((job.choice, Event::Done { finish, tokens }));
+        let (tokens, cached) = (job.tokens, job.cached);
+        let done = Event::Done {
+            finish,
+            tokens,
+            cached,
+        };
+        let _ = job.events.send((job.choice, done));
         running.remove(&drawn.id);
     }
 }

@@ -98,13 +98,21 @@ async fn whole(
     let mut choices: Vec<(String, Option<FinishReason>)> = (0..completion.choices())
         .map(|i| (completion.echoed(i).to_string(), None))
         .collect();
-    let mut tokens = 0;
+    let (mut tokens, mut cached) = (0, 0);
     while choices.iter().any(|(_, finish)| finish.is_none()) {
         match rx.recv().await {
             Some((i, Event::Text(text))) => choices[i].0 += &text,
-            Some((i, Event::Done { finish, tokens: n })) => {
+            Some((
+                i,
+                Event::Done {
+                    finish,
+                    tokens: n,
+                    cached: c,
+                },
+            )) => {
                 choices[i].1 = Some(finish);
                 tokens += n;
+                cached = cached.max(c);
             }
             Some((_, Event::Failed(message))) => return ApiError::server(message).into_response(),
             None => return ApiError::server("the model's thread has stopped").into_response(),
@@ -113,7 +121,7 @@ async fn whole(
     let choices: Vec<(String, FinishReason)> = (choices.into_iter())
         .map(|(text, finish)| (text, finish.expect("every choice ended")))
         .collect();
-    let usage = api::usage(completion.prompt_tokens(), tokens);
+    let usage = api::usage(completion.prompt_tokens(), tokens, cached);
     Json(header.response(&choices, usage)).into_response()
 }
 
@@ -135,8 +143,10 @@ struct Streaming {
     rx: UnboundedReceiver<(usize, Event)>,
     header: Header,
     completion: Completion,
-    /// Tokens drawn so far, for the usage chunk.
+    /// Tokens drawn so far and the most prompt tokens a choice found cached, for
+    /// the usage chunk.
     tokens: usize,
+    cached: usize,
 }
 
 /// The stream's server-sent events: each choice's echoed prompt, then a chunk per
@@ -160,6 +170,7 @@ fn chunks(
         header,
         completion,
         tokens: 0,
+        cached: 0,
     };
     let events = stream::unfold(state, move |mut s| async move {
         let (event, next) = match s.phase {
@@ -168,8 +179,16 @@ fn chunks(
                     let chunk = s.header.chunk(i, &text, None, with_usage);
                     (data(&chunk), Phase::Events { left })
                 }
-                Some((i, Event::Done { finish, tokens })) => {
+                Some((
+                    i,
+                    Event::Done {
+                        finish,
+                        tokens,
+                        cached,
+                    },
+                )) => {
                     s.tokens += tokens;
+                    s.cached = s.cached.max(cached);
                     let chunk = s.header.chunk(i, "", Some(finish), with_usage);
                     let next = match left {
                         1 => Phase::Usage,
@@ -186,7 +205,7 @@ fn chunks(
                 }
             },
             Phase::Usage if with_usage => {
-                let usage = api::usage(s.completion.prompt_tokens(), s.tokens);
+                let usage = api::usage(s.completion.prompt_tokens(), s.tokens, s.cached);
                 (data(&s.header.usage_chunk(usage)), Phase::Done)
             }
             Phase::Usage | Phase::Done => (SseEvent::default().data("[DONE]"), Phase::End),
