@@ -415,11 +415,11 @@ pub unsafe fn few_rows<E: Bf16Operand>(
 }
 
 /// `c (m, n) (+)= x (m, k) · b (k, n)` (`c`'s rows `ldc` apart) for at most
-/// [`FEW_X`] rows of `x` already rounded by [`round_rows`] (rows `x_rs` apart,
+/// `FEW_X` rows of `x` already rounded by [`round_rows`] (rows `x_rs` apart,
 /// zero-padded) and a right operand whose rows, `b_rs` apart, are contiguous along
 /// `n`: attention's `P · V` in a decoding step. Each pair of rows of `b` is rounded
 /// and interleaved in registers — the pairs `vdpbf16ps` multiplies, as
-/// [`pack_interleaved`] lays them out in memory for the blocked product — and
+/// `pack_interleaved` lays them out in memory for the blocked product — and
 /// multiplied against the broadcast pair of each row of `x`: `b` is read once and
 /// never packed (64 columns a pass, 16 sums in registers).
 ///
