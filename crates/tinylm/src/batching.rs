@@ -148,12 +148,14 @@ impl<Buf: Buffer> Batcher<Buf> {
                 .take_while(|(a, b)| a == b)
                 .count()
         };
-        let best = (0..self.spare.len()).max_by_key(|&i| shared(&self.spare[i].1));
-        let (mut cache, mut cached) = match best {
-            Some(i) => self.spare.swap_remove(i),
-            None => (model.new_cache()?, Vec::new()),
+        let best = (0..self.spare.len())
+            .map(|i| (shared(&self.spare[i].1), i))
+            .max();
+        let ((mut cache, mut cached), found) = match best {
+            Some((found, i)) => (self.spare.swap_remove(i), found),
+            None => ((model.new_cache()?, Vec::new()), 0),
         };
-        let reused = shared(&cached).min(prompt.len() - 1);
+        let reused = found.min(prompt.len() - 1);
         cache.truncate(reused);
         cached.truncate(reused);
         self.sequences.push(Sequence {

@@ -903,19 +903,19 @@ fn block_forward<F: Float, B: Backend<F>>(
             );
         }
         Attention::Cached { sequences, layer } => {
-            let mut row = 0;
-            let shapes: Vec<AttnShape> = (sequences.iter_mut())
-                .map(|seq| {
-                    let (q0, tq) = (seq.cache.len, seq.tokens.len());
-                    let shape = model.attn_shape(1, tq, q0);
-                    let rows = 3 * c * row..3 * c * (row + tq);
-                    model.rope(acts.qkv.at_mut(rows.clone()), shape, false);
-                    let kv = &mut seq.cache.qkv[layer];
-                    be.copy(kv.at_mut(3 * c * q0..3 * c * shape.t), acts.qkv.at(rows));
-                    row += tq;
-                    shape
-                })
-                .collect();
+            // Each sequence's new rows rotated and appended to its cache, then the
+            // attention of all of them at once.
+            let (mut row, mut shapes) = (0, Vec::with_capacity(sequences.len()));
+            for seq in sequences.iter_mut() {
+                let (q0, tq) = (seq.cache.len, seq.tokens.len());
+                let shape = model.attn_shape(1, tq, q0);
+                let rows = 3 * c * row..3 * c * (row + tq);
+                model.rope(acts.qkv.at_mut(rows.clone()), shape, false);
+                let kv = &mut seq.cache.qkv[layer];
+                be.copy(kv.at_mut(3 * c * q0..3 * c * shape.t), acts.qkv.at(rows));
+                shapes.push(shape);
+                row += tq;
+            }
             let caches: Vec<_> = (sequences.iter().zip(shapes))
                 .map(|(seq, shape)| (seq.cache.qkv[layer].at(0..3 * c * shape.t), shape))
                 .collect();
