@@ -311,11 +311,16 @@ impl ModelConfig {
         Ok(())
     }
 
-    /// Reads and validates a JSON config file.
+    /// Reads and validates a JSON config file: the model's keys, or a run's
+    /// `config.json`, which holds them under `model`.
     pub fn from_json_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        let config: ModelConfig = serde_json::from_str(&text)
-            .map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
+        let bad = |e: serde_json::Error| Error::Config(format!("{}: {e}", path.display()));
+        let mut value: serde_json::Value = serde_json::from_str(&text).map_err(bad)?;
+        if let Some(model) = value.get_mut("model").filter(|m| m.is_object()) {
+            value = model.take();
+        }
+        let config: ModelConfig = serde_json::from_value(value).map_err(bad)?;
         config
             .validate()
             .map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
@@ -380,6 +385,32 @@ mod tests {
             assert!(json.contains(key), "{key} missing from {json}");
         }
         assert_eq!(serde_json::from_str::<ModelConfig>(&json).unwrap(), c);
+    }
+
+    /// A model's config file, and a run's (the model's keys under `model`, beside
+    /// the run's own); an unknown key is an error naming the file and the key.
+    #[test]
+    fn config_files_are_a_model_s_or_a_run_s() {
+        let dir = tempfile::tempdir().unwrap();
+        let model = ModelConfig::tinystories();
+        let read = |name: &str, text: &str| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text).unwrap();
+            ModelConfig::from_json_file(&path)
+        };
+        assert_eq!(read("model.json", &model.to_json()).unwrap(), model);
+        let run = format!(
+            r#"{{"model": {}, "steps": 10, "lr_max": 0.001}}"#,
+            model.to_json()
+        );
+        assert_eq!(read("config.json", &run).unwrap(), model);
+        let err = read("typo.json", r#"{"vocab_sise": 10}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("typo.json") && err.contains("vocab_sise"),
+            "{err}"
+        );
     }
 
     #[test]

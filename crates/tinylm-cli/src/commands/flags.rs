@@ -43,7 +43,8 @@ impl DeviceArgs {
 /// `preset` are [`ModelConfig`]'s keys, each `None` unless its flag is given.
 #[derive(Args, Debug, Serialize)]
 pub struct ModelArgs {
-    /// Model configuration JSON (CS336 keys); the shape flags override it.
+    /// Model configuration JSON (CS336 keys, or a run's `config.json`); the shape
+    /// flags override it.
     #[arg(long, conflicts_with = "preset")]
     #[serde(skip)]
     pub model_config: Option<PathBuf>,

@@ -17,7 +17,8 @@ use tinylm_bpe::npy::{self, Dtype, MappedNpy};
 
 #[derive(Args, Debug)]
 pub struct ForwardArgs {
-    /// Model configuration JSON (CS336 keys); needed only for a weights-only file.
+    /// Model configuration JSON (CS336 keys, or a run's `config.json`); needed only
+    /// for a weights-only file.
     #[arg(long)]
     config: Option<PathBuf>,
     /// Weights: safetensors with one tensor per parameter name, a `tinylm train`
