@@ -183,8 +183,10 @@ pub enum BufKind {
     Activations,
     /// Activations the backward pass reads only as matrix-product operands (the
     /// norms' outputs, the FFN's gated product, the gradients of its
-    /// pre-activations): bf16 under bf16 on every backend, which halves their
-    /// memory and loses nothing the products would not round away.
+    /// pre-activations), and a KV cache, which only attention's products read:
+    /// bf16 under bf16 on every backend, which halves their memory (and a decoding
+    /// step's reads of the cache) and loses nothing the products would not round
+    /// away.
     Operands,
     /// Always full precision: parameter gradients, AdamW moments, RMSNorm
     /// statistics, RoPE tables.

@@ -1,8 +1,6 @@
 //! Memory of the CPU kernels: zeroed buffers on huge pages, a pointer parallel tasks
 //! share to write disjoint parts of one buffer, per-thread scratch (and the size of
-//! the parts a host write converts in it), and a blocked transpose.
-
-use crate::kernels::Float;
+//! the parts a host write converts in it), a blocked transpose, and prefetches.
 
 /// Values a task converts at a time where a buffer's values are written from the
 /// host in parts ([`Backend::write_host`](crate::kernels::Backend::write_host)):
@@ -96,9 +94,9 @@ pub(crate) fn with_scratch<T: Copy + Default + 'static, R>(
 
 /// `dst (cols, rows)` = the transpose of `src (rows, cols)` (row stride `src_rs`),
 /// in blocks of rows so each block's source cache lines are read once.
-pub(crate) fn transpose<F: Float>(
-    dst: &mut [F],
-    src: &[F],
+pub(crate) fn transpose<T: Copy>(
+    dst: &mut [T],
+    src: &[T],
     rows: usize,
     cols: usize,
     src_rs: usize,
@@ -113,6 +111,26 @@ pub(crate) fn transpose<F: Float>(
             }
         }
     }
+}
+
+/// Asks the CPU to fetch `rows` rows of `bytes` bytes each, `stride` bytes apart,
+/// from `start` into the cache (a hint: nothing happens where the architecture has
+/// no stable prefetch instruction).
+pub(crate) fn prefetch_rows<T>(start: *const T, rows: usize, stride: usize, bytes: usize) {
+    #[cfg(target_arch = "x86_64")]
+    for r in 0..rows {
+        let row = start.cast::<i8>().wrapping_add(r * stride);
+        for line in (0..bytes).step_by(64) {
+            // SAFETY: a prefetch is a hint; it never faults, whatever the address.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                    row.wrapping_add(line),
+                )
+            };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (start, rows, stride, bytes);
 }
 
 #[cfg(test)]

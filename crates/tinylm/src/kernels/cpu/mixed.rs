@@ -17,7 +17,7 @@
 use super::attention::{
     attention_backward_on, attention_forward_cached_on, attention_forward_on, HeadProduct,
 };
-use super::bf16::{matmul_bf16_on, matmul_bf16_view, Bf16Kernel, Operand as Bf16View};
+use super::bf16::{matmul_bf16_on, matmul_bf16_view, Bf16Kernel, Bf16Operand, Operand as Bf16View};
 use super::linear::View;
 use super::memory::{with_scratch, zeroed, WRITE_CHUNK};
 use super::simd::CHUNK;
@@ -109,32 +109,37 @@ impl CpuMixed {
     }
 }
 
+/// A view as the bf16 kernel takes it.
+fn bf16_view<E>(v: View<E>) -> Bf16View<E> {
+    Bf16View {
+        ptr: v.ptr,
+        rs: v.rs as usize,
+        cs: v.cs as usize,
+    }
+}
+
 /// Attention's per-head products on the bf16 kernel: both operands rounded to
-/// bf16 as they are packed, sums and the output in `f32` (the probabilities and
-/// scores themselves stay `f32`; only their product operands are rounded).
-impl HeadProduct<f32> for CpuMixed {
+/// bf16 as they are packed (a KV cache in bf16 is read as it is: the same
+/// values), sums and the output in `f32` (the probabilities and scores themselves
+/// stay `f32`; only their product operands are rounded).
+impl<E: Bf16Operand> HeadProduct<f32, E> for CpuMixed {
     unsafe fn product(
         &self,
         shape: (usize, usize, usize),
         dst: *mut f32,
         dst_rs: usize,
-        a: View<f32>,
-        b: View<f32>,
+        a: View<E>,
+        b: View<E>,
         scale: f32,
         accumulate: bool,
     ) {
-        let operand = |v: View<f32>| Bf16View {
-            ptr: v.ptr,
-            rs: v.rs as usize,
-            cs: v.cs as usize,
-        };
         matmul_bf16_view(
             self.kernel,
             shape,
             dst,
             dst_rs,
-            operand(a),
-            operand(b),
+            bf16_view(a),
+            bf16_view(b),
             accumulate,
         );
         if scale != 1.0 {
@@ -146,6 +151,18 @@ impl HeadProduct<f32> for CpuMixed {
                 }
             }
         }
+    }
+
+    unsafe fn mix(
+        &self,
+        shape: (usize, usize, usize),
+        dst: *mut f32,
+        dst_rs: usize,
+        p: View<f32>,
+        v: View<E>,
+    ) {
+        let (p, v) = (bf16_view(p), bf16_view(v));
+        matmul_bf16_view(self.kernel, shape, dst, dst_rs, p, v, false);
     }
 
     /// Packing rounds `Kᵀ` and `Vᵀ` from their rows of `qkv` as fast as from a
@@ -454,8 +471,13 @@ impl Backend<f32> for CpuMixed {
         }
     }
 
+    /// Into a bf16 buffer (a KV cache's rows), rounded.
     fn copy(&self, dst: SpanMut<MixedBuf>, src: Span<MixedBuf>) {
-        Cpu.copy(f32s_mut(dst), f32s(src));
+        let src = f32s(src).slice();
+        match out(dst) {
+            Out::F32(values) => store(values, src),
+            Out::Bf16(values) => store(values, src),
+        }
     }
 
     fn fill_zero(&self, dst: SpanMut<MixedBuf>) {
@@ -573,12 +595,21 @@ impl Backend<f32> for CpuMixed {
         att: SpanMut<MixedBuf>,
         caches: &[(Span<MixedBuf>, AttnShape)],
     ) {
-        let (out, att) = (f32s_mut(out), f32s_mut(att));
-        let caches: Vec<_> = caches
-            .iter()
-            .map(|&(qkv, s)| (f32s(qkv).slice(), s))
-            .collect();
-        attention_forward_cached_on(out.slice(), att.slice(), &caches, self);
+        let (out, att) = (f32s_mut(out).slice(), f32s_mut(att).slice());
+        // The caches are all bf16 (`BufKind::Operands` under bf16 weights) or all f32.
+        let (mut f32_caches, mut bf16_caches) = (Vec::new(), Vec::new());
+        for &(qkv, s) in caches {
+            match operand(qkv) {
+                Operand::F32(values) => f32_caches.push((values, s)),
+                Operand::Bf16(values) => bf16_caches.push((values, s)),
+                Operand::Q8(..) => panic!("a KV cache is not quantized"),
+            }
+        }
+        match (f32_caches.is_empty(), bf16_caches.is_empty()) {
+            (_, true) => attention_forward_cached_on(out, att, &f32_caches, self),
+            (true, false) => attention_forward_cached_on(out, att, &bf16_caches, self),
+            (false, false) => panic!("KV caches of one pass in f32 and in bf16"),
+        }
     }
 
     fn attention_backward(
@@ -728,6 +759,41 @@ mod tests {
                     let sum = sum as f32 * scale;
                     *c = if accumulate { *c + sum } else { sum };
                 }
+            }
+        }
+
+        unsafe fn mix(
+            &self,
+            shape: (usize, usize, usize),
+            dst: *mut f32,
+            dst_rs: usize,
+            p: View<f32>,
+            v: View<f32>,
+        ) {
+            self.product(shape, dst, dst_rs, p, v, 1.0, false)
+        }
+    }
+
+    /// A copy into bf16 operands (a KV cache's rows) stores each value rounded as
+    /// the products round it; a copy into `f32` values keeps them.
+    #[test]
+    fn a_copy_into_bf16_operands_rounds_each_value() {
+        let be = CpuMixed::new();
+        let want = values(70_000, 3.0, 5);
+        let role = crate::buffers::KV_CACHE;
+        let mut src = be.alloc(role, want.len(), BufKind::Activations).unwrap();
+        be.upload(src.all_mut(), &want).unwrap();
+        for kind in [BufKind::Operands, BufKind::Activations] {
+            let mut dst = be.alloc(role, want.len() + 10, kind).unwrap();
+            be.copy(dst.at_mut(10..10 + want.len()), src.all());
+            let mut got = vec![0.0; want.len()];
+            be.download(dst.at(10..10 + want.len()), &mut got).unwrap();
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                let w = match kind {
+                    BufKind::Operands => f32::from_bits(u32::from(round_bf16(*w)) << 16),
+                    _ => *w,
+                };
+                assert_eq!(g.to_bits(), w.to_bits(), "{kind:?} value {i}");
             }
         }
     }
