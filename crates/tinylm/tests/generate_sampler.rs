@@ -106,7 +106,7 @@ fn temperature_zero_is_greedy() {
 }
 
 /// The nucleus of a large vocabulary — of a few tokens, or of hundreds (past the
-/// sampler's first guess of how many to sort) — with and without top-k, equals the
+/// part the sampler sorts rather than halves) — with and without top-k, equals the
 /// one of the whole vocabulary sorted, in the same order.
 #[test]
 fn the_nucleus_of_a_large_vocabulary_is_that_of_the_whole_sort() {
