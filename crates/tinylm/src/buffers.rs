@@ -71,12 +71,11 @@ pub fn statistics<F: Float, A: Allocator<F>>(a: &A) -> Result<[A::Stats; 3]> {
     ])
 }
 
-/// A decoding KV cache's rows, per layer `(context_length, 3C)`: read only by
-/// attention's products ([`BufKind::Operands`]), so bf16 where they round to it.
+/// A decoding KV cache's rows, per layer `(context_length, 3C)` ([`BufKind::Cache`]).
 pub fn kv_cache<F: Float, A: Allocator<F>>(a: &A, c: &ModelConfig) -> Result<Vec<A::Buf>> {
     let len = c.context_length * 3 * c.d_model;
     (0..c.num_layers)
-        .map(|_| a.alloc(KV_CACHE, len, BufKind::Operands))
+        .map(|_| a.alloc(KV_CACHE, len, BufKind::Cache))
         .collect()
 }
 

@@ -69,8 +69,8 @@ pub struct Model<F: Float = f32, B: Backend<F> = Cpu> {
 }
 
 /// Keys and values of every position decoded so far, per layer, for generation,
-/// in buffers of the model's backend ([`BufKind::Operands`]:
-/// bf16 under bf16 weights, the values attention's products would round them to).
+/// in buffers of the model's backend ([`BufKind::Cache`]: bf16 where attention's
+/// products round to bf16).
 pub struct KvCache<Buf = Vec<f32>> {
     len: usize,
     context_length: usize,

@@ -156,12 +156,13 @@ impl Allocator<f32> for Planner {
                 let bytes = 4 * len as u64 + crate::kernels::cpu::q8::Q8Buffer::bytes_of(len);
                 return Ok(Planned { len, bytes });
             }
+            (Target::CpuBf16 | Target::CpuQ8, BufKind::Cache) => 2,
             (Target::Cpu | Target::CpuQ8, _) | (_, BufKind::Full) => 4,
             (Target::CpuBf16, BufKind::Activations) => 4,
             (Target::CpuBf16, BufKind::Operands) => 2,
             (Target::CpuBf16 | Target::Cuda(Precision::Bf16), BufKind::Params) => 4 + 2,
             (Target::Cuda(_), BufKind::Params) => 4,
-            (Target::Cuda(_), BufKind::Activations | BufKind::Operands) => {
+            (Target::Cuda(_), BufKind::Activations | BufKind::Operands | BufKind::Cache) => {
                 self.target.activation_bytes()
             }
         };

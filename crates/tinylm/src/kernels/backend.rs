@@ -183,11 +183,13 @@ pub enum BufKind {
     Activations,
     /// Activations the backward pass reads only as matrix-product operands (the
     /// norms' outputs, the FFN's gated product, the gradients of its
-    /// pre-activations), and a KV cache, which only attention's products read:
-    /// bf16 under bf16 on every backend, which halves their memory (and a decoding
-    /// step's reads of the cache) and loses nothing the products would not round
-    /// away.
+    /// pre-activations): bf16 under bf16 on every backend, which halves their
+    /// memory and loses nothing the products would not round away.
     Operands,
+    /// A KV cache, which only attention's products read: bf16 wherever those are
+    /// bf16 (on the CPU under bf16 or Q8_0 weights, on a GPU under bf16), which
+    /// halves its memory and the bytes a decoding step reads, and loses nothing.
+    Cache,
     /// Always full precision: parameter gradients, AdamW moments, RMSNorm
     /// statistics, RoPE tables.
     Full,

@@ -5,10 +5,11 @@
 //! ([`Bf16Kernel::best`]); the weights' operand is a bf16 copy of the parameters
 //! made once per update (by AdamW in the same pass, by an upload or a gather), and
 //! the activations that backward reads only as product operands
-//! ([`BufKind::Operands`]) are stored in bf16. Everything else — master weights,
-//! gradients, AdamW moments, the residual stream, RMSNorm statistics, attention's
-//! softmax, the logits and the loss — stays `f32`, computed by the very kernels of
-//! [`Cpu`], to which the `f32` work is handed.
+//! ([`BufKind::Operands`]) and a KV cache ([`BufKind::Cache`]) are stored in bf16.
+//! Everything else — master weights, gradients, AdamW moments, the residual
+//! stream, RMSNorm statistics, attention's softmax, the logits and the loss — stays
+//! `f32`, computed by the very kernels of [`Cpu`], to which the `f32` work is
+//! handed.
 //!
 //! The design mirrors the CUDA backend's under bf16: the buffer's kind picks its
 //! type, parameters carry their bf16 copy ([`MixedBuf`]), and the one model
@@ -331,7 +332,9 @@ impl Allocator<f32> for CpuMixed {
                 Values::F32(zeroed(len)),
                 ParamCopy::Q8(Box::new(q8::Q8Buffer::new(len))),
             ),
-            (BufKind::Operands, WeightCopy::Bf16) => (Values::Bf16(zeroed(len)), ParamCopy::None),
+            (BufKind::Operands, WeightCopy::Bf16) | (BufKind::Cache, _) => {
+                (Values::Bf16(zeroed(len)), ParamCopy::None)
+            }
             _ => (Values::F32(zeroed(len)), ParamCopy::None),
         };
         Ok(MixedBuf { values, copy })
@@ -596,7 +599,7 @@ impl Backend<f32> for CpuMixed {
         caches: &[(Span<MixedBuf>, AttnShape)],
     ) {
         let (out, att) = (f32s_mut(out).slice(), f32s_mut(att).slice());
-        // The caches are all bf16 (`BufKind::Operands` under bf16 weights) or all f32.
+        // The caches are bf16 (`BufKind::Cache`); f32 in this backend's tests.
         let (mut f32_caches, mut bf16_caches) = (Vec::new(), Vec::new());
         for &(qkv, s) in caches {
             match operand(qkv) {
@@ -774,23 +777,23 @@ mod tests {
         }
     }
 
-    /// A copy into bf16 operands (a KV cache's rows) stores each value rounded as
+    /// A copy into a bf16 buffer (a KV cache's rows) stores each value rounded as
     /// the products round it; a copy into `f32` values keeps them.
     #[test]
-    fn a_copy_into_bf16_operands_rounds_each_value() {
+    fn a_copy_into_a_bf16_buffer_rounds_each_value() {
         let be = CpuMixed::new();
         let want = values(70_000, 3.0, 5);
         let role = crate::buffers::KV_CACHE;
         let mut src = be.alloc(role, want.len(), BufKind::Activations).unwrap();
         be.upload(src.all_mut(), &want).unwrap();
-        for kind in [BufKind::Operands, BufKind::Activations] {
+        for kind in [BufKind::Cache, BufKind::Activations] {
             let mut dst = be.alloc(role, want.len() + 10, kind).unwrap();
             be.copy(dst.at_mut(10..10 + want.len()), src.all());
             let mut got = vec![0.0; want.len()];
             be.download(dst.at(10..10 + want.len()), &mut got).unwrap();
             for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                 let w = match kind {
-                    BufKind::Operands => f32::from_bits(u32::from(round_bf16(*w)) << 16),
+                    BufKind::Cache => f32::from_bits(u32::from(round_bf16(*w)) << 16),
                     _ => *w,
                 };
                 assert_eq!(g.to_bits(), w.to_bits(), "{kind:?} value {i}");

@@ -96,7 +96,7 @@ impl Cuda {
     /// The type a buffer of `kind` holds.
     fn dtype_of(&self, kind: BufKind) -> DType {
         match kind {
-            BufKind::Activations | BufKind::Operands => self.float_x(),
+            BufKind::Activations | BufKind::Operands | BufKind::Cache => self.float_x(),
             BufKind::Params | BufKind::Full => DType::F32,
         }
     }
