@@ -17,7 +17,9 @@ use rand_chacha::ChaCha8Rng;
 use std::io::Write;
 use std::sync::Once;
 use tinylm::kernels::cpu::bf16::matmul::MAX_PACKED_B;
-use tinylm::kernels::cpu::bf16::{matmul_bf16_on, matmul_bf16_view, Bf16Kernel, Operand};
+use tinylm::kernels::cpu::bf16::{
+    matmul_bf16_forward_on, matmul_bf16_on, matmul_bf16_view, Bf16Kernel, Operand,
+};
 use tinylm::kernels::MatMul;
 
 /// The kernels this CPU runs; says so on stderr (not captured by the test harness)
@@ -93,16 +95,22 @@ fn check(kernel: Bf16Kernel, s: MatMul, rng: &mut ChaCha8Rng, stride: usize) {
     // `B` also stored in bf16, as a weight's copy is: a linear layer's product of few
     // rows takes the dot-product path then.
     let b16: Vec<bf16> = b.iter().map(|&x| bf16::from_f32(x)).collect();
-    for (accumulate, b_in_bf16) in [(false, false), (true, false), (false, true), (true, true)] {
+    // Each also as a forward-only model multiplies (more rows as dot products).
+    let runs = [(false, false), (true, false), (false, true), (true, true)];
+    for (forward, (accumulate, b_in_bf16)) in
+        [false, true].into_iter().flat_map(|f| runs.map(|r| (f, r)))
+    {
         let s = MatMul { accumulate, ..s };
         let mut out = if accumulate {
             c0.clone()
         } else {
             vec![f32::NAN; m * n]
         };
-        match b_in_bf16 {
-            false => matmul_bf16_on(kernel, &mut out, &a, &b, s),
-            true => matmul_bf16_on(kernel, &mut out, &a, &b16, s),
+        match (forward, b_in_bf16) {
+            (false, false) => matmul_bf16_on(kernel, &mut out, &a, &b, s),
+            (false, true) => matmul_bf16_on(kernel, &mut out, &a, &b16, s),
+            (true, false) => matmul_bf16_forward_on(kernel, &mut out, &a, &b, s),
+            (true, true) => matmul_bf16_forward_on(kernel, &mut out, &a, &b16, s),
         }
         for i in (0..m).step_by(stride) {
             for j in (0..n).step_by(stride) {
@@ -120,7 +128,7 @@ fn check(kernel: Bf16Kernel, s: MatMul, rng: &mut ChaCha8Rng, stride: usize) {
                 let got = f64::from(out[i * n + j]);
                 assert!(
                     (got - want).abs() <= bound,
-                    "{} {s:?}, B in bf16: {b_in_bf16}, ({i}, {j}): {got} against {want}, bound {bound:.2e}",
+                    "{} {s:?}, B in bf16: {b_in_bf16}, forward only: {forward}, ({i}, {j}): {got} against {want}, bound {bound:.2e}",
                     kernel.name()
                 );
             }
@@ -131,9 +139,10 @@ fn check(kernel: Bf16Kernel, s: MatMul, rng: &mut ChaCha8Rng, stride: usize) {
 /// Shapes that end inside every blocking dimension of every kernel: tiles (`MR` 4 or
 /// 8 rows, `NR` 12, 16 or 32 columns), `k` blocks of 512 (`k` odd and even), blocks
 /// of 256 rows, single rows, columns and values, and empty products (`k = 0` writes
-/// zeros); few rows (at most 16: the dot-product path of a bf16 weight, whose
-/// blocks are 4 rows by 4 weight rows by 32 values of `k`), split across threads
-/// or not.
+/// zeros); few rows (at most 16, or 128 in a forward-only model's linear layer:
+/// the dot-product path of a bf16 weight, whose blocks are 4 rows by 4 weight rows
+/// by 32 values of `k`), split across threads or not, and the first row counts
+/// past them.
 #[test]
 fn products_equal_the_rounded_definition_on_edge_shapes() {
     let mut rng = ChaCha8Rng::seed_from_u64(46);
@@ -156,6 +165,8 @@ fn products_equal_the_rounded_definition_on_edge_shapes() {
         (6, 700, 402),
         (1, 2050, 701),
         (17, 33, 9),
+        (128, 70, 9),
+        (129, 70, 9),
     ];
     for kernel in kernels() {
         for &(m, k, n) in &shapes {

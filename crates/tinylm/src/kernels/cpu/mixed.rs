@@ -18,7 +18,10 @@
 use super::attention::{
     attention_backward_on, attention_forward_cached_on, attention_forward_on, HeadProduct,
 };
-use super::bf16::{matmul_bf16_on, matmul_bf16_view, Bf16Kernel, Bf16Operand, Operand as Bf16View};
+use super::bf16::{
+    matmul_bf16_forward_on, matmul_bf16_on, matmul_bf16_view, Bf16Kernel, Bf16Operand,
+    Operand as Bf16View,
+};
 use super::linear::View;
 use super::memory::{with_scratch, zeroed, WRITE_CHUNK};
 use super::simd::CHUNK;
@@ -101,6 +104,21 @@ impl CpuMixed {
     /// The kernel its products run on.
     pub fn kernel(&self) -> Bf16Kernel {
         self.kernel
+    }
+
+    /// `out = a · b` on this backend's bf16 kernel, a forward-only model's prompts
+    /// as dot products ([`matmul_bf16_forward_on`]).
+    fn bf16_product<A: Bf16Operand, B: Bf16Operand>(
+        &self,
+        out: &mut [f32],
+        a: &[A],
+        b: &[B],
+        shape: MatMul,
+    ) {
+        match self.forward_only {
+            true => matmul_bf16_forward_on(self.kernel, out, a, b, shape),
+            false => matmul_bf16_on(self.kernel, out, a, b, shape),
+        }
     }
 
     /// Whether `buf` is parameters whose weights this backend keeps in their copy
@@ -463,12 +481,11 @@ impl Backend<f32> for CpuMixed {
     /// activations rounded as they are packed), `f32` sums into `f32` `out`.
     fn matmul(&self, out: SpanMut<MixedBuf>, a: Span<MixedBuf>, b: Span<MixedBuf>, shape: MatMul) {
         let out = f32s_mut(out).slice();
-        let k = self.kernel;
         match (operand(a), operand(b)) {
-            (Operand::F32(a), Operand::F32(b)) => matmul_bf16_on(k, out, a, b, shape),
-            (Operand::F32(a), Operand::Bf16(b)) => matmul_bf16_on(k, out, a, b, shape),
-            (Operand::Bf16(a), Operand::F32(b)) => matmul_bf16_on(k, out, a, b, shape),
-            (Operand::Bf16(a), Operand::Bf16(b)) => matmul_bf16_on(k, out, a, b, shape),
+            (Operand::F32(a), Operand::F32(b)) => self.bf16_product(out, a, b, shape),
+            (Operand::F32(a), Operand::Bf16(b)) => self.bf16_product(out, a, b, shape),
+            (Operand::Bf16(a), Operand::F32(b)) => self.bf16_product(out, a, b, shape),
+            (Operand::Bf16(a), Operand::Bf16(b)) => self.bf16_product(out, a, b, shape),
             (Operand::F32(a), Operand::Q8(w, start)) => q8::matmul_q8(out, a, w, start, shape),
             _ => panic!("q8_0 weights multiply f32 activations, as the weights' right operand"),
         }
