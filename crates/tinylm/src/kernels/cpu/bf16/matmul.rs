@@ -127,9 +127,9 @@ pub fn matmul_bf16_on<A: Bf16Operand, B: Bf16Operand>(
 }
 
 /// [`matmul_bf16_on`] for a model that only runs forward (generation): a linear
-/// layer's product of up to [`PROMPT_FEW_ROWS`] rows — a prompt's pass — runs as
-/// dot products too. (Training keeps the blocked product past [`FEW_ROWS`] rows,
-/// so that its sums do not change path with the micro-batch's size.)
+/// layer's product of up to 128 rows — a prompt's pass — runs as dot products
+/// too. (Training keeps the blocked product past 16 rows, so that its sums do not
+/// change path with the micro-batch's size.)
 pub fn matmul_bf16_forward_on<A: Bf16Operand, B: Bf16Operand>(
     kernel: Bf16Kernel,
     out: &mut [f32],
