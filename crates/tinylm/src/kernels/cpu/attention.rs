@@ -580,12 +580,14 @@ mod tests {
         }
     }
 
-    #[test]
-    fn cached_attention_of_several_sequences_is_each_ones_own() {
-        let (h, d) = (3, 8);
-        let c = h * d;
-        // (cached positions, new rows): decoding steps and a prompt beside them.
-        let parts = [(6, 1), (0, 1), (40, 1), (2, 9), (QUERY_BLOCK + 3, 1)];
+    /// The shapes of a decoding pass over sequences of `(cached positions, new
+    /// rows)` with `h` heads of `d` channels, and a random cache `(T, 3C)` for each.
+    fn decoding_pass(
+        h: usize,
+        d: usize,
+        parts: &[(usize, usize)],
+        seed: u64,
+    ) -> (Vec<AttnShape>, Vec<Vec<f32>>) {
         let shapes: Vec<AttnShape> = (parts.iter())
             .map(|&(q0, tq)| AttnShape {
                 b: 1,
@@ -595,9 +597,19 @@ mod tests {
                 q0,
             })
             .collect();
-        let caches: Vec<Vec<f32>> = (shapes.iter().enumerate())
-            .map(|(i, s)| values(s.t * 3 * c, 2.0, 10 + i as u64))
+        let caches = (shapes.iter().zip(seed..))
+            .map(|(s, seed)| values(s.t * 3 * s.c(), 2.0, seed))
             .collect();
+        (shapes, caches)
+    }
+
+    #[test]
+    fn cached_attention_of_several_sequences_is_each_ones_own() {
+        let (h, d) = (3, 8);
+        let c = h * d;
+        // (cached positions, new rows): decoding steps and a prompt beside them.
+        let parts = [(6, 1), (0, 1), (40, 1), (2, 9), (QUERY_BLOCK + 3, 1)];
+        let (shapes, caches) = decoding_pass(h, d, &parts, 10);
         let rows: usize = shapes.iter().map(|s| s.tq()).sum();
         let probs: usize = shapes.iter().map(|s| s.h * s.tq() * s.t).sum();
         let products: [&dyn HeadProduct<f32>; 2] = [&Gemm, &crate::kernels::cpu::CpuMixed::new()];
@@ -635,21 +647,7 @@ mod tests {
     fn a_bf16_cache_attends_as_its_f32_values_rounded() {
         use crate::kernels::cpu::bf16::{round_bf16, Bf16Kernel, Bf16Operand};
         use crate::kernels::cpu::CpuMixed;
-        let (h, d) = (2, 16);
-        let c = h * d;
-        let shapes: Vec<AttnShape> = [(9, 1), (0, 1), (70, 1), (3, 5)]
-            .iter()
-            .map(|&(q0, tq)| AttnShape {
-                b: 1,
-                t: q0 + tq,
-                h,
-                d,
-                q0,
-            })
-            .collect();
-        let caches: Vec<Vec<f32>> = (shapes.iter().enumerate())
-            .map(|(i, s)| values(s.t * 3 * c, 2.0, 30 + i as u64))
-            .collect();
+        let (shapes, caches) = decoding_pass(2, 16, &[(9, 1), (0, 1), (70, 1), (3, 5)], 30);
         let rounded: Vec<Vec<half::bf16>> = (caches.iter())
             .map(|v| {
                 (v.iter())
