@@ -615,21 +615,14 @@ impl Backend<f32> for CpuMixed {
         att: SpanMut<MixedBuf>,
         caches: &[(Span<MixedBuf>, AttnShape)],
     ) {
-        let (out, att) = (f32s_mut(out).slice(), f32s_mut(att).slice());
-        // The caches are bf16 (`BufKind::Cache`); f32 in this backend's tests.
-        let (mut f32_caches, mut bf16_caches) = (Vec::new(), Vec::new());
-        for &(qkv, s) in caches {
-            match operand(qkv) {
-                Operand::F32(values) => f32_caches.push((values, s)),
-                Operand::Bf16(values) => bf16_caches.push((values, s)),
-                Operand::Q8(..) => panic!("a KV cache is not quantized"),
-            }
-        }
-        match (f32_caches.is_empty(), bf16_caches.is_empty()) {
-            (_, true) => attention_forward_cached_on(out, att, &f32_caches, self),
-            (true, false) => attention_forward_cached_on(out, att, &bf16_caches, self),
-            (false, false) => panic!("KV caches of one pass in f32 and in bf16"),
-        }
+        let (out, att) = (f32s_mut(out), f32s_mut(att));
+        let caches: Vec<_> = (caches.iter())
+            .map(|&(qkv, s)| match operand(qkv) {
+                Operand::Bf16(values) => (values, s),
+                _ => panic!("a KV cache of this backend is bf16 (`BufKind::Cache`)"),
+            })
+            .collect();
+        attention_forward_cached_on(out.slice(), att.slice(), &caches, self);
     }
 
     fn attention_backward(

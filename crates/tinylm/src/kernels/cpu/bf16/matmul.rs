@@ -145,21 +145,21 @@ pub fn matmul_bf16_forward_on<A: Bf16Operand, B: Bf16Operand>(
 /// from memory once for all the rows, at a fraction of the bf16 peak; the blocked
 /// product packs the weight (reading it twice and writing it once) and runs near
 /// the peak, which pays off from a few hundred rows: on Zen 5 a 62-token prompt of
-/// a 134M-parameter model took 28 ms instead of 34–46, 124 tokens 44–55 ms
+/// a 134M-parameter model took 24–29 ms instead of 32–48, 124 tokens 44–55 ms
 /// instead of 60, 248 tokens (blocked either way) 93–100 ms. Attention's
 /// per-head products keep [`FEW_ROWS`]: its query blocks of 64 were slower as dot
 /// products (a training step's attention 10.4 → 12.7 ms).
 const PROMPT_FEW_ROWS: usize = 128;
 
-/// [`matmul_bf16_on`] with linear layers' products of at most `few_rows` rows as
-/// dot products.
+/// [`matmul_bf16_on`] with linear layers' products of at most `linear_rows` rows
+/// as dot products.
 fn product<A: Bf16Operand, B: Bf16Operand>(
     kernel: Bf16Kernel,
     out: &mut [f32],
     a: &[A],
     b: &[B],
     s: MatMul,
-    few_rows: usize,
+    linear_rows: usize,
 ) {
     assert_eq!(out.len(), s.m * s.n, "matmul output size");
     assert_eq!(a.len(), s.m * s.k, "matmul lhs size");
@@ -174,7 +174,7 @@ fn product<A: Bf16Operand, B: Bf16Operand>(
     // SAFETY: the operands address their shapes (sizes checked above), the CPU has
     // the kernel's instructions.
     if unsafe {
-        self::few_rows(
+        few_rows(
             kernel,
             shape,
             out.as_mut_ptr(),
@@ -182,7 +182,7 @@ fn product<A: Bf16Operand, B: Bf16Operand>(
             a,
             b,
             s.accumulate,
-            Some(few_rows),
+            Some(linear_rows),
         )
     } {
         return;
