@@ -60,6 +60,10 @@ impl Write for AtomicFile {
         self.out.write_all(buf)
     }
 
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        self.out.write_vectored(bufs)
+    }
+
     fn flush(&mut self) -> io::Result<()> {
         self.out.flush()
     }

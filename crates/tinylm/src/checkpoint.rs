@@ -20,7 +20,7 @@ use crate::kernels::{AdamWParams, Backend, Buffer};
 use crate::model::Model;
 use crate::optim::AdamW;
 use crate::params::{write_safetensors, FileBuffer, ParamLayout, SafetensorsFile, TensorData};
-use crate::{Error, ModelConfig, Result};
+use crate::{buffers, Error, ModelConfig, Result};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -320,10 +320,16 @@ impl CheckpointFile {
         })
     }
 
-    /// A model run by `backend` with the checkpoint's weights, read into its
-    /// parameter buffer (the moments are not read).
+    /// A model run by `backend` with the checkpoint's weights, mapped where the
+    /// backend can ([`Load::Map`]), else read into its parameter buffer (the
+    /// moments are not read).
     pub fn model<B: Backend<f32>>(&self, backend: B) -> Result<Model<f32, B>> {
-        model_from(&self.weights()?, self.config.clone(), backend)
+        model_from(&self.weights()?, self.config.clone(), backend, Load::Map)
+    }
+
+    /// [`CheckpointFile::model`] to train on: the weights read ([`Load::Read`]).
+    pub fn model_to_train<B: Backend<f32>>(&self, backend: B) -> Result<Model<f32, B>> {
+        model_from(&self.weights()?, self.config.clone(), backend, Load::Read)
     }
 
     /// `model`'s AdamW state for the parameters `covers` (all of them, or a ZeRO-1
@@ -346,15 +352,34 @@ impl CheckpointFile {
     }
 }
 
+/// How a model's weights come from a file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Load {
+    /// Mapped where the backend can ([`FileBuffer::map`]), for a model that runs:
+    /// no fresh memory, no copy. Else read.
+    Map,
+    /// Read into fresh memory, tensor by tensor, for a model that trains: it writes
+    /// every weight each step, which in a mapping would copy each page at its
+    /// first write and keep the file's old pages (the file a run replaces) until
+    /// the run ends.
+    Read,
+}
+
 /// A model run by `backend` with the weights `weights` (of `config`'s layout),
-/// read into its parameter buffer tensor by tensor.
+/// mapped or read into its parameter buffer tensor by tensor as `load` says.
 pub(crate) fn model_from<B: Backend<f32>>(
     weights: &FileBuffer,
     config: ModelConfig,
     backend: B,
+    load: Load,
 ) -> Result<Model<f32, B>> {
-    Model::with_backend_from(config, backend, |backend, params| {
-        weights.read_into(backend, 0..params.len(), params, &mut None)
+    Model::with_backend_from(config, backend, |backend, layout| {
+        if let Some(params) = (load == Load::Map).then(|| weights.map(backend)).flatten() {
+            return Ok(params);
+        }
+        let mut params = buffers::parameters(backend, layout)?;
+        weights.read_into(backend, 0..layout.total, &mut params, &mut None)?;
+        Ok(params)
     })
 }
 
@@ -415,12 +440,81 @@ mod tests {
         }
     }
 
+    /// The file the mapping that holds `addr` maps, from `/proc/self/maps`
+    /// (empty for anonymous memory).
+    #[cfg(target_os = "linux")]
+    fn mapped_file(addr: usize) -> String {
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let line = maps.lines().find(|line| {
+            let (start, end) = line
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .split_once('-')
+                .unwrap();
+            let hex = |h| usize::from_str_radix(h, 16).unwrap();
+            (hex(start)..hex(end)).contains(&addr)
+        });
+        let fields = line
+            .expect("a mapping holds the address")
+            .split_whitespace();
+        fields.skip(5).collect::<Vec<_>>().join(" ")
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_cpu_model_maps_the_parameters_tinylm_wrote_and_reads_any_other_order() {
+        let config = small();
+        let trained = Model::<f32, Cpu>::new(config.clone(), 3).unwrap();
+        let opt = AdamW::new(trained.params().len(), AdamWParams::default());
+        let dir = tempfile::tempdir().unwrap();
+        let (ours, reversed) = (
+            dir.path().join("ours.safetensors"),
+            dir.path().join("rev.safetensors"),
+        );
+        save(
+            &ours,
+            &config,
+            trained.params(),
+            Some(&opt),
+            &BTreeMap::new(),
+        )
+        .unwrap();
+        let layout = ParamLayout::new(&config);
+        let mut tensors = layout.tensors(trained.params());
+        tensors.reverse();
+        crate::params::save_safetensors(&reversed, &tensors, &BTreeMap::new()).unwrap();
+
+        let mut mapped = CheckpointFile::open(&ours).unwrap().model(Cpu).unwrap();
+        let read = crate::weights::open(&reversed, Some(&config))
+            .unwrap()
+            .model(Cpu)
+            .unwrap();
+        assert_eq!(mapped.params(), trained.params());
+        assert_eq!(read.params(), trained.params());
+        let file_of = |m: &Model| mapped_file(m.params().as_ptr() as usize);
+        assert_eq!(
+            file_of(&mapped),
+            ours.canonicalize().unwrap().display().to_string()
+        );
+        assert_eq!(
+            file_of(&read),
+            "",
+            "a file in another order is read into memory"
+        );
+        // A write changes the model's values, never the file's.
+        mapped.params_mut()[1] += 1.0;
+        let again = CheckpointFile::open(&ours).unwrap().model(Cpu).unwrap();
+        assert_eq!(again.params(), trained.params());
+        assert_ne!(mapped.params(), trained.params());
+    }
+
     #[test]
     fn a_checkpoint_written_from_the_buffers_is_the_host_copys_byte_for_byte() {
         let config = small();
         let model = Model::<f32, Cpu>::new(config.clone(), 3).unwrap();
         let mut opt = model.new_adamw(AdamWParams::default()).unwrap();
-        for (i, (m, v)) in opt.m.iter_mut().zip(&mut opt.v).enumerate() {
+        for (i, (m, v)) in opt.m.iter_mut().zip(opt.v.iter_mut()).enumerate() {
             (*m, *v) = (i as f32 * 1e-3, (i % 7) as f32);
         }
         opt.step = 5;
@@ -466,7 +560,7 @@ mod tests {
         let same = |a: &Path, b: &Path| assert!(parts(a) == parts(b), "{a:?} differs");
         same(&direct, &copy);
         same(&fetched, &copy);
-        assert_eq!(load(&direct).unwrap().optimizer.unwrap().m, opt.m);
+        assert_eq!(load(&direct).unwrap().optimizer.unwrap().m, &opt.m[..]);
     }
 
     #[test]
@@ -508,8 +602,8 @@ mod tests {
         for covers in [0..half, half..total] {
             let shard = ckpt.adamw(&model, covers.clone()).unwrap();
             assert_eq!((shard.covers.clone(), shard.step), (covers.clone(), 9));
-            assert_eq!(shard.m, opt.m[covers.clone()]);
-            assert_eq!(shard.v, opt.v[covers]);
+            assert_eq!(shard.m[..], opt.m[covers.clone()]);
+            assert_eq!(shard.v[..], opt.v[covers]);
         }
         save(&path, &config, &params, None, &BTreeMap::new()).unwrap();
         let ckpt = CheckpointFile::open(&path).unwrap();

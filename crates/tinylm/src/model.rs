@@ -29,7 +29,7 @@ use crate::config::{ModelConfig, Norm, Positional};
 use crate::kernels::cpu::rope::rope_tables;
 use crate::kernels::{
     AdamWParams, AdamWStep, AttnShape, Backend, BatchPart, BufKind, Buffer, Collective, Cpu, Float,
-    MatMul, Span, SpanMut, StepStats,
+    HostBuf, MatMul, Span, SpanMut, StepStats,
 };
 use crate::optim::AdamW;
 use crate::params::{LayerOffsets, ParamLayout};
@@ -71,7 +71,7 @@ pub struct Model<F: Float = f32, B: Backend<F> = Cpu> {
 /// Keys and values of every position decoded so far, per layer, for generation,
 /// in buffers of the model's backend ([`BufKind::Cache`]: bf16 where attention's
 /// products round to bf16).
-pub struct KvCache<Buf = Vec<f32>> {
+pub struct KvCache<Buf = HostBuf<f32>> {
     len: usize,
     context_length: usize,
     d_model: usize,
@@ -89,7 +89,7 @@ impl KvCache {
 
 /// One sequence's part of a decoding pass ([`Model::decode`]): its KV cache and the
 /// tokens appended to it (at positions `cache.len()..`).
-pub struct NewTokens<'a, Buf = Vec<f32>> {
+pub struct NewTokens<'a, Buf = HostBuf<f32>> {
     pub cache: &'a mut KvCache<Buf>,
     pub tokens: &'a [u32],
 }
@@ -299,7 +299,7 @@ impl<B: Backend<f32>> Model<f32, B> {
     }
 }
 
-impl<F: Float, B: Backend<F, Buf = Vec<F>>> Model<F, B> {
+impl<F: Float, B: Backend<F, Buf = HostBuf<F>>> Model<F, B> {
     /// The parameters of a host-memory model.
     pub fn params(&self) -> &[F] {
         &self.params
@@ -319,25 +319,27 @@ impl<F: Float, B: Backend<F, Buf = Vec<F>>> Model<F, B> {
 impl<F: Float, B: Backend<F>> Model<F, B> {
     /// A model run by `backend`, with the given parameters (in [`ParamLayout`] order).
     pub fn with_backend(config: ModelConfig, params: &[F], backend: B) -> Result<Self> {
-        Model::with_backend_from(config, backend, |backend, buf| {
-            if params.len() != buf.len() {
+        Model::with_backend_from(config, backend, |backend, layout| {
+            if params.len() != layout.total {
                 return Err(Error::Invalid(format!(
                     "parameter buffer has {} values, the configuration needs {}",
                     params.len(),
-                    buf.len()
+                    layout.total
                 )));
             }
-            backend.upload(buf.all_mut(), params)
+            let mut buf = buffers::parameters(backend, layout)?;
+            backend.upload(buf.all_mut(), params)?;
+            Ok(buf)
         })
     }
 
-    /// A model run by `backend` whose parameters `fill` writes into the backend's
-    /// zeroed parameter buffer (`total` values in [`ParamLayout`] order), e.g.
-    /// straight from a checkpoint file.
+    /// A model run by `backend` whose parameter buffer (`total` values in the
+    /// [`ParamLayout`] given) `params` makes: [`buffers::parameters`] filled, e.g.
+    /// straight from a checkpoint file, or a file mapped ([`Backend::map_params`]).
     pub fn with_backend_from(
         config: ModelConfig,
         backend: B,
-        fill: impl FnOnce(&B, &mut B::Buf) -> Result<()>,
+        params: impl FnOnce(&B, &ParamLayout) -> Result<B::Buf>,
     ) -> Result<Self> {
         config.validate()?;
         backend.check_model(&config)?;
@@ -347,8 +349,12 @@ impl<F: Float, B: Backend<F>> Model<F, B> {
                 layer.k_proj.start == layer.q_proj.end && layer.v_proj.start == layer.k_proj.end
             );
         }
-        let mut params = buffers::parameters(&backend, &layout)?;
-        fill(&backend, &mut params)?;
+        let params = params(&backend, &layout)?;
+        assert_eq!(
+            params.len(),
+            layout.total,
+            "a parameter buffer of the layout"
+        );
         let [mut rope_cos, mut rope_sin] = buffers::rope_tables(&backend, &config)?;
         if config.positional == Positional::Rope {
             let (cos, sin) =
@@ -1263,7 +1269,7 @@ pub fn transformer_block(
     let mut one_layer = Model::from_params(config, params)?;
     let (model, _) = one_layer.split();
     let mut acts = LayerActs::new(model.backend, model.config, PassShape::full(b, t))?;
-    let (x, mut out) = (x.to_vec(), vec![0.0; x.len()]);
+    let (x, mut out) = (HostBuf::from(x.to_vec()), HostBuf::from(vec![0.0; x.len()]));
     let layer = &model.layout.layers[0];
     let shape = model.attn_shape(b, t, 0);
     block_forward(
@@ -1274,7 +1280,7 @@ pub fn transformer_block(
         &mut out,
         Attention::Full(shape),
     );
-    Ok(out)
+    Ok(out.into_vec())
 }
 
 #[cfg(test)]
@@ -1284,7 +1290,7 @@ mod tests {
 
     /// Address and capacity of every buffer a training step touches.
     fn buffers(m: &Model) -> Vec<(usize, usize)> {
-        let id = |v: &Vec<f32>| (v.as_ptr() as usize, v.capacity());
+        let id = |v: &HostBuf<f32>| (v.as_ptr() as usize, v.len());
         let a = m.acts.as_ref().unwrap();
         let g = m.grad_acts.as_ref().unwrap();
         let mut all = vec![id(&m.params), id(&m.grads), id(&a.lnf), id(&a.logits)];
@@ -1379,7 +1385,7 @@ mod tests {
                 assert_eq!(layer_range(layer).len(), len);
                 let weights = &model.params[layer_range(layer)];
                 let out = transformer_block(&c, weights, &acts.resid[l], b, t).unwrap();
-                assert_eq!(out, acts.resid[l + 1], "layer {l}, {norm:?}");
+                assert_eq!(out, &acts.resid[l + 1][..], "layer {l}, {norm:?}");
             }
             let weights = &model.params[layer_range(&model.layout.layers[0])];
             let x = &acts.resid[0];

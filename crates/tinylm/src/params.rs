@@ -4,7 +4,7 @@
 
 use crate::config::{Ffn, ModelConfig, Norm};
 use crate::files::write_file;
-use crate::kernels::{Backend, Buffer, Cpu};
+use crate::kernels::{Backend, Buffer, Cpu, HostBuf};
 use crate::{Error, Result};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -13,7 +13,7 @@ use safetensors::tensor::{Metadata, TensorInfo};
 use safetensors::{Dtype, SafeTensors};
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::Write;
+use std::io::{IoSlice, Write};
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -294,25 +294,24 @@ pub enum TensorData<'a> {
 /// Fills a buffer of a tensor's length with its values (a download from a GPU).
 pub type Fetch<'a> = Box<dyn Fn(&mut [f32]) -> Result<()> + 'a>;
 
-/// [`save_safetensors`] for tensors wherever they are ([`TensorData`]): the file
-/// the safetensors crate writes, byte for byte. Host tensors are written from where
-/// they lie; fetched ones are fetched into `staging` (host memory at least as long
-/// as the longest of them), each written before the next is fetched. The layout is
-/// the safetensors crate's (0.8): the tensors sorted by dtype, descending, then by
-/// name (all are `F32` here, so by name), their data in that order; the header JSON
-/// (its `Metadata`) padded with spaces to a multiple of 8 bytes, its length first
-/// as a little-endian u64. Written whole or not at all ([`write_file`]): a fetch or
-/// write that fails is the error, and no file is left.
+/// [`save_safetensors`] for tensors wherever they are ([`TensorData`]). Host
+/// tensors are written from where they lie; fetched ones are fetched into `staging`
+/// (host memory at least as long as the longest of them), each written before the
+/// next is fetched. The data is in the order given (the safetensors crate would sort
+/// by name): a model's tensors in [`ParamLayout`] order are then the parameter
+/// buffer as it is, which a CPU model in `f32` maps instead of reading
+/// ([`FileBuffer::map`]). The header JSON (the crate's `Metadata`) is padded with
+/// spaces to a multiple of 8 bytes, its length first as a little-endian u64, as the
+/// crate writes it. Written whole or not at all ([`write_file`]): a fetch or write
+/// that fails is the error, and no file is left.
 pub fn write_safetensors(
     path: &Path,
     tensors: &[(String, Vec<usize>, TensorData)],
     metadata: &BTreeMap<String, String>,
     staging: &mut [f32],
 ) -> Result<()> {
-    let mut order: Vec<_> = tensors.iter().collect();
-    order.sort_by(|a, b| a.0.cmp(&b.0));
     let mut end = 0;
-    let infos = order
+    let infos = tensors
         .iter()
         .map(|(name, shape, _)| {
             let start = end;
@@ -338,45 +337,72 @@ pub fn write_safetensors(
         out.write_all(&(header.len() as u64).to_le_bytes())
             .and_then(|()| out.write_all(&header))
             .map_err(io)?;
-        for (name, shape, data) in order {
+        // Host tensors one after the other are written in one call: the kernel
+        // then caches the file in the largest pages it can (2 MiB, where it has
+        // them), which a mapping of the parameters is backed by ([`HostBuf::map`]).
+        let mut host: Vec<&[f32]> = Vec::new();
+        for (name, shape, data) in tensors {
             let len = shape.iter().product::<usize>();
-            let values: &[f32] = match data {
-                TensorData::Host(values) => values,
+            let check = |values: &[f32]| match values.len() == len {
+                true => Ok(()),
+                false => Err(invalid(&format!(
+                    "tensor '{name}' has {} values, its shape {shape:?} holds {len}",
+                    values.len()
+                ))),
+            };
+            match data {
+                TensorData::Host(values) => {
+                    check(values)?;
+                    host.push(values);
+                }
                 TensorData::Fetch(fetch) => {
+                    write_f32s(out, &std::mem::take(&mut host)).map_err(io)?;
                     let values = staging.get_mut(..len).ok_or_else(|| {
                         invalid(&format!(
                             "tensor '{name}' of {len} values does not fit the staging memory of {room}"
                         ))
                     })?;
                     fetch(values)?;
-                    values
+                    check(values)?;
+                    write_f32s(out, &[values]).map_err(io)?;
                 }
-            };
-            if values.len() != len {
-                return Err(invalid(&format!(
-                    "tensor '{name}' has {} values, its shape {shape:?} holds {len}",
-                    values.len()
-                )));
             }
-            write_f32s(out, values).map_err(io)?;
         }
-        Ok(())
+        write_f32s(out, &host).map_err(io)
     })
 }
 
-/// Writes `values` as little-endian `f32`: from where they lie on a little-endian
-/// host, converted a chunk at a time on a big-endian one.
-fn write_f32s(out: &mut impl Write, values: &[f32]) -> std::io::Result<()> {
+/// Writes the values of `parts`, one after the other, as little-endian `f32`: from
+/// where they lie on a little-endian host (in as few vectored writes as the
+/// system takes), converted a chunk at a time on a big-endian one.
+fn write_f32s(out: &mut impl Write, parts: &[&[f32]]) -> std::io::Result<()> {
     if cfg!(target_endian = "little") {
         // SAFETY: any f32 is 4 initialized bytes; u8 has no alignment.
-        let bytes =
-            unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), values.len() * 4) };
-        return out.write_all(bytes);
+        let bytes = |values: &[f32]| unsafe {
+            std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), values.len() * 4)
+        };
+        let mut slices: Vec<IoSlice> = (parts.iter())
+            .filter(|p| !p.is_empty())
+            .map(|p| IoSlice::new(bytes(p)))
+            .collect();
+        let mut slices = &mut slices[..];
+        while !slices.is_empty() {
+            match out.write_vectored(slices) {
+                Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+                Ok(n) => IoSlice::advance_slices(&mut slices, n),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        return Ok(());
     }
-    values.chunks(CHUNK).try_for_each(|chunk| {
-        let bytes: Vec<u8> = chunk.iter().flat_map(|x| x.to_le_bytes()).collect();
-        out.write_all(&bytes)
-    })
+    parts
+        .iter()
+        .flat_map(|p| p.chunks(CHUNK))
+        .try_for_each(|chunk| {
+            let bytes: Vec<u8> = chunk.iter().flat_map(|x| x.to_le_bytes()).collect();
+            out.write_all(&bytes)
+        })
 }
 
 /// Values converted at a time where a file's bytes are not `f32` as they lie.
@@ -408,8 +434,9 @@ pub fn load_safetensors(path: &Path) -> Result<(Tensors, BTreeMap<String, String
 
 /// A safetensors file opened to be read tensor by tensor: its header read and
 /// checked (every tensor a float: `F32`, `F64`, `F16` or `BF16`), its values read
-/// where they are wanted with positioned reads, so that the file's pages are never
-/// mapped into the process (where they would count as its resident memory).
+/// where they are wanted with positioned reads, so that no more of the file is
+/// mapped into the process than a backend maps as its parameters
+/// ([`FileBuffer::map`]): a file's mapped pages count as its resident memory.
 pub struct SafetensorsFile {
     path: PathBuf,
     file: File,
@@ -597,6 +624,22 @@ impl<'a> FileBuffer<'a> {
         })
     }
 
+    /// The whole buffer mapped where the file holds it, by a backend that
+    /// multiplies the values as they lie ([`Backend::map_params`]), when the file
+    /// holds it as one run: every tensor `F32`, in layout order, one after the
+    /// other (as tinylm writes them, [`write_safetensors`]). `None` otherwise: the
+    /// buffer is then read ([`FileBuffer::read_into`]).
+    pub fn map<B: Backend<f32>>(&self, backend: &B) -> Option<B::Buf> {
+        let start = |name: &str| {
+            let tensor = &self.file.tensors[name];
+            (tensor.dtype == Dtype::F32).then_some(tensor.start)
+        };
+        let first = start(self.names.first()?)?;
+        let one_run = (self.layout.specs.iter().zip(&self.names))
+            .all(|(spec, name)| start(name) == Some(first + 4 * spec.offset as u64));
+        one_run.then(|| backend.map_params(&self.file.file, first, self.layout.total))?
+    }
+
     /// Values `range` of the buffer into `dst`, a backend's buffer of
     /// `range.len()` values, one tensor at a time: on the CPU straight into the
     /// buffer's memory; on a GPU through `staging` (allocated at first use for the
@@ -634,9 +677,9 @@ impl<'a> FileBuffer<'a> {
 
     /// Values `range` of the buffer in host memory.
     pub fn to_vec(&self, range: Range<usize>) -> Result<Vec<f32>> {
-        let mut out = vec![0.0; range.len()];
+        let mut out = HostBuf::from(vec![0.0; range.len()]);
         self.read_into(&Cpu, range, &mut out, &mut None)?;
-        Ok(out)
+        Ok(out.into_vec())
     }
 }
 
@@ -857,7 +900,7 @@ mod tests {
     }
 
     #[test]
-    fn our_writer_writes_what_the_safetensors_crate_does() {
+    fn our_writer_writes_what_the_safetensors_crate_reads_in_the_order_given() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("w.safetensors");
         let values: Vec<Vec<f32>> = (0..4)
@@ -868,11 +911,11 @@ mod tests {
             })
             .collect();
         let shapes = [vec![6], vec![3, 4], vec![2, 3, 3], vec![24]];
-        // Out of order, some on the host and some fetched.
+        // Not in name order; on the host but for one fetched between them.
         let names = ["b.weight", "a.weight", "layers.10.x", "layers.2.x"];
         let values = &values;
-        let data = |t: usize| match t % 2 {
-            0 => TensorData::Host(&values[t]),
+        let data = |t: usize| match t {
+            0 | 2 | 3 => TensorData::Host(&values[t]),
             _ => TensorData::Fetch(Box::new(move |out: &mut [f32]| {
                 out.copy_from_slice(&values[t]);
                 Ok(())
@@ -887,25 +930,21 @@ mod tests {
         ]);
         for meta in [meta, BTreeMap::new()] {
             write_safetensors(&path, &tensors, &meta, &mut [0.0; 24]).unwrap();
-            let bytes: Vec<Vec<u8>> = values
-                .iter()
-                .map(|v| v.iter().flat_map(|x| x.to_le_bytes()).collect())
-                .collect();
-            let views = (0..4).map(|t| {
-                let view =
-                    safetensors::tensor::TensorView::new(Dtype::F32, shapes[t].clone(), &bytes[t]);
-                (names[t], view.unwrap())
-            });
-            let info = (!meta.is_empty()).then(|| meta.clone().into_iter().collect());
-            let theirs = safetensors::serialize(views, info).unwrap();
-            // The header parsed (its metadata is a HashMap: its order is random),
-            // the data byte for byte.
-            let parts = |bytes: &[u8]| {
-                let n = 8 + u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-                let header: serde_json::Value = serde_json::from_slice(&bytes[8..n]).unwrap();
-                (n, header, bytes[n..].to_vec())
-            };
-            assert!(parts(&std::fs::read(&path).unwrap()) == parts(&theirs));
+            let bytes = std::fs::read(&path).unwrap();
+            let ours = SafeTensors::deserialize(&bytes).unwrap();
+            let (n, header) = SafeTensors::read_metadata(&bytes).unwrap();
+            assert_eq!((8 + n) % 8, 0, "the data starts 8-byte aligned");
+            let want_meta = (!meta.is_empty()).then(|| meta.clone().into_iter().collect());
+            assert_eq!(header.metadata(), &want_meta);
+            let mut data = Vec::new();
+            for t in 0..4 {
+                let tensor = ours.tensor(names[t]).unwrap();
+                let le: Vec<u8> = values[t].iter().flat_map(|x| x.to_le_bytes()).collect();
+                assert_eq!(tensor.dtype(), Dtype::F32);
+                assert_eq!((tensor.shape(), tensor.data()), (&shapes[t][..], &le[..]));
+                data.extend(le);
+            }
+            assert_eq!(bytes[8 + n..], data, "the data in the order given");
         }
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
     }

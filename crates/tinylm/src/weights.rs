@@ -3,9 +3,10 @@
 //! with the SPEC names (the config given separately), or an exported Hugging Face
 //! directory (imported on the fly). Anything else is refused with one line saying
 //! what was expected. A file's weights are read when wanted, tensor by tensor,
-//! straight into a model's buffers ([`OpenedWeights::model`]) or into host memory.
+//! straight into a model's buffers ([`OpenedWeights::model`]; a CPU model in `f32`
+//! maps them where tinylm wrote them) or into host memory.
 
-use crate::checkpoint::model_from;
+use crate::checkpoint::{model_from, Load};
 use crate::export::hf;
 use crate::kernels::Backend;
 use crate::model::Model;
@@ -87,12 +88,15 @@ impl OpenedWeights {
         })
     }
 
-    /// A model run by `backend` with these weights, a file's read tensor by tensor
-    /// into its parameter buffer.
+    /// A model run by `backend` with these weights: a file's mapped where the
+    /// backend can, else read tensor by tensor into its parameter buffer
+    /// ([`CheckpointFile::model`](crate::checkpoint::CheckpointFile::model)).
     pub fn model<B: Backend<f32>>(&self, backend: B) -> Result<Model<f32, B>> {
         let config = self.config.clone();
         match &self.values {
-            Values::File(file, layout) => model_from(&weights_of(file, layout)?, config, backend),
+            Values::File(file, layout) => {
+                model_from(&weights_of(file, layout)?, config, backend, Load::Map)
+            }
             Values::Host(params) => Model::with_backend(config, params, backend),
         }
     }

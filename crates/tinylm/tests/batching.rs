@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::ops::ControlFlow;
 use tinylm::batching::{Batcher, Drawn, Finish, Request};
 use tinylm::generate::{generate, Sampler};
+use tinylm::kernels::HostBuf;
 use tinylm::{Model, ModelConfig};
 
 fn config() -> ModelConfig {
@@ -176,7 +177,7 @@ fn a_removed_sequence_frees_its_slot_and_bad_requests_are_refused() {
 /// each, no end of text): how many of each prompt's tokens were found in a spare
 /// cache, and what each drew.
 fn run_together(
-    batcher: &mut Batcher<Vec<f32>>,
+    batcher: &mut Batcher<HostBuf<f32>>,
     model: &mut Model<f32>,
     sequences: &[(u64, &[u32], usize)],
 ) -> Vec<(usize, Vec<u32>)> {

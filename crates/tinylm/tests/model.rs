@@ -9,7 +9,7 @@ use common::{ablations, perturbed_params};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tinylm::config::{Ffn, ModelConfig, Norm, Positional};
-use tinylm::kernels::BatchPart;
+use tinylm::kernels::{BatchPart, HostBuf};
 use tinylm::optim::AdamW;
 use tinylm::params::ParamLayout;
 use tinylm::{KvCache, Model, NewTokens};
@@ -446,7 +446,7 @@ fn queued_training_steps_read_in_order_and_at_most_two_in_flight() {
         })
         .collect();
     // A step: the batch's gradient, then AdamW clipped to norm 0.5.
-    let step = |model: &mut Model, opt: &mut AdamW, k: usize| {
+    let step = |model: &mut Model, opt: &mut AdamW<HostBuf<f32>>, k: usize| {
         let (ids, targets) = &batches[k];
         model.accumulate_gradient(ids, targets, b, t, BatchPart::whole(b * t))?;
         model.optimizer_step(opt, 1e-2, Some(0.5), None)

@@ -230,7 +230,8 @@ pub trait Allocator<F: Float> {
     fn alloc_stats(&self, role: Role) -> Result<Self::Stats>;
 }
 
-/// A buffer a backend owns: a host `Vec` on the CPU, device memory on a GPU.
+/// A buffer a backend owns: host memory on the CPU ([`HostBuf`](super::HostBuf)),
+/// device memory on a GPU.
 pub trait Buffer: Allocation + Send + Sync {
     /// Number of values.
     fn len(&self) -> usize;
@@ -323,20 +324,6 @@ impl<B: ?Sized> SpanMut<'_, B> {
             start: self.start,
             len: self.len,
         }
-    }
-}
-
-impl<'a, T> Span<'a, Vec<T>> {
-    /// The host values.
-    pub fn slice(self) -> &'a [T] {
-        &self.buf[self.start..self.start + self.len]
-    }
-}
-
-impl<'a, T> SpanMut<'a, Vec<T>> {
-    /// The host values.
-    pub fn slice(self) -> &'a mut [T] {
-        &mut self.buf[self.start..self.start + self.len]
     }
 }
 
@@ -527,6 +514,18 @@ pub trait Backend<F: Float>: Allocator<F> + Sync {
         _weight: bool,
         _write: &HostWrite<'_, F>,
     ) -> Option<Result<()>> {
+        None
+    }
+    /// The parameters, `len` values, as they lie in `file` from byte `offset` on
+    /// (little-endian `f32`s in [`ParamLayout`] order), mapped instead of read
+    /// into fresh memory — where this backend multiplies those very values (the CPU
+    /// in `f32`: the file's pages in the page cache become the buffer's, at no
+    /// cost but the page tables). `None` where it keeps its parameters elsewhere or
+    /// in another form (a GPU, a bf16 copy), or where the file cannot be mapped:
+    /// the parameters are then read in.
+    ///
+    /// [`ParamLayout`]: crate::params::ParamLayout
+    fn map_params(&self, _file: &std::fs::File, _offset: u64, _len: usize) -> Option<Self::Buf> {
         None
     }
     /// Staging memory for `len` values (see [`Backend::Staging`]).

@@ -13,7 +13,7 @@ pub trait Float:
     + Sync
     + Debug
     + Default
-    + bytemuck::Zeroable
+    + bytemuck::Pod
     + PartialOrd
     + 'static
     + Add<Output = Self>

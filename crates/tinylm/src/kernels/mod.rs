@@ -35,6 +35,6 @@ pub use backend::{
     BufKind, Buffer, Collective, HostWrite, MatMul, Precision, Role, Span, SpanMut, StepStats,
     CLIP_EPS, STATS_BYTES,
 };
-pub use cpu::{Cpu, CpuMixed};
+pub use cpu::{Cpu, CpuMixed, HostBuf};
 pub use float::Float;
 pub use profile::Profiled;

@@ -183,6 +183,10 @@ impl<F: Float, B: Backend<F>> Backend<F> for Profiled<B> {
         self.inner.write_host(dst, weight, write)
     }
 
+    fn map_params(&self, file: &std::fs::File, offset: u64, len: usize) -> Option<B::Buf> {
+        self.inner.map_params(file, offset, len)
+    }
+
     fn alloc_staging(&self, len: usize) -> Result<B::Staging> {
         self.inner.alloc_staging(len)
     }

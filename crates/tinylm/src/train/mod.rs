@@ -663,7 +663,7 @@ fn resume<B: Backend<f32>>(
             false => None,
         },
     };
-    let model = ckpt.model(backend)?;
+    let model = ckpt.model_to_train(backend)?;
     let opt = ckpt.adamw(&model, optimizer_shard(cfg, world, &model))?;
     Ok((model, opt, state))
 }

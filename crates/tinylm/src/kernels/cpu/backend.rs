@@ -1,9 +1,9 @@
-//! [`Cpu`]: the [`Backend`] whose buffers are host `Vec`s, each kernel a call into
-//! its family's file (forward and backward side by side).
+//! [`Cpu`]: the [`Backend`] whose buffers are in host memory ([`HostBuf`]), each
+//! kernel a call into its family's file (forward and backward side by side).
 
 use super::{
-    adamw, attention, cross_entropy, embedding, global_norm, linear, memory, rmsnorm, rope,
-    simd::CHUNK, swiglu,
+    adamw, attention, cross_entropy, embedding, global_norm, linear, memory, memory::HostBuf,
+    rmsnorm, rope, simd::CHUNK, swiglu,
 };
 use crate::config::RMS_NORM_EPS;
 use crate::distributed::World;
@@ -20,12 +20,12 @@ use std::time::Instant;
 pub struct Cpu;
 
 impl<F: Float> Allocator<F> for Cpu {
-    type Buf = Vec<F>;
+    type Buf = HostBuf<F>;
     type Ids = Vec<u32>;
     type Stats = StepStats;
 
-    fn alloc(&self, _role: Role, len: usize, _kind: BufKind) -> Result<Vec<F>> {
-        Ok(memory::zeroed(len))
+    fn alloc(&self, _role: Role, len: usize, _kind: BufKind) -> Result<HostBuf<F>> {
+        Ok(memory::zeroed(len).into())
     }
 
     fn alloc_ids(&self, _role: Role, len: usize) -> Result<Vec<u32>> {
@@ -49,7 +49,7 @@ impl<F: Float> Backend<F> for Cpu {
         Ok(*stats)
     }
 
-    fn upload(&self, dst: SpanMut<Vec<F>>, src: &[F]) -> Result<()> {
+    fn upload(&self, dst: SpanMut<HostBuf<F>>, src: &[F]) -> Result<()> {
         dst.slice().copy_from_slice(src);
         Ok(())
     }
@@ -59,22 +59,31 @@ impl<F: Float> Backend<F> for Cpu {
         Ok(())
     }
 
-    fn download(&self, src: Span<Vec<F>>, dst: &mut [F]) -> Result<()> {
+    fn download(&self, src: Span<HostBuf<F>>, dst: &mut [F]) -> Result<()> {
         dst.copy_from_slice(src.slice());
         Ok(())
     }
 
-    fn host<'a>(&self, src: Span<'a, Vec<F>>) -> Option<&'a [F]> {
+    fn host<'a>(&self, src: Span<'a, HostBuf<F>>) -> Option<&'a [F]> {
         Some(src.slice())
     }
 
     fn write_host(
         &self,
-        dst: SpanMut<Vec<F>>,
+        dst: SpanMut<HostBuf<F>>,
         _weight: bool,
         write: &HostWrite<'_, F>,
     ) -> Option<Result<()>> {
         Some(write(0, dst.slice()))
+    }
+
+    /// `f32` values on a little-endian host (a file's bytes as they lie).
+    fn map_params(&self, file: &std::fs::File, offset: u64, len: usize) -> Option<HostBuf<F>> {
+        let f32s = std::any::TypeId::of::<F>() == std::any::TypeId::of::<f32>();
+        if !f32s || cfg!(target_endian = "big") {
+            return None;
+        }
+        HostBuf::map(file, offset, len).ok().flatten()
     }
 
     fn alloc_staging(&self, len: usize) -> Result<Vec<F>> {
@@ -89,11 +98,17 @@ impl<F: Float> Backend<F> for Cpu {
         Ok(())
     }
 
-    fn matmul(&self, out: SpanMut<Vec<F>>, a: Span<Vec<F>>, b: Span<Vec<F>>, shape: MatMul) {
+    fn matmul(
+        &self,
+        out: SpanMut<HostBuf<F>>,
+        a: Span<HostBuf<F>>,
+        b: Span<HostBuf<F>>,
+        shape: MatMul,
+    ) {
         linear::matmul(out.slice(), a.slice(), b.slice(), shape);
     }
 
-    fn copy(&self, dst: SpanMut<Vec<F>>, src: Span<Vec<F>>) {
+    fn copy(&self, dst: SpanMut<HostBuf<F>>, src: Span<HostBuf<F>>) {
         let src = src.slice();
         assert_eq!(dst.len, src.len(), "copy size");
         (dst.slice().par_chunks_mut(CHUNK))
@@ -101,24 +116,29 @@ impl<F: Float> Backend<F> for Cpu {
             .for_each(|(dst, src)| dst.copy_from_slice(src));
     }
 
-    fn fill_zero(&self, dst: SpanMut<Vec<F>>) {
+    fn fill_zero(&self, dst: SpanMut<HostBuf<F>>) {
         (dst.slice().par_chunks_mut(CHUNK)).for_each(|dst| dst.fill(F::ZERO));
     }
 
-    fn embedding_forward(&self, out: SpanMut<Vec<F>>, ids: &Vec<u32>, table: Span<Vec<F>>) {
+    fn embedding_forward(&self, out: SpanMut<HostBuf<F>>, ids: &Vec<u32>, table: Span<HostBuf<F>>) {
         embedding::embedding_forward(out.slice(), ids, table.slice());
     }
 
-    fn embedding_backward(&self, dtable: SpanMut<Vec<F>>, dout: Span<Vec<F>>, ids: &Vec<u32>) {
+    fn embedding_backward(
+        &self,
+        dtable: SpanMut<HostBuf<F>>,
+        dout: Span<HostBuf<F>>,
+        ids: &Vec<u32>,
+    ) {
         embedding::embedding_backward(dtable.slice(), dout.slice(), ids);
     }
 
     fn rmsnorm_forward(
         &self,
-        out: SpanMut<Vec<F>>,
-        rstd: SpanMut<Vec<F>>,
-        x: Span<Vec<F>>,
-        g: Span<Vec<F>>,
+        out: SpanMut<HostBuf<F>>,
+        rstd: SpanMut<HostBuf<F>>,
+        x: Span<HostBuf<F>>,
+        g: Span<HostBuf<F>>,
     ) {
         rmsnorm::rmsnorm_forward(
             out.slice(),
@@ -131,12 +151,12 @@ impl<F: Float> Backend<F> for Cpu {
 
     fn rmsnorm_backward(
         &self,
-        dx: SpanMut<Vec<F>>,
-        dg: SpanMut<Vec<F>>,
-        dout: Span<Vec<F>>,
-        x: Span<Vec<F>>,
-        g: Span<Vec<F>>,
-        rstd: Span<Vec<F>>,
+        dx: SpanMut<HostBuf<F>>,
+        dg: SpanMut<HostBuf<F>>,
+        dout: Span<HostBuf<F>>,
+        x: Span<HostBuf<F>>,
+        g: Span<HostBuf<F>>,
+        rstd: Span<HostBuf<F>>,
         accumulate: bool,
     ) {
         rmsnorm::rmsnorm_backward(
@@ -150,17 +170,22 @@ impl<F: Float> Backend<F> for Cpu {
         );
     }
 
-    fn swiglu_forward(&self, out: SpanMut<Vec<F>>, a: Span<Vec<F>>, b: Option<Span<Vec<F>>>) {
+    fn swiglu_forward(
+        &self,
+        out: SpanMut<HostBuf<F>>,
+        a: Span<HostBuf<F>>,
+        b: Option<Span<HostBuf<F>>>,
+    ) {
         swiglu::swiglu_forward(out.slice(), a.slice(), b.map(Span::slice));
     }
 
     fn swiglu_backward(
         &self,
-        da: SpanMut<Vec<F>>,
-        db: Option<SpanMut<Vec<F>>>,
-        dout: Span<Vec<F>>,
-        a: Span<Vec<F>>,
-        b: Option<Span<Vec<F>>>,
+        da: SpanMut<HostBuf<F>>,
+        db: Option<SpanMut<HostBuf<F>>>,
+        dout: Span<HostBuf<F>>,
+        a: Span<HostBuf<F>>,
+        b: Option<Span<HostBuf<F>>>,
     ) {
         swiglu::swiglu_backward(
             da.slice(),
@@ -173,9 +198,9 @@ impl<F: Float> Backend<F> for Cpu {
 
     fn rope(
         &self,
-        qkv: SpanMut<Vec<F>>,
-        cos: Span<Vec<F>>,
-        sin: Span<Vec<F>>,
+        qkv: SpanMut<HostBuf<F>>,
+        cos: Span<HostBuf<F>>,
+        sin: Span<HostBuf<F>>,
         shape: AttnShape,
         inverse: bool,
     ) {
@@ -184,9 +209,9 @@ impl<F: Float> Backend<F> for Cpu {
 
     fn attention_forward(
         &self,
-        out: SpanMut<Vec<F>>,
-        att: SpanMut<Vec<F>>,
-        qkv: Span<Vec<F>>,
+        out: SpanMut<HostBuf<F>>,
+        att: SpanMut<HostBuf<F>>,
+        qkv: Span<HostBuf<F>>,
         shape: AttnShape,
     ) {
         attention::attention_forward(out.slice(), att.slice(), qkv.slice(), shape);
@@ -194,9 +219,9 @@ impl<F: Float> Backend<F> for Cpu {
 
     fn attention_forward_cached(
         &self,
-        out: SpanMut<Vec<F>>,
-        att: SpanMut<Vec<F>>,
-        caches: &[(Span<Vec<F>>, AttnShape)],
+        out: SpanMut<HostBuf<F>>,
+        att: SpanMut<HostBuf<F>>,
+        caches: &[(Span<HostBuf<F>>, AttnShape)],
     ) {
         let caches: Vec<_> = caches.iter().map(|&(qkv, s)| (qkv.slice(), s)).collect();
         attention::attention_forward_cached(out.slice(), att.slice(), &caches);
@@ -204,11 +229,11 @@ impl<F: Float> Backend<F> for Cpu {
 
     fn attention_backward(
         &self,
-        dqkv: SpanMut<Vec<F>>,
-        datt: SpanMut<Vec<F>>,
-        dout: Span<Vec<F>>,
-        qkv: Span<Vec<F>>,
-        att: Span<Vec<F>>,
+        dqkv: SpanMut<HostBuf<F>>,
+        datt: SpanMut<HostBuf<F>>,
+        dout: Span<HostBuf<F>>,
+        qkv: Span<HostBuf<F>>,
+        att: Span<HostBuf<F>>,
         shape: AttnShape,
     ) {
         attention::attention_backward(
@@ -223,7 +248,7 @@ impl<F: Float> Backend<F> for Cpu {
 
     fn cross_entropy(
         &self,
-        logits: SpanMut<Vec<F>>,
+        logits: SpanMut<HostBuf<F>>,
         targets: &Vec<u32>,
         grad: bool,
         part: BatchPart,
@@ -241,7 +266,7 @@ impl<F: Float> Backend<F> for Cpu {
     fn collective<'w>(
         &self,
         world: &'w World,
-    ) -> Result<Box<dyn Collective<Vec<F>, StepStats> + 'w>> {
+    ) -> Result<Box<dyn Collective<HostBuf<F>, StepStats> + 'w>> {
         let mpi = world
             .mpi()
             .ok_or_else(|| Error::Ranks("one rank has no collectives".into()))?;
@@ -252,23 +277,23 @@ impl<F: Float> Backend<F> for Cpu {
     fn collective<'w>(
         &self,
         world: &'w World,
-    ) -> Result<Box<dyn Collective<Vec<F>, StepStats> + 'w>> {
+    ) -> Result<Box<dyn Collective<HostBuf<F>, StepStats> + 'w>> {
         Err(Error::Ranks(format!(
             "training on {} ranks needs MPI: rebuild tinylm with `--features mpi`",
             world.ranks()
         )))
     }
 
-    fn sum_squares(&self, x: Span<Vec<F>>, stats: &mut StepStats) {
+    fn sum_squares(&self, x: Span<HostBuf<F>>, stats: &mut StepStats) {
         stats.sum_squares = global_norm::sum_squares(x.slice());
     }
 
     fn adamw(
         &self,
-        params: SpanMut<Vec<F>>,
-        grads: Span<Vec<F>>,
-        m: SpanMut<Vec<F>>,
-        v: SpanMut<Vec<F>>,
+        params: SpanMut<HostBuf<F>>,
+        grads: Span<HostBuf<F>>,
+        m: SpanMut<HostBuf<F>>,
+        v: SpanMut<HostBuf<F>>,
         step: &AdamWStep,
         stats: &StepStats,
     ) {

@@ -1,9 +1,9 @@
-//! The CPU backend's [`Collective`] over MPI (cargo feature `mpi`) on its `Vec<F>`
+//! The CPU backend's [`Collective`] over MPI (cargo feature `mpi`) on its `HostBuf<F>`
 //! buffers. MPI's default error handler ends every rank on a failure, so no call
 //! returns an error.
 
 use crate::distributed::{shard, Mpi, MPI_CHUNK, MPI_CHUNK_ONE_NODE};
-use crate::kernels::{Collective, Float, SpanMut, StepStats};
+use crate::kernels::{Collective, Float, HostBuf, SpanMut, StepStats};
 use crate::Result;
 use mpi::collective::SystemOperation;
 use mpi::ffi;
@@ -54,7 +54,7 @@ impl<'w, F: Float> MpiCollective<'w, F> {
     }
 }
 
-impl<F: Float> Collective<Vec<F>, StepStats> for MpiCollective<'_, F> {
+impl<F: Float> Collective<HostBuf<F>, StepStats> for MpiCollective<'_, F> {
     fn rank(&self) -> usize {
         self.mpi.rank()
     }
@@ -63,7 +63,7 @@ impl<F: Float> Collective<Vec<F>, StepStats> for MpiCollective<'_, F> {
         self.mpi.ranks()
     }
 
-    fn all_reduce_sum(&self, buf: SpanMut<Vec<F>>) -> Result<()> {
+    fn all_reduce_sum(&self, buf: SpanMut<HostBuf<F>>) -> Result<()> {
         let mut scratch = self.scratch.borrow_mut();
         for chunk in buf.slice().chunks_mut(self.chunk) {
             scratch.resize(chunk.len(), F::ZERO);
@@ -84,7 +84,7 @@ impl<F: Float> Collective<Vec<F>, StepStats> for MpiCollective<'_, F> {
         Ok(())
     }
 
-    fn reduce_scatter_sum(&self, buf: SpanMut<Vec<F>>) -> Result<()> {
+    fn reduce_scatter_sum(&self, buf: SpanMut<HostBuf<F>>) -> Result<()> {
         let buf = buf.slice();
         let (counts, _) = self.partition(buf.len());
         let mine = shard(buf.len(), self.ranks(), self.rank());
@@ -105,7 +105,7 @@ impl<F: Float> Collective<Vec<F>, StepStats> for MpiCollective<'_, F> {
         Ok(())
     }
 
-    fn all_gather(&self, buf: SpanMut<Vec<F>>) -> Result<()> {
+    fn all_gather(&self, buf: SpanMut<HostBuf<F>>) -> Result<()> {
         let buf = buf.slice();
         let (counts, displs) = self.partition(buf.len());
         let mine = shard(buf.len(), self.ranks(), self.rank());

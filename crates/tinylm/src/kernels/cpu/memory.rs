@@ -1,6 +1,9 @@
-//! Memory of the CPU kernels: zeroed buffers on huge pages, a pointer parallel tasks
+//! Memory of the CPU kernels: the CPU backends' buffers ([`HostBuf`]: zeroed on huge
+//! pages, or a file's values mapped where they lie), a pointer parallel tasks
 //! share to write disjoint parts of one buffer, per-thread scratch (and the size of
 //! the parts a host write converts in it), a blocked transpose, and prefetches.
+
+use crate::kernels::{Allocation, Buffer, Span, SpanMut};
 
 /// Values a task converts at a time where a buffer's values are written from the
 /// host in parts ([`Backend::write_host`](crate::kernels::Backend::write_host)):
@@ -38,6 +41,135 @@ pub fn zeroed<T: bytemuck::Zeroable>(len: usize) -> Vec<T> {
         }
     }
     buf
+}
+
+/// A buffer of the CPU backends: values they own ([`zeroed`] ones), or a file's
+/// values mapped where they lie ([`HostBuf::map`]). Either reads and writes as a
+/// slice.
+pub enum HostBuf<T> {
+    Owned(Vec<T>),
+    Mapped(Mapped<T>),
+}
+
+/// `len` values of `T` as a file holds them, mapped private (copy-on-write): the
+/// file's pages in the page cache become the buffer's, with no fresh memory and no
+/// copy, and a write copies only the page it falls in, which the file never sees.
+pub struct Mapped<T> {
+    map: memmap2::MmapMut,
+    len: usize,
+    values: std::marker::PhantomData<T>,
+}
+
+impl<T: bytemuck::Pod> HostBuf<T> {
+    /// `len` values of `T` as they lie in `file` (native byte order) from byte
+    /// `offset` on; `None` where that is not a whole, aligned run of the file.
+    ///
+    /// A mapping sees what the file holds, so the file must not be changed in place
+    /// while the buffer lives (tinylm's own writers replace a file whole, which a
+    /// mapping of the old one does not see).
+    pub fn map(file: &std::fs::File, offset: u64, len: usize) -> std::io::Result<Option<Self>> {
+        let bytes = len * size_of::<T>();
+        let fits = file.metadata()?.len() >= offset + bytes as u64;
+        if !fits || !offset.is_multiple_of(align_of::<T>() as u64) || bytes == 0 {
+            return Ok(None);
+        }
+        // SAFETY: a private mapping of a file that nothing here writes; see above for
+        // what its callers promise. Its start lies `offset % page` bytes into a
+        // page, so it is aligned for `T` as `offset` is.
+        let map = unsafe {
+            memmap2::MmapOptions::new()
+                .offset(offset)
+                .len(bytes)
+                .map_copy(file)?
+        };
+        // A hint, where the kernel takes it: pages the cache does not hold yet come
+        // in 2 MiB at a time, and the mapping maps whole 2 MiB pages of the cache
+        // where it has them (as for a file tinylm wrote, `params::write_safetensors`):
+        // a decoding step that streams every weight then misses the TLB 512 times
+        // less (on a 512 MiB model a mapping of 4 KiB pages decoded 10% slower
+        // than memory of its own). The page tables fill at the first touches (the
+        // prompt's pass), which costs less there than filling them all first.
+        #[cfg(target_os = "linux")]
+        let _ = map.advise(memmap2::Advice::HugePage);
+        Ok(Some(HostBuf::Mapped(Mapped {
+            map,
+            len,
+            values: std::marker::PhantomData,
+        })))
+    }
+}
+
+impl<T: Clone> HostBuf<T> {
+    /// The values as a `Vec`: an owned buffer's own, a mapped one's copied.
+    pub fn into_vec(self) -> Vec<T> {
+        match self {
+            HostBuf::Owned(values) => values,
+            HostBuf::Mapped(_) => self.to_vec(),
+        }
+    }
+}
+
+impl<T> From<Vec<T>> for HostBuf<T> {
+    fn from(values: Vec<T>) -> Self {
+        HostBuf::Owned(values)
+    }
+}
+
+impl<T> std::ops::Deref for HostBuf<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        match self {
+            HostBuf::Owned(values) => values,
+            // SAFETY: `map` holds `len` values of `T`, aligned, and any bytes are a
+            // `T` (`Pod`): the only way to a `Mapped` is [`HostBuf::map`].
+            HostBuf::Mapped(m) => unsafe {
+                std::slice::from_raw_parts(m.map.as_ptr().cast(), m.len)
+            },
+        }
+    }
+}
+
+impl<T> std::ops::DerefMut for HostBuf<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        match self {
+            HostBuf::Owned(values) => values,
+            // SAFETY: as for `deref`, and the mapping is private and writable.
+            HostBuf::Mapped(m) => unsafe {
+                std::slice::from_raw_parts_mut(m.map.as_mut_ptr().cast(), m.len)
+            },
+        }
+    }
+}
+
+impl<T: Send + Sync> Buffer for HostBuf<T> {
+    fn len(&self) -> usize {
+        <[T]>::len(self)
+    }
+}
+
+/// A mapped buffer's values count as the memory they hold: once read, the file's
+/// pages are the process's resident memory as owned values would be.
+impl<T> Allocation for HostBuf<T> {
+    fn bytes(&self) -> u64 {
+        match self {
+            HostBuf::Owned(values) => values.bytes(),
+            HostBuf::Mapped(m) => (m.len * size_of::<T>()) as u64,
+        }
+    }
+}
+
+impl<'a, T> Span<'a, HostBuf<T>> {
+    /// The host values.
+    pub fn slice(self) -> &'a [T] {
+        &self.buf[self.start..self.start + self.len]
+    }
+}
+
+impl<'a, T> SpanMut<'a, HostBuf<T>> {
+    /// The host values.
+    pub fn slice(self) -> &'a mut [T] {
+        &mut self.buf[self.start..self.start + self.len]
+    }
 }
 
 /// A raw pointer that parallel tasks may share to write disjoint parts of one buffer.

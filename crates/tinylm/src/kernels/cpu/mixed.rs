@@ -23,7 +23,7 @@ use super::bf16::{
     Operand as Bf16View,
 };
 use super::linear::View;
-use super::memory::{with_scratch, zeroed, WRITE_CHUNK};
+use super::memory::{with_scratch, zeroed, HostBuf, WRITE_CHUNK};
 use super::simd::CHUNK;
 use super::{adamw, q8, rmsnorm, swiglu, Cpu};
 use crate::config::RMS_NORM_EPS;
@@ -223,7 +223,7 @@ enum ParamCopy {
 
 /// A [`MixedBuf`]'s values.
 pub enum Values {
-    F32(Vec<f32>),
+    F32(HostBuf<f32>),
     Bf16(Vec<bf16>),
 }
 
@@ -253,7 +253,7 @@ impl Allocation for MixedBuf {
 }
 
 /// Values `start..start + len` of a buffer as a kernel reads or writes them.
-fn f32s<'a>(span: Span<'a, MixedBuf>) -> Span<'a, Vec<f32>> {
+fn f32s<'a>(span: Span<'a, MixedBuf>) -> Span<'a, HostBuf<f32>> {
     match &span.buf.values {
         Values::F32(buf) => Span {
             buf,
@@ -264,7 +264,7 @@ fn f32s<'a>(span: Span<'a, MixedBuf>) -> Span<'a, Vec<f32>> {
     }
 }
 
-fn f32s_mut<'a>(span: SpanMut<'a, MixedBuf>) -> SpanMut<'a, Vec<f32>> {
+fn f32s_mut<'a>(span: SpanMut<'a, MixedBuf>) -> SpanMut<'a, HostBuf<f32>> {
     match &mut span.buf.values {
         Values::F32(buf) => SpanMut {
             buf,
@@ -343,17 +343,18 @@ impl Allocator<f32> for CpuMixed {
 
     fn alloc(&self, _role: Role, len: usize, kind: BufKind) -> Result<MixedBuf> {
         let (values, copy) = match (kind, self.weights) {
-            (BufKind::Params, WeightCopy::Bf16) => {
-                (Values::F32(zeroed(len)), ParamCopy::Bf16(zeroed(len)))
-            }
+            (BufKind::Params, WeightCopy::Bf16) => (
+                Values::F32(zeroed(len).into()),
+                ParamCopy::Bf16(zeroed(len)),
+            ),
             (BufKind::Params, WeightCopy::Q8) => (
-                Values::F32(zeroed(len)),
+                Values::F32(zeroed(len).into()),
                 ParamCopy::Q8(Box::new(q8::Q8Buffer::new(len))),
             ),
             (BufKind::Operands, WeightCopy::Bf16) | (BufKind::Cache, _) => {
                 (Values::Bf16(zeroed(len)), ParamCopy::None)
             }
-            _ => (Values::F32(zeroed(len)), ParamCopy::None),
+            _ => (Values::F32(zeroed(len).into()), ParamCopy::None),
         };
         Ok(MixedBuf { values, copy })
     }
@@ -708,7 +709,7 @@ impl Backend<f32> for CpuMixed {
 
 /// [`CpuMixed`]'s collectives: the CPU's, on the `f32` values.
 struct MixedCollective<'w> {
-    f32s: Box<dyn Collective<Vec<f32>, StepStats> + 'w>,
+    f32s: Box<dyn Collective<HostBuf<f32>, StepStats> + 'w>,
 }
 
 impl Collective<MixedBuf, StepStats> for MixedCollective<'_> {

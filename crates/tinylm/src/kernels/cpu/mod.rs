@@ -29,6 +29,7 @@ pub mod softmax;
 pub mod swiglu;
 
 pub use backend::Cpu;
+pub use memory::HostBuf;
 pub use mixed::CpuMixed;
 
 /// Runs `work` on a thread of rayon's global pool: what calls the CPU backend's
