@@ -6,6 +6,7 @@
 //! ([`AdamWParams`], [`AdamWStep`], the clipping factor [`clip_scale`]), and the
 //! arithmetic of a run ([`Precision`]).
 
+use super::cpu::memory::HostBuf;
 use super::float::Float;
 use crate::distributed::World;
 use crate::{Error, Result};
@@ -230,7 +231,7 @@ pub trait Allocator<F: Float> {
     fn alloc_stats(&self, role: Role) -> Result<Self::Stats>;
 }
 
-/// A buffer a backend owns: host memory on the CPU ([`HostBuf`](super::HostBuf)),
+/// A buffer a backend owns: host memory on the CPU (a `HostBuf`),
 /// device memory on a GPU.
 pub trait Buffer: Allocation + Send + Sync {
     /// Number of values.
@@ -287,6 +288,37 @@ impl<T: Send + Sync> Buffer for Vec<T> {
 impl<T> Allocation for Vec<T> {
     fn bytes(&self) -> u64 {
         (self.capacity() * size_of::<T>()) as u64
+    }
+}
+
+impl<T: Send + Sync> Buffer for HostBuf<T> {
+    fn len(&self) -> usize {
+        <[T]>::len(self)
+    }
+}
+
+/// A mapped buffer's values count as the memory they hold: once read, the file's
+/// pages are the process's resident memory as owned values would be.
+impl<T> Allocation for HostBuf<T> {
+    fn bytes(&self) -> u64 {
+        match self {
+            HostBuf::Owned(values) => values.bytes(),
+            HostBuf::Mapped(_) => size_of_val::<[T]>(self) as u64,
+        }
+    }
+}
+
+impl<'a, T> Span<'a, HostBuf<T>> {
+    /// The host values.
+    pub fn slice(self) -> &'a [T] {
+        &self.buf[self.start..self.start + self.len]
+    }
+}
+
+impl<'a, T> SpanMut<'a, HostBuf<T>> {
+    /// The host values.
+    pub fn slice(self) -> &'a mut [T] {
+        &mut self.buf[self.start..self.start + self.len]
     }
 }
 

@@ -3,8 +3,6 @@
 //! share to write disjoint parts of one buffer, per-thread scratch (and the size of
 //! the parts a host write converts in it), a blocked transpose, and prefetches.
 
-use crate::kernels::{Allocation, Buffer, Span, SpanMut};
-
 /// Values a task converts at a time where a buffer's values are written from the
 /// host in parts ([`Backend::write_host`](crate::kernels::Backend::write_host)):
 /// 256 KiB of `f32` in a thread's scratch, whole Q8_0 blocks.
@@ -138,37 +136,6 @@ impl<T> std::ops::DerefMut for HostBuf<T> {
                 std::slice::from_raw_parts_mut(m.map.as_mut_ptr().cast(), m.len)
             },
         }
-    }
-}
-
-impl<T: Send + Sync> Buffer for HostBuf<T> {
-    fn len(&self) -> usize {
-        <[T]>::len(self)
-    }
-}
-
-/// A mapped buffer's values count as the memory they hold: once read, the file's
-/// pages are the process's resident memory as owned values would be.
-impl<T> Allocation for HostBuf<T> {
-    fn bytes(&self) -> u64 {
-        match self {
-            HostBuf::Owned(values) => values.bytes(),
-            HostBuf::Mapped(m) => (m.len * size_of::<T>()) as u64,
-        }
-    }
-}
-
-impl<'a, T> Span<'a, HostBuf<T>> {
-    /// The host values.
-    pub fn slice(self) -> &'a [T] {
-        &self.buf[self.start..self.start + self.len]
-    }
-}
-
-impl<'a, T> SpanMut<'a, HostBuf<T>> {
-    /// The host values.
-    pub fn slice(self) -> &'a mut [T] {
-        &mut self.buf[self.start..self.start + self.len]
     }
 }
 
