@@ -321,13 +321,14 @@ impl CheckpointFile {
     }
 
     /// A model run by `backend` with the checkpoint's weights, mapped where the
-    /// backend can ([`Load::Map`]), else read into its parameter buffer (the
-    /// moments are not read).
+    /// backend can (a CPU model in `f32`, [`FileBuffer::map`]), else read into its
+    /// parameter buffer (the moments are not read).
     pub fn model<B: Backend<f32>>(&self, backend: B) -> Result<Model<f32, B>> {
         model_from(&self.weights()?, self.config.clone(), backend, Load::Map)
     }
 
-    /// [`CheckpointFile::model`] to train on: the weights read ([`Load::Read`]).
+    /// [`CheckpointFile::model`] to train on: the weights read into the model's
+    /// own memory, never mapped (training writes every weight at every step).
     pub fn model_to_train<B: Backend<f32>>(&self, backend: B) -> Result<Model<f32, B>> {
         model_from(&self.weights()?, self.config.clone(), backend, Load::Read)
     }
