@@ -279,12 +279,6 @@ pub trait Buffer: Allocation + Send + Sync {
     }
 }
 
-impl<T: Send + Sync> Buffer for Vec<T> {
-    fn len(&self) -> usize {
-        Vec::len(self)
-    }
-}
-
 impl<T> Allocation for Vec<T> {
     fn bytes(&self) -> u64 {
         (self.capacity() * size_of::<T>()) as u64
