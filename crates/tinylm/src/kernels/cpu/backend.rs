@@ -83,7 +83,7 @@ impl<F: Float> Backend<F> for Cpu {
         if !f32s || cfg!(target_endian = "big") {
             return None;
         }
-        HostBuf::map(file, offset, len).ok().flatten()
+        HostBuf::map(file, offset, len)
     }
 
     fn alloc_staging(&self, len: usize) -> Result<Vec<F>> {

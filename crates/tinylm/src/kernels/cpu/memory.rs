@@ -60,16 +60,17 @@ pub struct Mapped<T> {
 
 impl<T: bytemuck::Pod> HostBuf<T> {
     /// `len` values of `T` as they lie in `file` (native byte order) from byte
-    /// `offset` on; `None` where that is not a whole, aligned run of the file.
+    /// `offset` on; `None` where that is not a whole, aligned run of the file, or
+    /// the file cannot be mapped (the caller then reads it).
     ///
     /// A mapping sees what the file holds, so the file must not be changed in place
     /// while the buffer lives (tinylm's own writers replace a file whole, which a
     /// mapping of the old one does not see).
-    pub fn map(file: &std::fs::File, offset: u64, len: usize) -> std::io::Result<Option<Self>> {
+    pub fn map(file: &std::fs::File, offset: u64, len: usize) -> Option<Self> {
         let bytes = len * size_of::<T>();
-        let fits = file.metadata()?.len() >= offset + bytes as u64;
+        let fits = file.metadata().ok()?.len() >= offset + bytes as u64;
         if !fits || !offset.is_multiple_of(align_of::<T>() as u64) || bytes == 0 {
-            return Ok(None);
+            return None;
         }
         // SAFETY: a private mapping of a file that nothing here writes; see above for
         // what its callers promise. Its start lies `offset % page` bytes into a
@@ -78,7 +79,8 @@ impl<T: bytemuck::Pod> HostBuf<T> {
             memmap2::MmapOptions::new()
                 .offset(offset)
                 .len(bytes)
-                .map_copy(file)?
+                .map_copy(file)
+                .ok()?
         };
         // A hint, where the kernel takes it: pages the cache does not hold yet come
         // in 2 MiB at a time, and the mapping maps whole 2 MiB pages of the cache
@@ -89,11 +91,11 @@ impl<T: bytemuck::Pod> HostBuf<T> {
         // prompt's pass), which costs less there than filling them all first.
         #[cfg(target_os = "linux")]
         let _ = map.advise(memmap2::Advice::HugePage);
-        Ok(Some(HostBuf::Mapped(Mapped {
+        Some(HostBuf::Mapped(Mapped {
             map,
             len,
             values: std::marker::PhantomData,
-        })))
+        }))
     }
 }
 
