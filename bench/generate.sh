@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Generation against llama.cpp on the same weights, side by side in one run
-# (bench/generate_compare.py): `tinylm generate` on a checkpoint and llama.cpp's
+# (bench/generate_compare.py): `tinylm generate` on a checkpoint (f32, bf16, q8_0)
+# and on its `tinylm export weights` file in bf16, and llama.cpp's
 # `llama-completion` on that checkpoint's `tinylm export gguf` files (f32, bf16,
 # q8_0), greedy, a 62-token prompt,
 # 2 threads, alternating for ROUNDS rounds (default 3): time to the first new token
@@ -114,6 +115,8 @@ for model in $MODELS; do
         "$TINYLM" export gguf --checkpoint "$dir/run/checkpoint.safetensors" --tokenizer "$tok" \
             --out "$dir/model-$dtype.gguf" --dtype "$dtype" 2> /dev/null
     done
+    "$TINYLM" export weights --checkpoint "$dir/run/checkpoint.safetensors" --tokenizer "$tok" \
+        --out "$dir/weights-bf16.safetensors" --dtype bf16 2> /dev/null
     # The first paragraph whose prompt tinylm continues greedily for all NEW tokens
     # (a trained model may end a story early with <|endoftext|>; llama.cpp, greedy
     # on the same weights, follows).
@@ -124,7 +127,7 @@ for model in $MODELS; do
             2> "$dir/probe.txt" > /dev/null
         grep -q "/ $((new - 1)) tokens after the first" "$dir/probe.txt" && break
     done
-    specs+=(--model "$model:$dir/run/checkpoint.safetensors:$dir/model:$dir/prompt.txt:$new:$desc")
+    specs+=(--model "$model:$dir/run/checkpoint.safetensors:$dir/weights-bf16.safetensors:$dir/model:$dir/prompt.txt:$new:$desc")
 done
 
 echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"

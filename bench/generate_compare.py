@@ -1,8 +1,9 @@
 """tinylm generate against llama.cpp on the same weights (bench/generate.sh runs it).
 
 For each model: `tinylm generate` on the checkpoint (`--precision fp32`, `bf16`, `q8_0`)
-and llama.cpp's `llama-completion` on its `tinylm export gguf` files (f32, bf16,
-q8_0), greedy, the same prompt, the same
+and on its weights in bf16 (`tinylm export weights`, `--precision bf16`: the file
+llama.cpp's bf16 row has the counterpart of), and llama.cpp's `llama-completion` on
+its `tinylm export gguf` files (f32, bf16, q8_0), greedy, the same prompt, the same
 threads, alternating in ROUNDS rounds so that the machine's load hits all alike.
 Each round runs every program twice:
 - to the first new token (`--max-tokens 1`, `-n 1`): the whole process's wall-clock
@@ -27,9 +28,14 @@ import sys
 import time
 
 LLAMA_DTYPES = ["f32", "bf16", "q8_0"]
-# tinylm's rows: label -> `--precision`.
-TINYLM_PRECISIONS = {"f32": "fp32", "bf16": "bf16", "q8_0": "q8_0"}
-# The tinylm row each llama.cpp row is held against.
+# tinylm's rows: label -> (`--precision`, the model's file it reads).
+TINYLM_ROWS = {
+    "f32": ("fp32", "checkpoint"),
+    "bf16": ("bf16", "bf16_weights"),
+    "bf16, f32 checkpoint": ("bf16", "checkpoint"),
+    "q8_0": ("q8_0", "checkpoint"),
+}
+# The tinylm row each llama.cpp row is held against: the same weights' format.
 COUNTERPART = {"f32": "f32", "bf16": "bf16", "q8_0": "q8_0"}
 
 
@@ -50,8 +56,9 @@ def number(pattern, text, what):
     return [float(g) for g in m.groups()]
 
 
-def tinylm(args, model, precision, n):
-    wall, out, err = run([args.tinylm, "generate", "--checkpoint", model["checkpoint"],
+def tinylm(args, model, row, n):
+    precision, file = TINYLM_ROWS[row]
+    wall, out, err = run([args.tinylm, "generate", "--checkpoint", model[file],
                           "--prompt", model["prompt"], "--max-tokens", str(n), "--temperature", "0",
                           "--threads", str(args.threads), "--precision", precision, "--verbose"])
     if n == 1:
@@ -93,22 +100,23 @@ def main():
     p.add_argument("--tinylm", required=True)
     p.add_argument("--llama-completion", required=True)
     p.add_argument("--model", action="append", required=True,
-                   help="NAME:CHECKPOINT:GGUF_PREFIX:PROMPT_FILE:NEW_TOKENS:DESCRIPTION")
+                   help="NAME:CHECKPOINT:BF16_WEIGHTS:GGUF_PREFIX:PROMPT_FILE:NEW_TOKENS:DESCRIPTION")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args()
     models = []
     for spec in args.model:
-        name, ckpt, gguf, prompt_file, new, desc = spec.split(":", 5)
+        name, ckpt, bf16_weights, gguf, prompt_file, new, desc = spec.split(":", 6)
         prompt = open(prompt_file, encoding="utf-8").read()
-        models.append({"name": name, "checkpoint": ckpt, "gguf": gguf, "prompt_file": prompt_file,
+        models.append({"name": name, "checkpoint": ckpt, "bf16_weights": bf16_weights,
+                       "gguf": gguf, "prompt_file": prompt_file,
                        "prompt": prompt, "new": int(new), "description": desc})
     results = {}  # (model, program) -> {"first": [...], "full": [...]}
     for r in range(args.rounds):
         print(f"round {r + 1}/{args.rounds} ...", file=sys.stderr)
         for m in models:
-            programs = [(f"tinylm {p}", lambda n, p=p: tinylm(args, m, TINYLM_PRECISIONS[p], n))
-                        for p in TINYLM_PRECISIONS]
+            programs = [(f"tinylm {row}", lambda n, row=row: tinylm(args, m, row, n))
+                        for row in TINYLM_ROWS]
             programs += [(f"llama.cpp {d}", lambda n, d=d: llama(args, m, d, n)) for d in LLAMA_DTYPES]
             for label, go in programs:
                 slot = results.setdefault((m["name"], label), {"first": [], "full": []})
@@ -121,7 +129,7 @@ def main():
               "| generation (tokens/s) | against | its time to first token ÷ tinylm's "
               "| tinylm's generation ÷ its |")
         print("| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: |")
-        for label in [f"tinylm {p}" for p in TINYLM_PRECISIONS] + [f"llama.cpp {d}" for d in LLAMA_DTYPES]:
+        for label in [f"tinylm {row}" for row in TINYLM_ROWS] + [f"llama.cpp {d}" for d in LLAMA_DTYPES]:
             res = results[(m["name"], label)]
             first, full = res["first"], res["full"]
             ttft = [x["wall"] for x in first]

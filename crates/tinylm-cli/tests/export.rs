@@ -144,8 +144,52 @@ fn export_import_round_trip_and_every_command_reads_every_form() {
         std::fs::read(d("tok/vocab.json")).unwrap()
     );
 
+    // The weights alone: in f32 the checkpoint's; in bf16 (the default) those
+    // values rounded, every tensor BF16, half the bytes, the tokenizer recorded.
+    for (dtype, out) in [("f32", "w-f32.safetensors"), ("bf16", "w-bf16.safetensors")] {
+        let ckpt = d("ckpt.safetensors");
+        let mut args = vec!["export", "weights", "--checkpoint", &ckpt];
+        let out = d(out);
+        args.extend(["--out", &out]);
+        if dtype == "f32" {
+            args.extend(["--dtype", "f32"]);
+        }
+        ok(&args);
+    }
+    let f32_weights = checkpoint::load(&dir.path().join("w-f32.safetensors")).unwrap();
+    assert_eq!(f32_weights.params, original.params);
+    assert!(f32_weights.optimizer.is_none());
+    let rounded: Vec<f32> = (original.params.iter())
+        .map(|&x| half::bf16::from_f32(x).to_f32())
+        .collect();
+    let bf16_weights = checkpoint::load(&dir.path().join("w-bf16.safetensors")).unwrap();
+    assert_eq!(bf16_weights.params, rounded);
+    let bytes = std::fs::read(d("w-bf16.safetensors")).unwrap();
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header = String::from_utf8_lossy(&bytes[8..8 + header_len]);
+    assert!(
+        header.contains("\"BF16\"") && !header.contains("\"F32\""),
+        "{header}"
+    );
+    assert_eq!(bytes.len() - 8 - header_len, 2 * original.params.len());
+    // Generating under bf16 from it (mapped as the weights it multiplies) writes
+    // what it writes from an f32 checkpoint of the rounded values (read into
+    // f32 values and rounded again).
+    let meta = BTreeMap::from([(
+        "tokenizer".to_string(),
+        serde_json::to_string(&dir.path().join("tok")).unwrap(),
+    )]);
+    let rounded_ckpt = dir.path().join("rounded.safetensors");
+    checkpoint::save(&rounded_ckpt, &config(), &rounded, None, &meta).unwrap();
+    let bf16 = ["--precision", "bf16"];
+    assert_eq!(
+        ok(&greedy_8(&d("w-bf16.safetensors"), &bf16)),
+        ok(&greedy_8(&d("rounded.safetensors"), &bf16))
+    );
+
     // forward, eval and generate take the checkpoint (no --config), the exported
-    // directory and the imported checkpoint alike, with the same results.
+    // directory, the imported checkpoint and the weights alone, with the same
+    // results.
     let mut logits = Vec::new();
     let mut evals = Vec::new();
     let mut texts = Vec::new();
@@ -153,6 +197,7 @@ fn export_import_round_trip_and_every_command_reads_every_form() {
         d("ckpt.safetensors"),
         d("hf"),
         d("imported/ckpt.safetensors"),
+        d("w-f32.safetensors"),
     ]
     .iter()
     .enumerate()

@@ -16,11 +16,15 @@
 //! tensor into the buffers they go to ([`CheckpointFile`]): no copy of the whole
 //! model or its moments is made on the way, on the CPU or from and to a GPU.
 
-use crate::kernels::{AdamWParams, Backend, Buffer};
+use crate::kernels::cpu::simd::CHUNK;
+use crate::kernels::float::Element;
+use crate::kernels::{AdamWParams, Backend, Buffer, Stored};
 use crate::model::Model;
 use crate::optim::AdamW;
 use crate::params::{write_safetensors, FileBuffer, ParamLayout, SafetensorsFile, TensorData};
 use crate::{buffers, Error, ModelConfig, Result};
+use half::bf16;
+use rayon::prelude::*;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -119,6 +123,12 @@ impl FlatValues for &[f32] {
     }
 }
 
+impl FlatValues for &[bf16] {
+    fn values(&self, range: Range<usize>) -> TensorData<'_> {
+        TensorData::HostBf16(&self[range])
+    }
+}
+
 /// A backend's buffer: written from where it lies when the backend keeps it in host
 /// memory (the CPU), else fetched one tensor at a time (a GPU).
 pub struct BackendValues<'a, B: Backend<f32>> {
@@ -208,6 +218,29 @@ pub fn save_from<'a>(
     params.with_staging(longest, &mut |staging| {
         write_safetensors(path, &tensors, &metadata, staging)
     })
+}
+
+/// Writes a model's weights alone (a checkpoint without the optimizer state, which
+/// every command that reads a model opens), as `f32` or rounded to bf16 (to
+/// nearest, ties to even: half the size). A CPU model under bf16 that only runs
+/// forward maps a bf16 file as the weights it multiplies, taking no fresh memory
+/// for them ([`Backend::map_params`]), as a CPU model in `f32` maps an `f32` one.
+pub fn save_weights(
+    path: &Path,
+    config: &ModelConfig,
+    params: &[f32],
+    stored: Stored,
+    extra: &BTreeMap<String, String>,
+) -> Result<()> {
+    match stored {
+        Stored::F32 => save_from(path, config, &params, None, extra),
+        Stored::Bf16 => {
+            let mut rounded = vec![bf16::ZERO; params.len()];
+            (rounded.par_chunks_mut(CHUNK).zip(params.par_chunks(CHUNK)))
+                .for_each(|(rounded, values)| bf16::store_slice(rounded, values));
+            save_from(path, config, &rounded.as_slice(), None, extra)
+        }
+    }
 }
 
 /// Reads a checkpoint: the config, the weights (every tensor of the config's
@@ -517,6 +550,68 @@ mod tests {
         let again = CheckpointFile::open(&ours).unwrap().model(Cpu).unwrap();
         assert_eq!(again.params(), trained.params());
         assert_ne!(mapped.params(), trained.params());
+    }
+
+    /// A forward-only model under bf16 maps a bf16 weights file as the weights it
+    /// multiplies, and under bf16 or Q8_0 an `f32` file's values (making its copy
+    /// from them): the same logits, bit for bit, as from the same values read in
+    /// from a file in another order. Q8_0 reads a bf16 file.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_forward_only_mixed_model_maps_a_bf16_weights_file_and_an_f32_files_values() {
+        use crate::kernels::CpuMixed;
+        // Q8_0 blocks of 32 values split every row.
+        let config = ModelConfig {
+            d_model: 32,
+            d_ff: 64,
+            ..small()
+        };
+        let trained = Model::<f32, Cpu>::new(config.clone(), 3).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = |name: &str| dir.path().join(name);
+        let none = BTreeMap::new();
+        save_weights(&path("f32"), &config, trained.params(), Stored::F32, &none).unwrap();
+        save_weights(
+            &path("bf16"),
+            &config,
+            trained.params(),
+            Stored::Bf16,
+            &none,
+        )
+        .unwrap();
+        // Both files' values in reversed order: read in, never mapped.
+        let rounded: Vec<f32> = (trained.params().iter())
+            .map(|&x| bf16::from_f32(x).to_f32())
+            .collect();
+        let layout = ParamLayout::new(&config);
+        for (name, values) in [("f32 rev", trained.params()), ("bf16 rev", &rounded[..])] {
+            let mut tensors = layout.tensors(values);
+            tensors.reverse();
+            crate::params::save_safetensors(&path(name), &tensors, &none).unwrap();
+        }
+        let ids: Vec<u32> = (0..16).map(|i| (i * 7 % 64) as u32).collect();
+        // (The logits of two sequences, the file the parameters' values lie in.)
+        let run = |name: &str, backend: CpuMixed| {
+            let opened = crate::weights::open(&path(name), Some(&config)).unwrap();
+            let mut model = opened.model(backend).unwrap();
+            let file = mapped_file(model.param_buffer().values_addr());
+            (model.forward(&ids, 2, 8).unwrap().to_vec(), file)
+        };
+        let in_file = |name: &str| path(name).canonicalize().unwrap().display().to_string();
+        let bf16 = CpuMixed::new().forward_only();
+        let cases = [
+            ("bf16", bf16, true),
+            ("f32", bf16, true),
+            ("f32", CpuMixed::q8(), true),
+            ("bf16", CpuMixed::q8(), false),
+        ];
+        for (name, backend, maps) in cases {
+            let (mapped, file) = run(name, backend);
+            let (read, read_file) = run(&format!("{name} rev"), backend);
+            assert!(!read_file.ends_with("rev"), "{read_file}");
+            assert_eq!(file == in_file(name), maps, "{name} on {backend:?}: {file}");
+            assert!(mapped == read, "{name} on {backend:?}: other logits");
+        }
     }
 
     #[test]

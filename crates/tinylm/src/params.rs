@@ -4,8 +4,9 @@
 
 use crate::config::{Ffn, ModelConfig, Norm};
 use crate::files::write_file;
-use crate::kernels::{Backend, Buffer, Cpu, HostBuf};
+use crate::kernels::{Backend, Buffer, Cpu, HostBuf, Stored};
 use crate::{Error, Result};
+use half::bf16;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
@@ -288,6 +289,9 @@ pub fn layout_for_file(config: &ModelConfig, tensors: usize, path: &Path) -> Res
 /// at a time, so that writing a model never holds a second copy of it.
 pub enum TensorData<'a> {
     Host(&'a [f32]),
+    /// Values rounded to bf16, in host memory: written as `BF16` (a weights file
+    /// in bf16, [`crate::checkpoint::save_weights`]).
+    HostBf16(&'a [bf16]),
     Fetch(Fetch<'a>),
 }
 
@@ -313,11 +317,15 @@ pub fn write_safetensors(
     let mut end = 0;
     let infos = tensors
         .iter()
-        .map(|(name, shape, _)| {
+        .map(|(name, shape, data)| {
+            let (dtype, size) = match data {
+                TensorData::HostBf16(_) => (Dtype::BF16, 2),
+                TensorData::Host(_) | TensorData::Fetch(_) => (Dtype::F32, 4),
+            };
             let start = end;
-            end += 4 * shape.iter().product::<usize>();
+            end += size * shape.iter().product::<usize>();
             let info = TensorInfo {
-                dtype: Dtype::F32,
+                dtype,
                 shape: shape.clone(),
                 data_offsets: (start, end),
             };
@@ -340,50 +348,63 @@ pub fn write_safetensors(
         // Host tensors one after the other are written in one call: the kernel
         // then caches the file in the largest pages it can (2 MiB, where it has
         // them), which a mapping of the parameters is backed by ([`HostBuf::map`]).
-        let mut host: Vec<&[f32]> = Vec::new();
+        let mut host: Vec<HostValues> = Vec::new();
         for (name, shape, data) in tensors {
             let len = shape.iter().product::<usize>();
-            let check = |values: &[f32]| match values.len() == len {
+            let check = |values: usize| match values == len {
                 true => Ok(()),
                 false => Err(invalid(&format!(
-                    "tensor '{name}' has {} values, its shape {shape:?} holds {len}",
-                    values.len()
+                    "tensor '{name}' has {values} values, its shape {shape:?} holds {len}"
                 ))),
             };
             match data {
                 TensorData::Host(values) => {
-                    check(values)?;
-                    host.push(values);
+                    check(values.len())?;
+                    host.push(HostValues::F32(values));
+                }
+                TensorData::HostBf16(values) => {
+                    check(values.len())?;
+                    host.push(HostValues::Bf16(values));
                 }
                 TensorData::Fetch(fetch) => {
-                    write_f32s(out, &std::mem::take(&mut host)).map_err(io)?;
+                    write_values(out, &std::mem::take(&mut host)).map_err(io)?;
                     let values = staging.get_mut(..len).ok_or_else(|| {
                         invalid(&format!(
                             "tensor '{name}' of {len} values does not fit the staging memory of {room}"
                         ))
                     })?;
                     fetch(values)?;
-                    check(values)?;
-                    write_f32s(out, &[values]).map_err(io)?;
+                    check(values.len())?;
+                    write_values(out, &[HostValues::F32(values)]).map_err(io)?;
                 }
             }
         }
-        write_f32s(out, &host).map_err(io)
+        write_values(out, &host).map_err(io)
     })
 }
 
-/// Writes the values of `parts`, one after the other, as little-endian `f32`: from
-/// where they lie on a little-endian host (in as few vectored writes as the
-/// system takes), converted a chunk at a time on a big-endian one.
-fn write_f32s(out: &mut impl Write, parts: &[&[f32]]) -> std::io::Result<()> {
+/// Host values to write, as the file stores them.
+enum HostValues<'a> {
+    F32(&'a [f32]),
+    Bf16(&'a [bf16]),
+}
+
+/// Writes the values of `parts`, one after the other, little-endian: from where
+/// they lie on a little-endian host (in as few vectored writes as the system
+/// takes), converted a chunk at a time on a big-endian one.
+fn write_values(out: &mut impl Write, parts: &[HostValues]) -> std::io::Result<()> {
+    // The values' bytes as they lie, and the size of one.
+    fn bytes<'a>(part: &HostValues<'a>) -> (&'a [u8], usize) {
+        match *part {
+            HostValues::F32(values) => (bytemuck::cast_slice(values), 4),
+            HostValues::Bf16(values) => (bytemuck::cast_slice(values), 2),
+        }
+    }
     if cfg!(target_endian = "little") {
-        // SAFETY: any f32 is 4 initialized bytes; u8 has no alignment.
-        let bytes = |values: &[f32]| unsafe {
-            std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), values.len() * 4)
-        };
         let mut slices: Vec<IoSlice> = (parts.iter())
-            .filter(|p| !p.is_empty())
-            .map(|p| IoSlice::new(bytes(p)))
+            .map(|part| bytes(part).0)
+            .filter(|b| !b.is_empty())
+            .map(IoSlice::new)
             .collect();
         let mut slices = &mut slices[..];
         while !slices.is_empty() {
@@ -396,13 +417,16 @@ fn write_f32s(out: &mut impl Write, parts: &[&[f32]]) -> std::io::Result<()> {
         }
         return Ok(());
     }
-    parts
-        .iter()
-        .flat_map(|p| p.chunks(CHUNK))
-        .try_for_each(|chunk| {
-            let bytes: Vec<u8> = chunk.iter().flat_map(|x| x.to_le_bytes()).collect();
-            out.write_all(&bytes)
+    parts.iter().map(bytes).try_for_each(|(bytes, size)| {
+        bytes.chunks(CHUNK * size).try_for_each(|chunk| {
+            let little: Vec<u8> = chunk
+                .chunks(size)
+                .flat_map(|x| x.iter().rev())
+                .copied()
+                .collect();
+            out.write_all(&little)
         })
+    })
 }
 
 /// Values converted at a time where a file's bytes are not `f32` as they lie.
@@ -626,18 +650,22 @@ impl<'a> FileBuffer<'a> {
 
     /// The whole buffer mapped where the file holds it, by a backend that
     /// multiplies the values as they lie ([`Backend::map_params`]), when the file
-    /// holds it as one run: every tensor `F32`, in layout order, one after the
-    /// other (as tinylm writes them, [`write_safetensors`]). `None` otherwise: the
-    /// buffer is then read ([`FileBuffer::read_into`]).
+    /// holds it as one run: every tensor `F32` (or every one `BF16`), in layout
+    /// order, one after the other (as tinylm writes them, [`write_safetensors`]).
+    /// `None` otherwise: the buffer is then read ([`FileBuffer::read_into`]).
     pub fn map<B: Backend<f32>>(&self, backend: &B) -> Option<B::Buf> {
-        let start = |name: &str| {
-            let tensor = &self.file.tensors[name];
-            (tensor.dtype == Dtype::F32).then_some(tensor.start)
+        let first = &self.file.tensors[*self.names.first()?];
+        let (stored, size) = match first.dtype {
+            Dtype::F32 => (Stored::F32, 4),
+            Dtype::BF16 => (Stored::Bf16, 2),
+            _ => return None,
         };
-        let first = start(self.names.first()?)?;
-        let one_run = (self.layout.specs.iter().zip(&self.names))
-            .all(|(spec, name)| start(name) == Some(first + 4 * spec.offset as u64));
-        one_run.then(|| backend.map_params(&self.file.file, first, self.layout.total))?
+        let one_run = (self.layout.specs.iter().zip(&self.names)).all(|(spec, name)| {
+            let tensor = &self.file.tensors[*name];
+            tensor.dtype == first.dtype && tensor.start == first.start + size * spec.offset as u64
+        });
+        let total = self.layout.total;
+        one_run.then(|| backend.map_params(&self.file.file, first.start, total, stored))?
     }
 
     /// Values `range` of the buffer into `dst`, a backend's buffer of

@@ -1,12 +1,15 @@
-//! `tinylm export hf|gguf`: a trained model for Hugging Face `transformers` or for
-//! llama.cpp (see `tinylm::export`).
+//! `tinylm export hf|gguf|weights`: a trained model for Hugging Face
+//! `transformers` or for llama.cpp (see `tinylm::export`), or its weights alone in
+//! tinylm's own format (`tinylm::checkpoint::save_weights`).
 
 use super::tokenizer::tokenizer_dir;
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
 use std::path::PathBuf;
+use tinylm::checkpoint;
 use tinylm::export::gguf::{self, GgufDtype};
 use tinylm::export::{check_llama, hf};
+use tinylm::kernels::Stored;
 use tinylm::weights::{self, Weights};
 use tinylm_bpe::files::Bpe;
 
@@ -22,6 +25,10 @@ enum ExportCommand {
     Hf(HfArgs),
     /// A GGUF v3 file (`llama` architecture, GPT-2 tokenizer) that llama.cpp runs.
     Gguf(GgufArgs),
+    /// The weights alone, as a tinylm checkpoint without the optimizer state, in
+    /// f32 or bf16 (half the size): what generate, serve and eval open. Under
+    /// `--precision bf16` a bf16 file is mapped as the weights the CPU multiplies.
+    Weights(WeightsArgs),
 }
 
 /// The model and tokenizer to export.
@@ -61,6 +68,24 @@ struct GgufArgs {
     dtype: Dtype,
 }
 
+#[derive(Args)]
+struct WeightsArgs {
+    #[command(flatten)]
+    source: Source,
+    /// The `.safetensors` file to write.
+    #[arg(long)]
+    out: PathBuf,
+    /// How the weights are stored: f32 as trained, or bf16 (rounded to nearest).
+    #[arg(long, value_enum, default_value_t = WeightsDtype::Bf16)]
+    dtype: WeightsDtype,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum WeightsDtype {
+    F32,
+    Bf16,
+}
+
 #[derive(Clone, Copy, ValueEnum)]
 enum Dtype {
     F32,
@@ -86,6 +111,23 @@ pub fn run(args: ExportArgs) -> Result<()> {
                 Dtype::Q8_0 => GgufDtype::Q8_0,
             };
             gguf::export(&w.config, &w.params, &tokenizer, &a.out, dtype)?;
+            eprintln!("{} -> {}", a.source.checkpoint.display(), a.out.display());
+        }
+        ExportCommand::Weights(a) => {
+            let w = weights::load(&a.source.checkpoint, None)?;
+            // The tokenizer, recorded where the new file can find it from anywhere.
+            let tokenizer = a.source.tokenizer.as_deref().or(w.tokenizer.as_deref());
+            let tokenizer = tokenizer.map(|dir| std::fs::canonicalize(dir).unwrap_or(dir.into()));
+            let extra = tokenizer.map(|dir| {
+                let json = serde_json::to_string(&dir).expect("a path serializes");
+                ("tokenizer".to_string(), json)
+            });
+            let stored = match a.dtype {
+                WeightsDtype::F32 => Stored::F32,
+                WeightsDtype::Bf16 => Stored::Bf16,
+            };
+            let extra = extra.into_iter().collect();
+            checkpoint::save_weights(&a.out, &w.config, &w.params, stored, &extra)?;
             eprintln!("{} -> {}", a.source.checkpoint.display(), a.out.display());
         }
     }

@@ -4,7 +4,8 @@
 //! [`Span`], [`SpanMut`]), product and attention shapes ([`MatMul`],
 //! [`AttnShape`]), a step's statistics ([`StepStats`]) and AdamW's scalars
 //! ([`AdamWParams`], [`AdamWStep`], the clipping factor [`clip_scale`]), and the
-//! arithmetic of a run ([`Precision`]).
+//! arithmetic of a run ([`Precision`]), and how a file stores parameters that a
+//! backend maps ([`Stored`]).
 
 use super::cpu::memory::HostBuf;
 use super::float::Float;
@@ -15,6 +16,14 @@ use std::fmt;
 use std::ops::Range;
 use std::str::FromStr;
 use std::time::Instant;
+
+/// How a file stores a parameter buffer that a backend may map
+/// ([`Backend::map_params`]): little-endian values of this type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stored {
+    F32,
+    Bf16,
+}
 
 /// The shape of one matrix product `out (m, n) = a (m, k) · b (k, n)` over
 /// contiguous row-major buffers, either operand possibly stored transposed.
@@ -543,15 +552,23 @@ pub trait Backend<F: Float>: Allocator<F> + Sync {
         None
     }
     /// The parameters, `len` values, as they lie in `file` from byte `offset` on
-    /// (little-endian `f32`s in [`ParamLayout`] order), mapped instead of read
-    /// into fresh memory — where this backend multiplies those very values (the CPU
-    /// in `f32`: the file's pages in the page cache become the buffer's, at no
-    /// cost but the page tables). `None` where it keeps its parameters elsewhere or
-    /// in another form (a GPU, a bf16 copy), or where the file cannot be mapped:
-    /// the parameters are then read in.
+    /// (little-endian, stored as `stored`, in [`ParamLayout`] order), mapped
+    /// instead of read into fresh memory — where this backend multiplies values
+    /// stored so: the CPU in `f32` maps `f32` files, under bf16 it maps `f32`
+    /// files' values (making their copy from them) and, running forward only, bf16
+    /// files as the weights it multiplies. The file's pages in the page cache
+    /// become the buffer's, at no cost but the page tables. `None` where it keeps
+    /// its parameters elsewhere or in another form (a GPU, Q8_0 blocks of a bf16
+    /// file), or where the file cannot be mapped: the parameters are then read in.
     ///
     /// [`ParamLayout`]: crate::params::ParamLayout
-    fn map_params(&self, _file: &std::fs::File, _offset: u64, _len: usize) -> Option<Self::Buf> {
+    fn map_params(
+        &self,
+        _file: &std::fs::File,
+        _offset: u64,
+        _len: usize,
+        _stored: Stored,
+    ) -> Option<Self::Buf> {
         None
     }
     /// Staging memory for `len` values (see [`Backend::Staging`]).

@@ -33,7 +33,7 @@ pub mod workspace;
 pub use backend::{
     clip_scale, AdamWParams, AdamWStep, Allocation, Allocator, AttnShape, Backend, BatchPart,
     BufKind, Buffer, Collective, HostWrite, MatMul, Precision, Role, Span, SpanMut, StepStats,
-    CLIP_EPS, STATS_BYTES,
+    Stored, CLIP_EPS, STATS_BYTES,
 };
 pub use cpu::{Cpu, CpuMixed, HostBuf};
 pub use float::Float;

@@ -2,7 +2,7 @@
 
 use super::{
     AdamWStep, Allocator, AttnShape, Backend, BatchPart, BufKind, Collective, Float, HostWrite,
-    MatMul, Role, Span, SpanMut, StepStats,
+    MatMul, Role, Span, SpanMut, StepStats, Stored,
 };
 use crate::distributed::World;
 use crate::{Error, Result};
@@ -183,8 +183,14 @@ impl<F: Float, B: Backend<F>> Backend<F> for Profiled<B> {
         self.inner.write_host(dst, weight, write)
     }
 
-    fn map_params(&self, file: &std::fs::File, offset: u64, len: usize) -> Option<B::Buf> {
-        self.inner.map_params(file, offset, len)
+    fn map_params(
+        &self,
+        file: &std::fs::File,
+        offset: u64,
+        len: usize,
+        stored: Stored,
+    ) -> Option<B::Buf> {
+        self.inner.map_params(file, offset, len, stored)
     }
 
     fn alloc_staging(&self, len: usize) -> Result<B::Staging> {

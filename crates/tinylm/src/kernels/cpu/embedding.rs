@@ -1,16 +1,20 @@
 //! Token embedding: a row lookup and its scatter-add backward.
 
+use crate::kernels::float::Element;
 use crate::kernels::Float;
 use rayon::prelude::*;
 
-/// `out (N, C) = table[ids]`, `table (V, C)`; ids are checked by the caller.
-pub fn embedding_forward<F: Float>(out: &mut [F], ids: &[u32], table: &[F]) {
+/// `out (N, C) = table[ids]`, `table (V, C)` stored as `E` (`F`, or the bf16 of a
+/// model mapped from a bf16 file); ids are checked by the caller.
+pub fn embedding_forward<F: Float, E: Element<F>>(out: &mut [F], ids: &[u32], table: &[E]) {
     let c = out.len() / ids.len();
     out.par_chunks_mut(c)
         .zip(ids.par_iter())
         .for_each(|(row, &id)| {
             let id = id as usize;
-            row.copy_from_slice(&table[id * c..(id + 1) * c]);
+            for (x, &e) in row.iter_mut().zip(&table[id * c..(id + 1) * c]) {
+                *x = e.load();
+            }
         });
 }
 

@@ -25,13 +25,13 @@ use super::bf16::{
 use super::linear::View;
 use super::memory::{with_scratch, zeroed, HostBuf, WRITE_CHUNK};
 use super::simd::CHUNK;
-use super::{adamw, q8, rmsnorm, swiglu, Cpu};
+use super::{adamw, embedding, q8, rmsnorm, swiglu, Cpu};
 use crate::config::RMS_NORM_EPS;
 use crate::distributed::World;
 use crate::kernels::float::Element;
 use crate::kernels::{
     AdamWStep, Allocation, Allocator, AttnShape, Backend, BatchPart, BufKind, Buffer, Collective,
-    HostWrite, MatMul, Role, Span, SpanMut, StepStats,
+    HostWrite, MatMul, Role, Span, SpanMut, StepStats, Stored,
 };
 use crate::Result;
 use half::bf16;
@@ -118,6 +118,14 @@ impl CpuMixed {
         match self.forward_only {
             true => matmul_bf16_forward_on(self.kernel, out, a, b, shape),
             false => matmul_bf16_on(self.kernel, out, a, b, shape),
+        }
+    }
+
+    /// A copy of `len` parameters as this backend multiplies them (zeros).
+    fn param_copy(&self, len: usize) -> ParamCopy {
+        match self.weights {
+            WeightCopy::Bf16 => ParamCopy::Bf16(zeroed(len)),
+            WeightCopy::Q8 => ParamCopy::Q8(Box::new(q8::Q8Buffer::new(len))),
         }
     }
 
@@ -221,10 +229,12 @@ enum ParamCopy {
     Q8(Box<q8::Q8Buffer>),
 }
 
-/// A [`MixedBuf`]'s values.
+/// A [`MixedBuf`]'s values: `f32`, or bf16 — activations that only products read,
+/// a KV cache, and the parameters of a forward-only model mapped from a bf16 file
+/// (the very values it multiplies; [`CpuMixed::map_params`]).
 pub enum Values {
     F32(HostBuf<f32>),
-    Bf16(Vec<bf16>),
+    Bf16(HostBuf<bf16>),
 }
 
 impl Buffer for MixedBuf {
@@ -275,6 +285,22 @@ fn f32s_mut<'a>(span: SpanMut<'a, MixedBuf>) -> SpanMut<'a, HostBuf<f32>> {
     }
 }
 
+/// Values `start..start + len` of a buffer as they are stored: the parameters' of
+/// a forward-only model mapped from a bf16 file are bf16 (read as such by the
+/// embedding and RMSNorm kernels).
+enum ValuesRef<'a> {
+    F32(&'a [f32]),
+    Bf16(&'a [bf16]),
+}
+
+fn values_ref<'a>(span: Span<'a, MixedBuf>) -> ValuesRef<'a> {
+    let range = span.start..span.start + span.len;
+    match &span.buf.values {
+        Values::F32(v) => ValuesRef::F32(&v[range]),
+        Values::Bf16(v) => ValuesRef::Bf16(&v[range]),
+    }
+}
+
 /// A buffer's values to write, in the type it stores.
 enum Out<'a> {
     F32(&'a mut [f32]),
@@ -322,6 +348,15 @@ fn load<T: Element<f32>>(dst: &mut [f32], src: &[T]) {
 }
 
 impl MixedBuf {
+    /// Where its values lie (for tests of what a model maps).
+    #[cfg(test)]
+    pub(crate) fn values_addr(&self) -> usize {
+        match &self.values {
+            Values::F32(v) => v.as_ptr() as usize,
+            Values::Bf16(v) => v.as_ptr() as usize,
+        }
+    }
+
     /// Rounds (or quantizes) parameters `start..start + len` into their copy
     /// (none for other buffers).
     fn refresh_copy(&mut self, start: usize, len: usize) {
@@ -343,16 +378,9 @@ impl Allocator<f32> for CpuMixed {
 
     fn alloc(&self, _role: Role, len: usize, kind: BufKind) -> Result<MixedBuf> {
         let (values, copy) = match (kind, self.weights) {
-            (BufKind::Params, WeightCopy::Bf16) => (
-                Values::F32(zeroed(len).into()),
-                ParamCopy::Bf16(zeroed(len)),
-            ),
-            (BufKind::Params, WeightCopy::Q8) => (
-                Values::F32(zeroed(len).into()),
-                ParamCopy::Q8(Box::new(q8::Q8Buffer::new(len))),
-            ),
+            (BufKind::Params, _) => (Values::F32(zeroed(len).into()), self.param_copy(len)),
             (BufKind::Operands, WeightCopy::Bf16) | (BufKind::Cache, _) => {
-                (Values::Bf16(zeroed(len)), ParamCopy::None)
+                (Values::Bf16(zeroed(len).into()), ParamCopy::None)
             }
             _ => (Values::F32(zeroed(len).into()), ParamCopy::None),
         };
@@ -452,6 +480,40 @@ impl Backend<f32> for CpuMixed {
         Some(write(0, &mut values[range]).map(|()| dst.buf.refresh_copy(dst.start, dst.len)))
     }
 
+    /// An `f32` file's values mapped, their copy made from them: only the copy is
+    /// fresh memory (the embedding's and the gains' values stay the file's pages).
+    /// A bf16 file's, on a forward-only backend that multiplies bf16, mapped as the
+    /// values themselves, with no copy: the products, the embedding and RMSNorm
+    /// read them as they lie, and loading takes no fresh memory at all (after an
+    /// idle pause, a virtual machine's host can take half a second to back 256 MiB
+    /// of fresh huge pages). Q8_0 blocks are made from values read in.
+    fn map_params(
+        &self,
+        file: &std::fs::File,
+        offset: u64,
+        len: usize,
+        stored: Stored,
+    ) -> Option<MixedBuf> {
+        if cfg!(target_endian = "big") {
+            return None;
+        }
+        match (stored, self.weights) {
+            (Stored::F32, _) => {
+                let mut buf = MixedBuf {
+                    values: Values::F32(HostBuf::map(file, offset, len)?),
+                    copy: self.param_copy(len),
+                };
+                buf.refresh_copy(0, len);
+                Some(buf)
+            }
+            (Stored::Bf16, WeightCopy::Bf16) if self.forward_only => Some(MixedBuf {
+                values: Values::Bf16(HostBuf::map(file, offset, len)?),
+                copy: ParamCopy::None,
+            }),
+            (Stored::Bf16, _) => None,
+        }
+    }
+
     fn alloc_staging(&self, len: usize) -> Result<Vec<f32>> {
         Backend::<f32>::alloc_staging(&Cpu, len)
     }
@@ -509,7 +571,11 @@ impl Backend<f32> for CpuMixed {
     }
 
     fn embedding_forward(&self, out: SpanMut<MixedBuf>, ids: &Vec<u32>, table: Span<MixedBuf>) {
-        Cpu.embedding_forward(f32s_mut(out), ids, f32s(table));
+        let out = f32s_mut(out).slice();
+        match values_ref(table) {
+            ValuesRef::F32(table) => embedding::embedding_forward(out, ids, table),
+            ValuesRef::Bf16(table) => embedding::embedding_forward(out, ids, table),
+        }
     }
 
     fn embedding_backward(&self, dtable: SpanMut<MixedBuf>, dout: Span<MixedBuf>, ids: &Vec<u32>) {
@@ -523,10 +589,20 @@ impl Backend<f32> for CpuMixed {
         x: Span<MixedBuf>,
         g: Span<MixedBuf>,
     ) {
-        let (rstd, x, g) = (f32s_mut(rstd).slice(), f32s(x).slice(), f32s(g).slice());
-        match out(out_span) {
-            Out::F32(o) => rmsnorm::rmsnorm_forward(o, rstd, x, g, RMS_NORM_EPS),
-            Out::Bf16(o) => rmsnorm::rmsnorm_forward(o, rstd, x, g, RMS_NORM_EPS),
+        let (rstd, x) = (f32s_mut(rstd).slice(), f32s(x).slice());
+        match (out(out_span), values_ref(g)) {
+            (Out::F32(o), ValuesRef::F32(g)) => {
+                rmsnorm::rmsnorm_forward(o, rstd, x, g, RMS_NORM_EPS)
+            }
+            (Out::Bf16(o), ValuesRef::F32(g)) => {
+                rmsnorm::rmsnorm_forward(o, rstd, x, g, RMS_NORM_EPS)
+            }
+            (Out::F32(o), ValuesRef::Bf16(g)) => {
+                rmsnorm::rmsnorm_forward(o, rstd, x, g, RMS_NORM_EPS)
+            }
+            (Out::Bf16(o), ValuesRef::Bf16(g)) => {
+                rmsnorm::rmsnorm_forward(o, rstd, x, g, RMS_NORM_EPS)
+            }
         }
     }
 

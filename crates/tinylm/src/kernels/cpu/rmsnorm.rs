@@ -6,12 +6,13 @@ use super::simd::{dot3, sum_by, vectorized, CHUNK};
 use crate::kernels::float::{store_tiled, Element, Float};
 use rayon::prelude::*;
 
-/// `out (N, C)`, `rstd (N)` = `1 / sqrt(mean(x²) + eps)` from `x (N, C)`, `g (C)`.
-pub fn rmsnorm_forward<F: Float, O: Element<F>>(
+/// `out (N, C)`, `rstd (N)` = `1 / sqrt(mean(x²) + eps)` from `x (N, C)`, `g (C)`
+/// (stored as `G`: `F`, or the bf16 of a model mapped from a bf16 file).
+pub fn rmsnorm_forward<F: Float, O: Element<F>, G: Element<F>>(
     out: &mut [O],
     rstd: &mut [F],
     x: &[F],
-    g: &[F],
+    g: &[G],
     eps: f64,
 ) {
     let c = g.len();
@@ -32,7 +33,7 @@ pub fn rmsnorm_forward<F: Float, O: Element<F>>(
                             #[inline(always)]
                             |r, tile| {
                                 for ((t, &v), &g) in tile.iter_mut().zip(&x[r.clone()]).zip(&g[r]) {
-                                    *t = v * s * g;
+                                    *t = v * s * g.load();
                                 }
                             },
                         );
