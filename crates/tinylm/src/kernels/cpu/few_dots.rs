@@ -1,5 +1,6 @@
 //! The walk of the hand-written few-rows products (bf16 and Q8_0 weights on
-//! AVX-512): a decoding step's (or a prompt's) linear layers as dot products of the
+//! AVX-512; `f32` prompts in any vectors): a decoding step's (or a prompt's) linear
+//! layers as dot products of the
 //! rows of `x` with the weight's rows, blocks of both at a time, each kernel giving
 //! only its dot products ([`FewDots`]).
 
