@@ -4,7 +4,7 @@
 
 use crate::config::{Ffn, ModelConfig, Norm};
 use crate::files::write_file;
-use crate::kernels::{Backend, Buffer, Cpu, HostBuf, Stored};
+use crate::kernels::{Backend, Buffer, Cpu, HostBuf, ParamRead, Stored};
 use crate::{Error, Result};
 use half::bf16;
 use rand::{RngExt, SeedableRng};
@@ -155,11 +155,16 @@ impl ParamLayout {
         }
     }
 
-    /// Whether `spec` is a linear layer's weight (every projection's, an untied
-    /// output projection's): a forward pass reads it only as a matrix product's
-    /// operand, where the embeddings are also looked up and the gains scale.
-    pub fn is_weight(&self, spec: &ParamSpec) -> bool {
-        spec.shape.len() == 2 && spec.range() != self.token_embeddings
+    /// How a forward pass reads `spec`: a linear layer's weight (every
+    /// projection's, an untied output projection's) only as a matrix product's
+    /// operand; the embeddings are looked up — and, tied to the output layer,
+    /// multiplied too — and the gains scale.
+    pub fn read(&self, spec: &ParamSpec) -> ParamRead {
+        match (spec.shape.len(), spec.range() == self.token_embeddings) {
+            (2, false) => ParamRead::Operand,
+            (_, true) if self.lm_head == self.token_embeddings => ParamRead::Both,
+            _ => ParamRead::Values,
+        }
     }
 
     /// The spec of the tensor called `name`.
@@ -630,8 +635,8 @@ struct Piece<'a> {
     elems: Range<usize>,
     /// Where those are in the flat buffer.
     at: Range<usize>,
-    /// Whether the tensor is a linear layer's weight ([`ParamLayout::is_weight`]).
-    weight: bool,
+    /// How a forward pass reads the tensor ([`ParamLayout::read`]).
+    read: ParamRead,
 }
 
 impl<'a> FileBuffer<'a> {
@@ -643,7 +648,7 @@ impl<'a> FileBuffer<'a> {
                 tensor,
                 elems: at.start - spec.offset..at.end - spec.offset,
                 at,
-                weight: self.layout.is_weight(spec),
+                read: self.layout.read(spec),
             })
         })
     }
@@ -664,8 +669,11 @@ impl<'a> FileBuffer<'a> {
             let tensor = &self.file.tensors[*name];
             tensor.dtype == first.dtype && tensor.start == first.start + size * spec.offset as u64
         });
-        let total = self.layout.total;
-        one_run.then(|| backend.map_params(&self.file.file, first.start, total, stored))?
+        let reads: Vec<_> = (self.layout.specs.iter())
+            .map(|spec| (spec.range(), self.layout.read(spec)))
+            .collect();
+        let (file, total) = (&self.file.file, self.layout.total);
+        one_run.then(|| backend.map_params(file, first.start, total, stored, &reads))?
     }
 
     /// Values `range` of the buffer into `dst`, a backend's buffer of
@@ -685,7 +693,7 @@ impl<'a> FileBuffer<'a> {
                 let start = piece.elems.start + offset;
                 self.file.read(piece.tensor, start..start + out.len(), out)
             };
-            if let Some(written) = backend.write_host(dst.at_mut(at.clone()), piece.weight, &read) {
+            if let Some(written) = backend.write_host(dst.at_mut(at.clone()), piece.read, &read) {
                 written?;
                 continue;
             }

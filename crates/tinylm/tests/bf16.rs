@@ -203,46 +203,58 @@ fn q8_0_logits_are_f32_within_8_bit_tolerance() {
 }
 
 /// A forward-only backend ([`CpuMixed::forward_only`], and Q8_0's, always) reads a
-/// checkpoint's weights straight into their copy, never into `f32` values: every
-/// logit of a full pass and of decoding is the same as with the values written
-/// (the model built from host memory, whose copy is made from them), and the
-/// parameters are not read back. The feed-forward weights (256 · 640 values) are
-/// read in several parts.
+/// checkpoint's weights straight into their copy, never into `f32` values — or
+/// maps a file's values where tinylm wrote them and makes the copy from them — and
+/// makes no copy of what no product reads: every logit of a full pass and of
+/// decoding is the same as with the values written (the model built from host
+/// memory, whose copy is made from them all), with the embedding tied to the
+/// output layer or not, and the parameters are not read back. The feed-forward
+/// weights (256 · 640 values) are read in several parts.
 #[test]
 fn forward_only_models_read_the_same_weights_into_their_copy_alone() {
-    let c = ModelConfig {
-        d_model: 256,
-        d_ff: 640,
-        num_layers: 1,
-        ..config()
-    };
-    let params = ParamLayout::new(&c).init(11);
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("ckpt.safetensors");
-    tinylm::checkpoint::save(&path, &c, &params, None, &Default::default()).unwrap();
-    let opened = tinylm::weights::open(&path, None).unwrap();
-    let (ids, _) = batch(&c);
-    for (name, backend) in [
-        ("bf16", CpuMixed::new().forward_only()),
-        ("q8_0", CpuMixed::q8()),
-    ] {
-        let mut from_host = Model::with_backend(c.clone(), &params, backend).unwrap();
-        let mut from_file = opened.model(backend).unwrap();
-        let want = from_host.forward(&ids, B, T).unwrap().to_vec();
-        assert_eq!(from_file.forward(&ids, B, T).unwrap(), &want[..], "{name}");
-        let (mut a, mut b) = (
-            from_host.new_cache().unwrap(),
-            from_file.new_cache().unwrap(),
-        );
-        for &id in &ids[..T] {
-            let want = from_host.decode_step(&mut a, id).unwrap().to_vec();
-            assert_eq!(
-                from_file.decode_step(&mut b, id).unwrap(),
-                &want[..],
-                "{name}"
-            );
+    for tie_embeddings in [false, true] {
+        let c = ModelConfig {
+            d_model: 256,
+            d_ff: 640,
+            num_layers: 1,
+            tie_embeddings,
+            ..config()
+        };
+        let layout = ParamLayout::new(&c);
+        let params = layout.init(11);
+        let dir = tempfile::tempdir().unwrap();
+        let (mapped, read) = (dir.path().join("ckpt"), dir.path().join("reversed"));
+        tinylm::checkpoint::save(&mapped, &c, &params, None, &Default::default()).unwrap();
+        let mut tensors = layout.tensors(&params);
+        tensors.reverse();
+        tinylm::params::save_safetensors(&read, &tensors, &Default::default()).unwrap();
+        let (ids, _) = batch(&c);
+        for path in [&mapped, &read] {
+            let opened = tinylm::weights::open(path, Some(&c)).unwrap();
+            for (name, backend) in [
+                ("bf16", CpuMixed::new().forward_only()),
+                ("q8_0", CpuMixed::q8()),
+            ] {
+                let name = format!("{name}, {}, tied {tie_embeddings}", path.display());
+                let mut from_host = Model::with_backend(c.clone(), &params, backend).unwrap();
+                let mut from_file = opened.model(backend).unwrap();
+                let want = from_host.forward(&ids, B, T).unwrap().to_vec();
+                assert!(
+                    from_file.forward(&ids, B, T).unwrap() == &want[..],
+                    "{name}"
+                );
+                let (mut a, mut b) = (
+                    from_host.new_cache().unwrap(),
+                    from_file.new_cache().unwrap(),
+                );
+                for &id in &ids[..T] {
+                    let want = from_host.decode_step(&mut a, id).unwrap().to_vec();
+                    let got = from_file.decode_step(&mut b, id).unwrap();
+                    assert!(got == &want[..], "{name}");
+                }
+                let err = from_file.download_params().unwrap_err().to_string();
+                assert!(err.contains("forward-only"), "{name}: {err}");
+            }
         }
-        let err = from_file.download_params().unwrap_err().to_string();
-        assert!(err.contains("forward-only"), "{name}: {err}");
     }
 }

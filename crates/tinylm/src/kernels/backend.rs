@@ -17,6 +17,19 @@ use std::ops::Range;
 use std::str::FromStr;
 use std::time::Instant;
 
+/// How a forward pass reads a parameter tensor: what a backend that multiplies a
+/// copy of its parameters (bf16, Q8_0) keeps of it when it only runs forward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ParamRead {
+    /// Only as a matrix product's operand: a linear layer's weight (its copy alone).
+    Operand,
+    /// Only as values: an embedding looked up (not tied to the output layer), the
+    /// gains (no copy).
+    Values,
+    /// Both: an embedding tied to the output layer.
+    Both,
+}
+
 /// How a file stores a parameter buffer that a backend may map
 /// ([`Backend::map_params`]): little-endian values of this type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -538,15 +551,15 @@ pub trait Backend<F: Float>: Allocator<F> + Sync {
     /// parts from several threads) where they lie, when they lie in host memory,
     /// and what mirrors them (the copy of mixed-precision parameters) is brought up
     /// to date; `None`, without calling `write`, for a device, whose values are
-    /// [`upload`]ed. `weight`: the values are a linear layer's weight, which a
-    /// forward pass reads only as a matrix product's operand — a backend that
-    /// multiplies a copy of the weights may then keep the copy alone.
+    /// [`upload`]ed. `read`: how a forward pass reads the values — a backend that
+    /// multiplies a copy of the parameters and only runs forward may keep a
+    /// weight's copy alone, and make no copy of what no product reads.
     ///
     /// [`upload`]: Backend::upload
     fn write_host(
         &self,
         _dst: SpanMut<Self::Buf>,
-        _weight: bool,
+        _read: ParamRead,
         _write: &HostWrite<'_, F>,
     ) -> Option<Result<()>> {
         None
@@ -560,6 +573,8 @@ pub trait Backend<F: Float>: Allocator<F> + Sync {
     /// become the buffer's, at no cost but the page tables. `None` where it keeps
     /// its parameters elsewhere or in another form (a GPU, Q8_0 blocks of a bf16
     /// file), or where the file cannot be mapped: the parameters are then read in.
+    /// `reads`: how a forward pass reads each tensor's range (as for
+    /// [`Backend::write_host`]).
     ///
     /// [`ParamLayout`]: crate::params::ParamLayout
     fn map_params(
@@ -568,6 +583,7 @@ pub trait Backend<F: Float>: Allocator<F> + Sync {
         _offset: u64,
         _len: usize,
         _stored: Stored,
+        _reads: &[(Range<usize>, ParamRead)],
     ) -> Option<Self::Buf> {
         None
     }

@@ -32,8 +32,8 @@ pub mod workspace;
 
 pub use backend::{
     clip_scale, AdamWParams, AdamWStep, Allocation, Allocator, AttnShape, Backend, BatchPart,
-    BufKind, Buffer, Collective, HostWrite, MatMul, Precision, Role, Span, SpanMut, StepStats,
-    Stored, CLIP_EPS, STATS_BYTES,
+    BufKind, Buffer, Collective, HostWrite, MatMul, ParamRead, Precision, Role, Span, SpanMut,
+    StepStats, Stored, CLIP_EPS, STATS_BYTES,
 };
 pub use cpu::{Cpu, CpuMixed, HostBuf};
 pub use float::Float;

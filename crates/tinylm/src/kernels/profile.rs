@@ -2,7 +2,7 @@
 
 use super::{
     AdamWStep, Allocator, AttnShape, Backend, BatchPart, BufKind, Collective, Float, HostWrite,
-    MatMul, Role, Span, SpanMut, StepStats, Stored,
+    MatMul, ParamRead, Role, Span, SpanMut, StepStats, Stored,
 };
 use crate::distributed::World;
 use crate::{Error, Result};
@@ -177,10 +177,10 @@ impl<F: Float, B: Backend<F>> Backend<F> for Profiled<B> {
     fn write_host(
         &self,
         dst: SpanMut<B::Buf>,
-        weight: bool,
+        read: ParamRead,
         write: &HostWrite<'_, F>,
     ) -> Option<Result<()>> {
-        self.inner.write_host(dst, weight, write)
+        self.inner.write_host(dst, read, write)
     }
 
     fn map_params(
@@ -189,8 +189,9 @@ impl<F: Float, B: Backend<F>> Backend<F> for Profiled<B> {
         offset: u64,
         len: usize,
         stored: Stored,
+        reads: &[(std::ops::Range<usize>, ParamRead)],
     ) -> Option<B::Buf> {
-        self.inner.map_params(file, offset, len, stored)
+        self.inner.map_params(file, offset, len, stored, reads)
     }
 
     fn alloc_staging(&self, len: usize) -> Result<B::Staging> {

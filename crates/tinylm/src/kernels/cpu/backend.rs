@@ -9,7 +9,7 @@ use crate::config::RMS_NORM_EPS;
 use crate::distributed::World;
 use crate::kernels::{
     AdamWStep, Allocator, AttnShape, Backend, BatchPart, BufKind, Collective, Float, HostWrite,
-    MatMul, Role, Span, SpanMut, StepStats, Stored,
+    MatMul, ParamRead, Role, Span, SpanMut, StepStats, Stored,
 };
 use crate::{Error, Result};
 use rayon::prelude::*;
@@ -71,7 +71,7 @@ impl<F: Float> Backend<F> for Cpu {
     fn write_host(
         &self,
         dst: SpanMut<HostBuf<F>>,
-        _weight: bool,
+        _read: ParamRead,
         write: &HostWrite<'_, F>,
     ) -> Option<Result<()>> {
         Some(write(0, dst.slice()))
@@ -84,6 +84,7 @@ impl<F: Float> Backend<F> for Cpu {
         offset: u64,
         len: usize,
         stored: Stored,
+        _reads: &[(std::ops::Range<usize>, ParamRead)],
     ) -> Option<HostBuf<F>> {
         let f32s = std::any::TypeId::of::<F>() == std::any::TypeId::of::<f32>();
         if !f32s || stored != Stored::F32 || cfg!(target_endian = "big") {

@@ -31,11 +31,12 @@ use crate::distributed::World;
 use crate::kernels::float::Element;
 use crate::kernels::{
     AdamWStep, Allocation, Allocator, AttnShape, Backend, BatchPart, BufKind, Buffer, Collective,
-    HostWrite, MatMul, Role, Span, SpanMut, StepStats, Stored,
+    HostWrite, MatMul, ParamRead, Role, Span, SpanMut, StepStats, Stored,
 };
 use crate::Result;
 use half::bf16;
 use rayon::prelude::*;
+use std::ops::Range;
 
 /// The CPU backend under bf16 mixed precision, on one bf16 kernel — or, to
 /// generate with 8-bit weights, with the weights' copy in Q8_0 blocks.
@@ -127,6 +128,12 @@ impl CpuMixed {
             WeightCopy::Bf16 => ParamCopy::Bf16(zeroed(len)),
             WeightCopy::Q8 => ParamCopy::Q8(Box::new(q8::Q8Buffer::new(len))),
         }
+    }
+
+    /// Whether parameters read so need their copy: those that a product reads,
+    /// and on a backend that trains all (AdamW keeps every one up to date).
+    fn needs_copy(&self, read: ParamRead) -> bool {
+        !self.forward_only || read != ParamRead::Values
     }
 
     /// Whether `buf` is parameters whose weights this backend keeps in their copy
@@ -448,17 +455,17 @@ impl Backend<f32> for CpuMixed {
     }
 
     /// `f32` values written in place, then their copy where they have one (the
-    /// parameters': a checkpoint is read straight into them) — or, for a weight
-    /// on a forward-only backend, the copy alone, from each part's values in a
-    /// thread's scratch.
+    /// parameters': a checkpoint is read straight into them) and a product reads
+    /// it — or, for a weight on a forward-only backend, the copy alone, from each
+    /// part's values in a thread's scratch.
     fn write_host(
         &self,
         dst: SpanMut<MixedBuf>,
-        weight: bool,
+        read: ParamRead,
         write: &HostWrite<'_, f32>,
     ) -> Option<Result<()>> {
         let range = dst.start..dst.start + dst.len;
-        if weight && self.keeps_copy_alone(dst.buf) {
+        if read == ParamRead::Operand && self.keeps_copy_alone(dst.buf) {
             return Some(match &mut dst.buf.copy {
                 ParamCopy::Bf16(copy) => copy[range]
                     .par_chunks_mut(WRITE_CHUNK)
@@ -477,7 +484,11 @@ impl Backend<f32> for CpuMixed {
         let Values::F32(values) = &mut dst.buf.values else {
             return None;
         };
-        Some(write(0, &mut values[range]).map(|()| dst.buf.refresh_copy(dst.start, dst.len)))
+        let written = write(0, &mut values[range]);
+        if self.needs_copy(read) {
+            dst.buf.refresh_copy(dst.start, dst.len);
+        }
+        Some(written)
     }
 
     /// An `f32` file's values mapped, their copy made from them: only the copy is
@@ -493,6 +504,7 @@ impl Backend<f32> for CpuMixed {
         offset: u64,
         len: usize,
         stored: Stored,
+        reads: &[(Range<usize>, ParamRead)],
     ) -> Option<MixedBuf> {
         if cfg!(target_endian = "big") {
             return None;
@@ -503,7 +515,9 @@ impl Backend<f32> for CpuMixed {
                     values: Values::F32(HostBuf::map(file, offset, len)?),
                     copy: self.param_copy(len),
                 };
-                buf.refresh_copy(0, len);
+                for (range, _) in reads.iter().filter(|(_, read)| self.needs_copy(*read)) {
+                    buf.refresh_copy(range.start, range.len());
+                }
                 Some(buf)
             }
             (Stored::Bf16, WeightCopy::Bf16) if self.forward_only => Some(MixedBuf {

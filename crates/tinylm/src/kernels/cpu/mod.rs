@@ -15,7 +15,6 @@ pub mod bf16;
 mod collective;
 pub mod cross_entropy;
 pub mod embedding;
-#[cfg(all(target_arch = "x86_64", feature = "avx512"))]
 mod few_dots;
 pub mod global_norm;
 pub mod linear;
