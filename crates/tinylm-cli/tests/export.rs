@@ -287,6 +287,9 @@ fn bad_input_is_one_line_exit_2_and_leaves_nothing_behind() {
     );
     export_fails("gguf", &ckpt, None, &d("m.gguf"), "records no tokenizer");
     export_fails("hf", &ckpt, Some(&d("nowhere")), &d("hf"), "nowhere");
+    let weights = d("w.safetensors");
+    export_fails("weights", &ckpt, Some(&d("nowhere")), &weights, "nowhere");
+    assert!(!Path::new(&weights).exists());
     // An output that cannot be written: its parent is a file.
     std::fs::write(d("file"), "x").unwrap();
     export_fails("hf", &ckpt, Some(&d("tok")), &d("file/hf"), "file/hf");

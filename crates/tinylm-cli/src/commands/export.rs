@@ -115,9 +115,26 @@ pub fn run(args: ExportArgs) -> Result<()> {
         }
         ExportCommand::Weights(a) => {
             let w = weights::load(&a.source.checkpoint, None)?;
-            // The tokenizer, recorded where the new file can find it from anywhere.
-            let tokenizer = a.source.tokenizer.as_deref().or(w.tokenizer.as_deref());
-            let tokenizer = tokenizer.map(|dir| std::fs::canonicalize(dir).unwrap_or(dir.into()));
+            // The tokenizer, recorded by its absolute path (found from anywhere):
+            // one given must exist; one the checkpoint records that is gone is
+            // left out (generate then asks for --tokenizer).
+            let tokenizer = match (&a.source.tokenizer, &w.tokenizer) {
+                (Some(dir), _) => Some(
+                    std::fs::canonicalize(dir)
+                        .with_context(|| format!("tokenizer directory {}", dir.display()))?,
+                ),
+                (None, Some(dir)) => std::fs::canonicalize(dir)
+                    .inspect_err(|_| {
+                        eprintln!(
+                            "warning: {} records the tokenizer {}, which is not there: \
+                             the weights record none",
+                            a.source.checkpoint.display(),
+                            dir.display()
+                        )
+                    })
+                    .ok(),
+                (None, None) => None,
+            };
             let extra = tokenizer.map(|dir| {
                 let json = serde_json::to_string(&dir).expect("a path serializes");
                 ("tokenizer".to_string(), json)

@@ -484,11 +484,11 @@ impl Backend<f32> for CpuMixed {
         let Values::F32(values) = &mut dst.buf.values else {
             return None;
         };
-        let written = write(0, &mut values[range]);
-        if self.needs_copy(read) {
-            dst.buf.refresh_copy(dst.start, dst.len);
-        }
-        Some(written)
+        Some(write(0, &mut values[range]).map(|()| {
+            if self.needs_copy(read) {
+                dst.buf.refresh_copy(dst.start, dst.len)
+            }
+        }))
     }
 
     /// An `f32` file's values mapped, their copy made from them: only the copy is
