@@ -4,8 +4,9 @@
 //! [`Span`], [`SpanMut`]), product and attention shapes ([`MatMul`],
 //! [`AttnShape`]), a step's statistics ([`StepStats`]) and AdamW's scalars
 //! ([`AdamWParams`], [`AdamWStep`], the clipping factor [`clip_scale`]), and the
-//! arithmetic of a run ([`Precision`]), and how a file stores parameters that a
-//! backend maps ([`Stored`]).
+//! arithmetic of a run ([`Precision`]); how a forward pass reads each parameter
+//! ([`ParamRead`]) and how a file stores parameters that a backend maps
+//! ([`Stored`]).
 
 use super::cpu::memory::HostBuf;
 use super::float::Float;
