@@ -222,12 +222,12 @@ pub(crate) fn for_each_column_block(s: MatMul, block: impl Fn(Range<usize>) + Sy
 /// Columns `cols` of [`few_rows_linear`]'s product, with the widest vectors the CPU
 /// has, each vector loaded once for the products it takes part in. A decoding
 /// pass's few rows: two rows of `b` at a time against four rows of `a`, in eight
-/// independent sums — two streams from memory, with which the 134M model decodes
-/// 7–17% faster than with four (Zen 5). A prompt's (more than [`FEW_ROWS`]): on
-/// the hand-written kernels' walk ([`for_each_few_dot`]), four rows of `b` against
-/// four of `a`, 16 sums, half the reads of `a` from cache a multiply-add; its
-/// 62-token prompt took 47–54 ms instead of `gemm`'s 64–69 (70–87 instead of 95–117
-/// as the process's first pass).
+/// independent sums — two streams from memory (the 134M model decoded 7–20% slower
+/// with four, 4–23% slower with one, on Zen 5). A prompt's (more than
+/// [`FEW_ROWS`]): on the hand-written kernels' walk ([`for_each_few_dot`]), four
+/// rows of `b` against four of `a`, 16 sums, half the reads of `a` from cache a
+/// multiply-add; its 62-token prompt took 47–54 ms instead of `gemm`'s 64–69 (70–87
+/// instead of 95–117 as the process's first pass).
 struct FewRows<'a> {
     out: &'a SharedMut<f32>,
     a: &'a [f32],
