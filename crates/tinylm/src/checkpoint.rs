@@ -16,15 +16,13 @@
 //! tensor into the buffers they go to ([`CheckpointFile`]): no copy of the whole
 //! model or its moments is made on the way, on the CPU or from and to a GPU.
 
-use crate::kernels::cpu::simd::CHUNK;
-use crate::kernels::float::Element;
+use crate::kernels::cpu::mixed::store;
 use crate::kernels::{AdamWParams, Backend, Buffer, Stored};
 use crate::model::Model;
 use crate::optim::AdamW;
 use crate::params::{write_safetensors, FileBuffer, ParamLayout, SafetensorsFile, TensorData};
 use crate::{buffers, Error, ModelConfig, Result};
 use half::bf16;
-use rayon::prelude::*;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -236,8 +234,7 @@ pub fn save_weights(
         Stored::F32 => save_from(path, config, &params, None, extra),
         Stored::Bf16 => {
             let mut rounded = vec![bf16::ZERO; params.len()];
-            (rounded.par_chunks_mut(CHUNK).zip(params.par_chunks(CHUNK)))
-                .for_each(|(rounded, values)| bf16::store_slice(rounded, values));
+            store(&mut rounded, params);
             save_from(path, config, &rounded.as_slice(), None, extra)
         }
     }
@@ -354,7 +351,7 @@ impl CheckpointFile {
     }
 
     /// A model run by `backend` with the checkpoint's weights, mapped where the
-    /// backend can (a CPU model in `f32`, [`FileBuffer::map`]), else read into its
+    /// backend can (a CPU model, [`FileBuffer::map`]), else read into its
     /// parameter buffer (the moments are not read).
     pub fn model<B: Backend<f32>>(&self, backend: B) -> Result<Model<f32, B>> {
         model_from(&self.weights()?, self.config.clone(), backend, Load::Map)

@@ -3,7 +3,7 @@
 //! with the SPEC names (the config given separately), or an exported Hugging Face
 //! directory (imported on the fly). Anything else is refused with one line saying
 //! what was expected. A file's weights are read when wanted, tensor by tensor,
-//! straight into a model's buffers ([`OpenedWeights::model`]; a CPU model in `f32`
+//! straight into a model's buffers ([`OpenedWeights::model`]; a CPU model
 //! maps them where tinylm wrote them) or into host memory.
 
 use crate::checkpoint::{model_from, Load};

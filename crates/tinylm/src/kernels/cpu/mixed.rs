@@ -341,7 +341,7 @@ fn operand<'a>(span: Span<'a, MixedBuf>) -> Operand<'a> {
 }
 
 /// `dst = src` stored as `T` ([`Element::store_slice`]: in vectors), in parallel chunks.
-fn store<T: Element<f32>>(dst: &mut [T], src: &[f32]) {
+pub(crate) fn store<T: Element<f32>>(dst: &mut [T], src: &[f32]) {
     assert_eq!(dst.len(), src.len(), "copy size");
     (dst.par_chunks_mut(CHUNK).zip(src.par_chunks(CHUNK)))
         .for_each(|(dst, src)| T::store_slice(dst, src));
