@@ -5,6 +5,8 @@
 #                         # --features cuda, a 10,000-token tokenizer and the embedded
 #                         # TinyStories sample tokenized, into target/gpu-bin/
 #   bench/gpu.sh          # on the GPU machine (no Rust needed): runs what was packed
+#   BASE=DIR bench/gpu.sh # ... and times DIR/tinylm (another build's, e.g. the last
+#                         # commit's, packed with BIN=DIR) beside it in bf16
 #
 # On the GPU machine it needs the NVIDIA driver (libcuda.so.1) and the CUDA 13
 # libraries and headers: /usr/local/cuda (lib64: libnvrtc.so.13, libcublasLt.so.13;
@@ -21,15 +23,17 @@
 #      CS336 TinyStories model, alternating: `tinylm bench` in bf16 and fp32 (with
 #      its per-kernel split), PyTorch eager fp32 and torch.compile + bf16 autocast +
 #      fused attention, and tinylm bf16 again (the spread between its two runs)
-#   2b. each kernel's time under Nsight Compute (ncu), where the machine has it
 #   3. end to end, if 2 minutes of $GPU_BUDGET_S remain: `tinylm train --device cuda`
-#      at batch 128 x 256 for what is left (at most 3 minutes)
+#      at batch 128 x 256 for what is left (at most $TRAIN_S, default 3 minutes)
+#   4. each kernel's time under Nsight Compute (ncu), where the machine has it, in
+#      what is left
 #
 # and last a table: tokens/s, the ratios to PyTorch's best, MFU against the measured
 # bf16 rate, the projected time of the assignment's 327,680,000 tokens.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-target/gpu-bin}
+BASE=${BASE:-}
 
 if [ "${1:-}" = pack ]; then
     set -e
@@ -146,17 +150,15 @@ for batch in ${BATCHES:-32 128}; do
         --variants eager,compile-bf16 --steps 20 --repeat 3 --warmup 3
     part fast 40 "$BIN/tinylm" bench --device cuda --precision bf16 --model-config "$MODEL" \
         --batch-size "$batch" --steps 30 --no-peak
+    if [ -n "$BASE" ]; then
+        for _ in 1 2; do
+            part fast 40 "$BASE/tinylm" bench --device cuda --precision bf16 --model-config "$MODEL" \
+                --batch-size "$batch" --steps 30 --no-peak
+            part fast 40 "$BIN/tinylm" bench --device cuda --precision bf16 --model-config "$MODEL" \
+                --batch-size "$batch" --steps 30 --no-peak
+        done
+    fi
 done
-
-echo "== 2b. each kernel's time (Nsight Compute), bf16, batch 128: the steps after the first"
-ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
-if [ -n "$ncu" ]; then
-    part kernels 120 "$ncu" --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel \
-        --launch-skip 400 --launch-count 1500 "$BIN/tinylm" bench --device cuda --precision bf16 \
-        --model-config "$MODEL" --batch-size 128 --steps 3 --no-peak
-else
-    echo "no ncu" | tee -a "$LOG/kernels.log"
-fi
 
 echo "== 3. end to end"
 if [ "$(left)" -ge 120 ]; then
@@ -173,7 +175,17 @@ else
     echo "skipped: $(left) s of the budget left" | tee -a "$LOG/train.log"
 fi
 
-"$py" - "$LOG" <<'PY' | tee "$LOG/summary.txt"
+echo "== 4. each kernel's time (Nsight Compute), bf16, batch 128: the steps after the first"
+ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+if [ -n "$ncu" ]; then
+    part kernels 120 "$ncu" --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel \
+        --launch-skip 400 --launch-count 1500 "$BIN/tinylm" bench --device cuda --precision bf16 \
+        --model-config "$MODEL" --batch-size 128 --steps 3 --no-peak
+else
+    echo "no ncu" | tee -a "$LOG/kernels.log"
+fi
+
+"$py" - "$LOG" "$BASE" <<'PY' | tee "$LOG/summary.txt"
 """The table: every figure read back from the parts' logs."""
 import json, re, statistics, sys
 from pathlib import Path
@@ -199,7 +211,8 @@ for run in re.split(r"(?m)^== \[", fast)[1:]:
         if step and med:
             tokens = int(step.group(1)) * int(step.group(2))
             flop_per_token[b] = float(step.group(3)) * 1e9 / tokens
-            rows.append((b, f"tinylm {p}", float(med.group(2))))
+            who = "base" if sys.argv[2] and f"{sys.argv[2]}/tinylm bench" in head else "tinylm"
+            rows.append((b, f"{who} {p}", float(med.group(2))))
     for l in run.splitlines():
         if l.startswith('{"variant": "torch'):
             r = json.loads(l)

@@ -20,7 +20,7 @@ use tinylm::distributed::World;
 use tinylm::kernels::cpu;
 use tinylm::kernels::cpu::adamw::adamw_step;
 use tinylm::kernels::cuda::adamw::MAX_BLOCKS;
-use tinylm::kernels::cuda::attention::{attention_scores_len, attention_scratch_len};
+use tinylm::kernels::cuda::attention::{attention_scratch_len, MAX_HEAD_DIM};
 use tinylm::kernels::cuda::global_norm::{NORM_BLOCKS, NORM_THREADS};
 use tinylm::kernels::cuda::launch::BLOCK;
 use tinylm::kernels::cuda::rmsnorm::ROW_BLOCKS;
@@ -414,13 +414,20 @@ fn attention_forward_backward_and_decode_match_the_cpu() {
             tolerance(precision, 2.0),
             tolerance(precision, 2.0),
         );
-        // Heads moved in 16-byte packs (D a multiple of 8, or of 4 in fp32) and one
-        // value at a time (D = 6).
+        // The backward's heads moved in 16-byte packs (D a multiple of 8, or of 4 in
+        // fp32) and one value at a time (D = 6). The fused forward in each of its
+        // variants (D padded to 16, 32, 64, 128), in one and several query tiles and
+        // key chunks, full and decoding (q0 > 0), D a multiple of 16 and not.
         let shapes = [
             (2, 13, 3, 8, 0),
             (1, 9, 2, 16, 8),
             (3, 40, 2, 4, 0),
             (2, 11, 2, 6, 0),
+            (1, 70, 2, 32, 0),
+            (2, 45, 1, 24, 3),
+            (1, 37, 2, 64, 0),
+            (1, 20, 1, 128, 5),
+            (1, 33, 1, 100, 0),
         ];
         for (b, t, h, d, q0) in shapes {
             let s = AttnShape { b, t, h, d, q0 };
@@ -429,9 +436,7 @@ fn attention_forward_backward_and_decode_match_the_cpu() {
             let qkv_d = put_x(&cuda, &qkv);
             let out = cuda.alloc(b * tq * c, cuda.float_x(), "out").unwrap();
             let att = cuda.alloc(b * h * tq * t, cuda.float_x(), "att").unwrap();
-            let (scratch, scores) = attention_scratch(&cuda, s);
-            let (scratch, scores) = (scratch.view(), scores.view());
-            cuda.attention_forward(out.view(), att.view(), qkv_d.view(), s, scratch, scores);
+            cuda.attention_forward(out.view(), att.view(), qkv_d.view(), s);
             let (mut want, mut want_att) = (vec![0f32; b * tq * c], vec![0f32; b * h * tq * t]);
             cpu::attention::attention_forward(&mut want, &mut want_att, &qkv, s);
             let what = format!("{precision:?} attention {s:?}");
@@ -445,6 +450,8 @@ fn attention_forward_backward_and_decode_match_the_cpu() {
             let dout_d = put_x(&cuda, &dout);
             let dqkv = cuda.alloc(b * t * 3 * c, cuda.float_x(), "dqkv").unwrap();
             let datt = cuda.alloc(b * h * t * t, cuda.float_x(), "datt").unwrap();
+            let scratch = cuda.alloc(attention_scratch_len(s), cuda.float_x(), "heads");
+            let scratch = scratch.unwrap();
             cuda.attention_backward(
                 dqkv.view(),
                 datt.view(),
@@ -452,7 +459,7 @@ fn attention_forward_backward_and_decode_match_the_cpu() {
                 qkv_d.view(),
                 att.view(),
                 s,
-                scratch,
+                scratch.view(),
             );
             let (mut want_dqkv, mut scratch_cpu) =
                 (vec![0f32; b * t * 3 * c], vec![0f32; b * h * t * t]);
@@ -470,11 +477,28 @@ fn attention_forward_backward_and_decode_match_the_cpu() {
     }
 }
 
-/// Attention's work space for shape `s`: the `floatX` heads and the f32 scores.
-fn attention_scratch(cuda: &Cuda, s: AttnShape) -> (DeviceBuffer, DeviceBuffer) {
-    let heads = cuda.alloc(attention_scratch_len(s), cuda.float_x(), "heads");
-    let scores = cuda.alloc(attention_scores_len(s), DType::F32, "scores");
-    (heads.unwrap(), scores.unwrap())
+/// A head dimension over the fused forward's largest is the backend's error, not a
+/// launch: the next synchronization returns it, naming the dimension.
+#[test]
+fn attention_over_the_largest_head_dimension_is_an_error() {
+    let cuda = gpu(Precision::Fp32);
+    let s = AttnShape {
+        b: 1,
+        t: 2,
+        h: 1,
+        d: MAX_HEAD_DIM + 1,
+        q0: 0,
+    };
+    let x = cuda.float_x();
+    let qkv = cuda.alloc(s.t * 3 * s.c(), x, "qkv").unwrap();
+    let out = cuda.alloc(s.t * s.c(), x, "out").unwrap();
+    let att = cuda.alloc(s.t * s.t, x, "att").unwrap();
+    cuda.attention_forward(out.view(), att.view(), qkv.view(), s);
+    let e = cuda.synchronize().unwrap_err();
+    assert!(
+        e.to_string().contains("head dimension 129 is over 128"),
+        "{e}"
+    );
 }
 
 /// bf16 attention probabilities at the score magnitudes of a trained model,
@@ -532,15 +556,7 @@ fn bf16_attention_probabilities_at_realistic_scores_are_rounded_once() {
         let att = cuda
             .alloc(s.b * s.h * tq * t, cuda.float_x(), "att")
             .unwrap();
-        let (scratch, scores) = attention_scratch(&cuda, s);
-        cuda.attention_forward(
-            out.view(),
-            att.view(),
-            qkv_d.view(),
-            s,
-            scratch.view(),
-            scores.view(),
-        );
+        cuda.attention_forward(out.view(), att.view(), qkv_d.view(), s);
         let (mut want, mut want_att) = (vec![0f32; s.b * tq * c], vec![0f32; s.b * s.h * tq * t]);
         cpu::attention::attention_forward(&mut want, &mut want_att, &qkv, s);
         let got = get(&cuda, &att);

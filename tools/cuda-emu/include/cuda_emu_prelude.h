@@ -182,6 +182,45 @@ static inline float __uint_as_float(unsigned int x) { return cuemu_from_bits<flo
 template <typename T>
 static inline T __ldg(const T* p) { return *p; }
 
+// ---- The tensor cores' `mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32`, by
+// the PTX ISA's fragment layout (lane 4g + q; see `mma_16x8x16` in tinylm's
+// common.cuh): each lane gathers rows g and g + 8 of A and columns 2q and 2q + 1 of
+// B from the lanes that hold them, by real shuffles of the whole warp, and sums its
+// four outputs' 16 products in f32 in order (the hardware's order and intermediate
+// precision are its own).
+#define CUDA_EMU 1
+static inline float cuemu_bf16_bits(unsigned bits) { return __uint_as_float(bits << 16); }
+static inline void cuemu_mma_m16n8k16_bf16(float (&c)[4], const unsigned (&a)[4],
+                                           const unsigned (&b)[2]) {
+    const int lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+    float arow[2][16], bcol[2][16];
+    for (int src = 0; src < 4; src++) {
+        // Lane 4g + src holds A's rows g, g + 8 at columns 2src, 2src + 1 (+ 8).
+        for (int r = 0; r < 4; r++) {
+            const unsigned v = __shfl_sync(0xffffffffu, a[r], 4 * g + src);
+            const int row = r & 1, col = 2 * src + 8 * (r >> 1);
+            arow[row][col] = cuemu_bf16_bits(v & 0xffffu);
+            arow[row][col + 1] = cuemu_bf16_bits(v >> 16);
+        }
+        // Lane 4n + src holds B's column n at rows 2src, 2src + 1 (+ 8).
+        for (int n = 0; n < 2; n++) {
+            for (int r = 0; r < 2; r++) {
+                const unsigned v = __shfl_sync(0xffffffffu, b[r], 4 * (2 * q + n) + src);
+                const int k = 2 * src + 8 * r;
+                bcol[n][k] = cuemu_bf16_bits(v & 0xffffu);
+                bcol[n][k + 1] = cuemu_bf16_bits(v >> 16);
+            }
+        }
+    }
+    for (int i = 0; i < 4; i++) {
+        float sum = c[i];
+        for (int k = 0; k < 16; k++) {
+            sum += arow[i >> 1][k] * bcol[i & 1][k];
+        }
+        c[i] = sum;
+    }
+}
+
 // ---- What the driver needs of each kernel: its parameters and an entry that
 // unpacks the launch's `void**` into a call.
 

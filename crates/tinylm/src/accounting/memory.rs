@@ -13,8 +13,7 @@ use crate::config::{ModelConfig, Norm};
 use crate::device::{resolve, resolve_precision, Device};
 use crate::distributed::MPI_CHUNK;
 use crate::kernels::workspace::{
-    attention_scores_len, attention_scratch_len, Scratch, ScratchType, CUBLASLT_WORKSPACE,
-    NORM_BLOCKS, ROW_BLOCKS,
+    attention_scratch_len, Scratch, ScratchType, CUBLASLT_WORKSPACE, NORM_BLOCKS, ROW_BLOCKS,
 };
 use crate::kernels::{
     Allocation, Allocator, AttnShape, BufKind, Buffer, Float, Precision, Role, STATS_BYTES,
@@ -278,24 +277,20 @@ fn workspace(c: &ModelConfig, pass: PassShape, train: bool, target: Target) -> V
     if !target.on_gpu() {
         return Vec::new();
     }
-    let PassShape { b, t, keys, decode } = pass;
-    // A decoding pass attends per sequence: at most `keys` positions, of which at
-    // most all are new.
-    let shape = AttnShape {
-        b,
-        t: keys,
-        h: c.num_heads,
-        d: c.head_dim(),
-        q0: keys - t.min(keys),
-    };
-    let mut slots = vec![
-        (Scratch::Attention, attention_scratch_len(shape)),
-        (Scratch::Scores, attention_scores_len(shape)),
-    ];
+    let PassShape { b, t, decode, .. } = pass;
+    let mut slots = Vec::new();
     if !decode {
         slots.push((Scratch::Losses, b * t));
     }
     if train {
+        let shape = AttnShape {
+            b,
+            t,
+            h: c.num_heads,
+            d: c.head_dim(),
+            q0: 0,
+        };
+        slots.push((Scratch::Attention, attention_scratch_len(shape)));
         if c.norm != Norm::None {
             slots.push((Scratch::NormGain, ROW_BLOCKS * c.d_model));
         }

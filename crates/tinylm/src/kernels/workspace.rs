@@ -7,10 +7,9 @@ use super::AttnShape;
 /// A use of work space: one buffer each.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Scratch {
-    /// Heads of q, k, v and of their gradients ([`attention_scratch_len`]).
+    /// Attention's backward: heads of q, k, v and of their gradients
+    /// ([`attention_scratch_len`]).
     Attention,
-    /// Attention scores `(B, H, Tq, T)` before the softmax ([`attention_scores_len`]).
-    Scores,
     /// RMSNorm gain-gradient partial sums `(ROW_BLOCKS, C)` ([`ROW_BLOCKS`]).
     NormGain,
     /// Per-row losses `(N)`.
@@ -29,22 +28,18 @@ pub enum ScratchType {
 }
 
 impl Scratch {
-    pub const ALL: [Scratch; 5] = [
+    pub const ALL: [Scratch; 4] = [
         Scratch::Attention,
-        Scratch::Scores,
         Scratch::NormGain,
         Scratch::Losses,
         Scratch::Squares,
     ];
 
-    /// The type of its values: the scores stay f32 up to the softmax, as rounding
-    /// them to bf16 (unit roundoff `u = 2⁻⁸`) would move each exponent by up to
-    /// `u·|scale·S|`, a probability by 1–6% at `|scale·S|` of 3–15; reductions are
-    /// f32, the sum of squares f64.
+    /// The type of its values: reductions are f32, the sum of squares f64.
     pub fn holds(self) -> ScratchType {
         match self {
             Scratch::Attention => ScratchType::Activations,
-            Scratch::Scores | Scratch::NormGain | Scratch::Losses => ScratchType::F32,
+            Scratch::NormGain | Scratch::Losses => ScratchType::F32,
             Scratch::Squares => ScratchType::F64,
         }
     }
@@ -53,7 +48,6 @@ impl Scratch {
     pub fn describe(self) -> (&'static str, &'static str) {
         match self {
             Scratch::Attention => ("attention heads and gradients", "7 × (B, T, C)"),
-            Scratch::Scores => ("attention scores (f32)", "(B, H, T, T)"),
             Scratch::NormGain => ("RMSNorm gain partial sums", "(ROW_BLOCKS, C)"),
             Scratch::Losses => ("per-row losses", "(B, T)"),
             Scratch::Squares => ("sum-of-squares partials (f64)", "(NORM_BLOCKS)"),
@@ -69,15 +63,11 @@ pub const ROW_BLOCKS: usize = 128;
 /// the result) is the same every step. Its scratch is `NORM_BLOCKS` f64.
 pub const NORM_BLOCKS: usize = 264;
 
-/// Scratch elements attention needs for shape `s`: the heads of `q`, `k`, `v` and
-/// of their gradients `(3, B, H, T, D)` each, and one `(B, H, T, D)`.
+/// Scratch elements attention's backward needs for shape `s`: the heads of `q`,
+/// `k`, `v` and of their gradients `(3, B, H, T, D)` each, and one `(B, H, T, D)`.
+/// (The forward is one kernel that reads the fused rows and takes none.)
 pub fn attention_scratch_len(s: AttnShape) -> usize {
     7 * s.b * s.t * s.c()
-}
-
-/// Elements of the forward's scores `(B, H, Tq, T)` for shape `s`.
-pub fn attention_scores_len(s: AttnShape) -> usize {
-    s.b * s.h * s.tq() * s.t
 }
 
 /// cuBLASLt's workspace on a GPU of compute capability `major.x`: NVIDIA's

@@ -2,13 +2,21 @@
 //! attention over heads split out of the fused `qkv` rows (see the `.cu` file).
 
 use super::blas::Batch;
-use super::buffer::{DType, Dev};
+use super::buffer::Dev;
 use super::context::Cuda;
 use super::launch::{expect, expect_u32, int, packing, per_element, per_row_warp};
 use crate::kernels::{AttnShape, MatMul};
-use cudarc::driver::PushKernelArg;
+use cudarc::driver::{LaunchConfig, PushKernelArg};
 
-pub use crate::kernels::workspace::{attention_scores_len, attention_scratch_len};
+pub use crate::kernels::workspace::attention_scratch_len;
+
+/// The fused forward's variants (`attention_forward_d{DP}` in `attention.cu`): the
+/// head dimension it pads to, DP, and its warps per block (each takes 16 query rows),
+/// as the `.cu` file instantiates them.
+const FORWARD_TILES: [(usize, u32); 4] = [(16, 4), (32, 4), (64, 2), (128, 2)];
+
+/// The largest head dimension the GPU's attention handles.
+pub const MAX_HEAD_DIM: usize = FORWARD_TILES[FORWARD_TILES.len() - 1].0;
 
 impl Cuda {
     /// rows `(B, T, parts·C)` ⇄ heads `(parts, B, H, T, D)`.
@@ -62,78 +70,39 @@ impl Cuda {
     }
 
     /// Causal softmax attention: `out (B, Tq, C)` from `qkv (B, T, 3C)`, keeping the
-    /// probabilities `att (B, H, Tq, T)`; `scratch` has [`attention_scratch_len`]
-    /// `floatX`, `scores` [`attention_scores_len`] f32.
-    pub fn attention_forward(
-        &self,
-        out: Dev,
-        att: Dev,
-        qkv: Dev,
-        s: AttnShape,
-        scratch: Dev,
-        scores: Dev,
-    ) {
-        let (t, tq, d) = (s.t, s.tq(), s.d);
+    /// probabilities `att (B, H, Tq, T)`, in one fused kernel (`attention_forward_tile`)
+    /// for head dimensions up to [`MAX_HEAD_DIM`]; a larger one is the backend's error.
+    pub fn attention_forward(&self, out: Dev, att: Dev, qkv: Dev, s: AttnShape) {
+        let (t, tq) = (s.t, s.tq());
         let x = self.float_x();
         expect(out, s.b * tq * s.c(), x, "attention out");
         expect(att, s.b * s.h * tq * t, x, "attention att");
-        expect(scratch, attention_scratch_len(s), x, "attention scratch");
-        expect(
-            scores,
-            attention_scores_len(s),
-            DType::F32,
-            "attention scores",
-        );
-        let part = s.b * t * s.c();
-        let heads = scratch.sub(0, 3 * part);
-        let (q, k, v) = (
-            heads.sub(0, part),
-            heads.sub(part, part),
-            heads.sub(2 * part, part),
-        );
-        let y = scratch.sub(3 * part, s.b * tq * s.c());
-        self.attention_heads(heads, qkv, s, t, 3, true);
-        // S = Q[q0..] Kᵀ per head: (Tq, D)(D, T), written in f32.
-        let product = MatMul {
-            m: tq,
-            k: d,
-            n: t,
-            a_transposed: false,
-            b_transposed: true,
-            accumulate: false,
+        expect(qkv, s.b * t * 3 * s.c(), x, "attention qkv");
+        let Some(&(dp, warps)) = FORWARD_TILES.iter().find(|(dp, _)| s.d <= *dp) else {
+            let e = format!(
+                "head dimension {} is over {MAX_HEAD_DIM}, the most it handles",
+                s.d
+            );
+            return self.check::<(), _>("attention", Err(e));
         };
-        let q_new = q.sub(s.q0 * d, part - s.q0 * d);
-        self.attention_products(scores, q_new, k, product, s, (t * d, t * d, tq * t));
-        let (rows, tq_, t_, q0) = (int(s.b * s.h * tq), int(tq), int(t), int(s.q0));
-        let scale = 1.0 / (d as f32).sqrt();
-        // Rows in packs: T a multiple of the floatX pack (and so of four f32 scores).
-        let (packed, _) = packing(t, self.float_x(), [att]);
-        let packed = packed & packing(t, DType::F32, [scores]).0;
-        let mut args = self.kernel("attention_softmax_forward");
-        args.arg(&att.ptr)
-            .arg(&scores.ptr)
-            .arg(&rows)
-            .arg(&tq_)
-            .arg(&t_)
-            .arg(&q0)
-            .arg(&scale)
-            .arg(&packed);
-        self.run(
-            "attention_softmax_forward",
-            args,
-            per_row_warp(s.b * s.h * tq),
-        );
-        // Y = P V per head: (Tq, T)(T, D).
-        let values = MatMul {
-            m: tq,
-            k: t,
-            n: d,
-            a_transposed: false,
-            b_transposed: false,
-            accumulate: false,
+        let name = format!("attention_forward_d{dp}");
+        let (t_, tq_, q0, h, d) = (int(t), int(tq), int(s.q0), int(s.h), int(s.d));
+        let scale = 1.0 / (s.d as f32).sqrt();
+        let packed = packing(s.d, x, [qkv]).0 | packing(t, x, [att]).0 << 1;
+        let mut args = self.kernel(&name);
+        args.arg(&out.ptr).arg(&att.ptr).arg(&qkv.ptr);
+        args.arg(&t_).arg(&tq_).arg(&q0).arg(&h).arg(&d).arg(&scale);
+        args.arg(&packed);
+        let cfg = LaunchConfig {
+            grid_dim: (
+                (s.b * s.h) as u32,
+                tq.div_ceil(16 * warps as usize) as u32,
+                1,
+            ),
+            block_dim: (32 * warps, 1, 1),
+            shared_mem_bytes: 0,
         };
-        self.attention_products(y, att, v, values, s, (tq * t, t * d, tq * d));
-        self.attention_heads(y, out, s, tq, 1, false);
+        self.run(&name, args, cfg);
     }
 
     /// `dqkv (B, T, 3C)` (overwritten) from `dout (B, T, C)`, `qkv` and `att` of the

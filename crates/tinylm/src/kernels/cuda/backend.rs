@@ -13,7 +13,7 @@ use super::context::{driver_error, Cuda};
 use crate::config::RMS_NORM_EPS;
 use crate::distributed::World;
 use crate::kernels::workspace::{
-    attention_scores_len, attention_scratch_len, Scratch, ScratchType, NORM_BLOCKS, ROW_BLOCKS,
+    attention_scratch_len, Scratch, ScratchType, NORM_BLOCKS, ROW_BLOCKS,
 };
 use crate::kernels::{
     AdamWStep, Allocation, Allocator, AttnShape, Backend, BatchPart, BufKind, Collective, MatMul,
@@ -342,16 +342,8 @@ impl Backend<f32> for Cuda {
         qkv: Span<CudaBuf>,
         shape: AttnShape,
     ) {
-        let len = attention_scratch_len(shape);
-        let Some(scratch) = self.scratch(Scratch::Attention, len) else {
-            return;
-        };
-        let scores_len = attention_scores_len(shape);
-        let Some(scores) = self.scratch(Scratch::Scores, scores_len) else {
-            return;
-        };
         let (out, att) = (view_mut(out), view_mut(att));
-        Cuda::attention_forward(self, out, att, view(qkv), shape, scratch, scores);
+        Cuda::attention_forward(self, out, att, view(qkv), shape);
     }
 
     fn attention_backward(

@@ -52,6 +52,38 @@ __device__ __forceinline__ void store_pack(floatX* p, const float (&v)[PACK], in
     }
 }
 
+#ifdef TINYLM_BF16
+/// Two bf16 as one 32-bit register, the first in the low half (tensor-core operands).
+__device__ __forceinline__ unsigned pair_of(floatX lo, floatX hi) {
+    return (unsigned)__bfloat16_as_ushort(lo) | (unsigned)__bfloat16_as_ushort(hi) << 16;
+}
+/// The two bf16 at p (4-byte aligned) as one register.
+__device__ __forceinline__ unsigned pair_at(const floatX* p) {
+    return *reinterpret_cast<const unsigned*>(p);
+}
+
+/// c (16×8) += a (16×16) · b (16×8) on the tensor cores, bf16 operands and f32
+/// accumulation (`mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32`). Each lane
+/// 4g + q (g = lane / 4, q = lane % 4) holds, by the PTX ISA's fragment layout, two
+/// values a register, the lower column (or row of b) in the low half:
+///   a[0] = A[g][2q, 2q+1], a[1] = A[g+8][2q, 2q+1], a[2] = A[g][2q+8, 2q+9],
+///   a[3] = A[g+8][2q+8, 2q+9];  b[0] = B[2q, 2q+1][g], b[1] = B[2q+8, 2q+9][g];
+///   c[0], c[1] = C[g][2q], C[g][2q+1];  c[2], c[3] = C[g+8][2q], C[g+8][2q+1].
+/// The whole warp calls it together.
+__device__ __forceinline__ void mma_16x8x16(float (&c)[4], const unsigned (&a)[4],
+                                            const unsigned (&b)[2]) {
+#ifdef CUDA_EMU
+    cuemu_mma_m16n8k16_bf16(c, a, b);
+#else
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+#endif
+
 #define WARP_SIZE 32
 #define FULL_MASK 0xffffffffu
 #define FLT_LOWEST (-3.402823466e38f)
