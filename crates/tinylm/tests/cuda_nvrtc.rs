@@ -36,7 +36,7 @@ fn every_family_compiles_for_sm80_and_sm90_in_both_precisions() {
                 match nvrtc::compile(family, source, arch, precision) {
                     Ok(ptx) => {
                         // Every `extern "C" __global__` kernel is in the PTX.
-                        for kernel in kernel_names(source) {
+                        for kernel in nvrtc::kernel_names(source) {
                             assert!(
                                 ptx.contains(&format!(".entry {kernel}(")),
                                 "{family}.cu {arch} {precision:?}: no entry {kernel} in the PTX"
@@ -68,15 +68,6 @@ fn a_syntax_error_reports_the_nvrtc_log() {
     .unwrap_err()
     .to_string();
     assert!(err.contains("broken.cu") && err.contains("error"), "{err}");
-}
-
-/// The names of the `extern "C" __global__` kernels in a source.
-fn kernel_names(source: &str) -> Vec<String> {
-    source
-        .split("extern \"C\" __global__ void ")
-        .skip(1)
-        .map(|rest| rest.split('(').next().unwrap().trim().to_string())
-        .collect()
 }
 
 /// Opening a device is one clear error when something is missing (CI has no driver

@@ -77,6 +77,13 @@ std::vector<std::string> kernel_names(const std::string& source) {
         if (source.compare(i, 4, "void") != 0 || i + 4 >= source.size() || word(source[i + 4])) continue;
         i += 4;
         skip();
+        const std::string bounds = "__launch_bounds__(";
+        if (source.compare(i, bounds.size(), bounds) == 0) {  // void __launch_bounds__(…) NAME(
+            i = source.find(')', i);
+            if (i == std::string::npos) break;
+            i++;
+            skip();
+        }
         size_t start = i;
         while (i < source.size() && word(source[i])) i++;
         std::string name = source.substr(start, i - start);

@@ -174,7 +174,9 @@ __device__ __forceinline__ void attention_forward_tile(floatX* out, floatX* att,
         }
         __syncthreads();
     };
-    // s = scale·(Q Kᵀ) of the warp's rows and the 8 keys at n0 of the chunk.
+    // s = scale·log2(e)·(Q Kᵀ) of the warp's rows and the 8 keys at n0 of the chunk:
+    // the scores in base 2, so that each exponential is one exp2f (e^x = 2^(x·log2 e)).
+    const float scale_log2 = scale * 1.44269504088896341f;
     auto scores = [&](float (&s)[4], int n0) {
         s[0] = s[1] = s[2] = s[3] = 0.0f;
 #pragma unroll
@@ -183,7 +185,7 @@ __device__ __forceinline__ void attention_forward_tile(floatX* out, floatX* att,
         }
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            s[i] *= scale;
+            s[i] *= scale_log2;
         }
     };
     float run_max[2] = {FLT_LOWEST, FLT_LOWEST}, run_sum[2] = {0.0f, 0.0f};
@@ -204,10 +206,10 @@ __device__ __forceinline__ void attention_forward_tile(floatX* out, floatX* att,
                     tile_max = j + k < visible[r] ? fmaxf(tile_max, s[2 * r + k]) : tile_max;
                 }
                 const float new_max = fmaxf(run_max[r], tile_max);
-                run_sum[r] *= expf(run_max[r] - new_max);
+                run_sum[r] *= exp2f(run_max[r] - new_max);
 #pragma unroll
                 for (int k = 0; k < 2; k++) {
-                    run_sum[r] += j + k < visible[r] ? expf(s[2 * r + k] - new_max) : 0.0f;
+                    run_sum[r] += j + k < visible[r] ? exp2f(s[2 * r + k] - new_max) : 0.0f;
                 }
                 run_max[r] = new_max;
             }
@@ -221,7 +223,7 @@ __device__ __forceinline__ void attention_forward_tile(floatX* out, floatX* att,
         for (int offset = 1; offset < 4; offset <<= 1) {
             row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(FULL_MASK, row_max[r], offset));
         }
-        float row_sum = run_sum[r] * expf(run_max[r] - row_max[r]);
+        float row_sum = run_sum[r] * exp2f(run_max[r] - row_max[r]);
         for (int offset = 1; offset < 4; offset <<= 1) {
             row_sum += __shfl_xor_sync(FULL_MASK, row_sum, offset);
         }
@@ -241,7 +243,7 @@ __device__ __forceinline__ void attention_forward_tile(floatX* out, floatX* att,
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 const int r = i >> 1, j = chunk * KC + n0 + 2 * q + (i & 1);
-                const float p = j < visible[r] ? expf(s[i] - row_max[r]) * inv_sum[r] : 0.0f;
+                const float p = j < visible[r] ? exp2f(s[i] - row_max[r]) * inv_sum[r] : 0.0f;
                 pw[(g + 8 * r) * LP + n0 + 2 * q + (i & 1)] = to_x(p);
             }
         }
@@ -288,22 +290,27 @@ __device__ __forceinline__ void attention_forward_tile(floatX* out, floatX* att,
 }
 
 // The fused forward for head dimensions up to 16, 32, 64 and 128 (DP), each with
-// the warps and key chunk that keep its shared memory under 48 KiB in fp32.
+// the warps and key chunk (per precision) that keep its shared memory under 48 KiB
+// and ran fastest on an H200 (bench/attention_gpu.py); at D ≤ 32 in bf16 a cap of
+// 64 registers lets 8 blocks share a multiprocessor (fp32's FMA tiles would spill).
 // Launch: grid (B·H, ceil(Tq / (16·WARPS))), block 32·WARPS.
-extern "C" __global__ void attention_forward_d16(floatX* out, floatX* att, const floatX* qkv,
-                                                 int t, int tq, int q0, int h, int d,
-                                                 float scale, int packed) {
+#define KEYS_BF16_F32(bf16, f32) (sizeof(floatX) == 2 ? (bf16) : (f32))
+#define SMALL_HEAD_MIN_BLOCKS KEYS_BF16_F32(8, 1)
+extern "C" __global__ void __launch_bounds__(128, SMALL_HEAD_MIN_BLOCKS) attention_forward_d16(
+    floatX* out, floatX* att, const floatX* qkv, int t, int tq, int q0, int h, int d,
+    float scale, int packed) {
     attention_forward_tile<16, 4, 64>(out, att, qkv, t, tq, q0, h, d, scale, packed);
 }
-extern "C" __global__ void attention_forward_d32(floatX* out, floatX* att, const floatX* qkv,
-                                                 int t, int tq, int q0, int h, int d,
-                                                 float scale, int packed) {
-    attention_forward_tile<32, 4, 32>(out, att, qkv, t, tq, q0, h, d, scale, packed);
+extern "C" __global__ void __launch_bounds__(128, SMALL_HEAD_MIN_BLOCKS) attention_forward_d32(
+    floatX* out, floatX* att, const floatX* qkv, int t, int tq, int q0, int h, int d,
+    float scale, int packed) {
+    attention_forward_tile<32, 4, KEYS_BF16_F32(64, 32)>(out, att, qkv, t, tq, q0, h, d, scale,
+                                                         packed);
 }
 extern "C" __global__ void attention_forward_d64(floatX* out, floatX* att, const floatX* qkv,
                                                  int t, int tq, int q0, int h, int d,
                                                  float scale, int packed) {
-    attention_forward_tile<64, 2, 32>(out, att, qkv, t, tq, q0, h, d, scale, packed);
+    attention_forward_tile<64, 4, 32>(out, att, qkv, t, tq, q0, h, d, scale, packed);
 }
 extern "C" __global__ void attention_forward_d128(floatX* out, floatX* att, const floatX* qkv,
                                                   int t, int tq, int q0, int h, int d,

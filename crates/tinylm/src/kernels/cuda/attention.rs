@@ -13,7 +13,7 @@ pub use crate::kernels::workspace::attention_scratch_len;
 /// The fused forward's variants (`attention_forward_d{DP}` in `attention.cu`): the
 /// head dimension it pads to, DP, and its warps per block (each takes 16 query rows),
 /// as the `.cu` file instantiates them.
-const FORWARD_TILES: [(usize, u32); 4] = [(16, 4), (32, 4), (64, 2), (128, 2)];
+const FORWARD_TILES: [(usize, u32); 4] = [(16, 4), (32, 4), (64, 4), (128, 2)];
 
 /// The largest head dimension the GPU's attention handles.
 pub const MAX_HEAD_DIM: usize = FORWARD_TILES[FORWARD_TILES.len() - 1].0;

@@ -138,11 +138,16 @@ pub fn compile(family: &str, source: &str, arch: &str, precision: Precision) -> 
     }
 }
 
-/// The names of the `extern "C" __global__` kernels of a family's source.
+/// The names of the `extern "C" __global__` kernels of a family's source
+/// (`extern "C" __global__ void [__launch_bounds__(…)] NAME(`).
 pub fn kernel_names(source: &str) -> Vec<&str> {
     source
         .split("extern \"C\" __global__ void ")
         .skip(1)
+        .map(|rest| match rest.strip_prefix("__launch_bounds__(") {
+            Some(bounded) => bounded.split_once(')').map_or("", |(_, name)| name),
+            None => rest,
+        })
         .filter_map(|rest| rest.split('(').next())
         .map(str::trim)
         .collect()
