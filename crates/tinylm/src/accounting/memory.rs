@@ -686,8 +686,10 @@ mod tests {
         assert_eq!(cpu.bytes(Part::Workspace), 0);
         assert_eq!(cpu.bytes(Part::Statistics), 0);
         assert_eq!(bf16.bytes(Part::Statistics), 3 * STATS_BYTES as u64);
-        let (d, h) = (c.d_model as u64, c.num_heads as u64);
-        let work = 2 * 7 * n * d + 4 * (b as u64 * h * (t * t) as u64) + 4 * 128 * d + 4 * n;
+        // The attention backward's heads (7 × (B, T, C) bf16), RMSNorm's gain partial
+        // sums, the per-row losses; the fused attention forward takes none.
+        let d = c.d_model as u64;
+        let work = 2 * 7 * n * d + 4 * 128 * d + 4 * n;
         let squares = 8 * NORM_BLOCKS as u64;
         assert_eq!(
             bf16.bytes(Part::Workspace),
