@@ -1,18 +1,17 @@
-// Causal multi-head attention, llm.c style: the fused rows are split into heads
-// (B, H, T, D), the two products per head run as batched matrix products
-// (cuBLASLt, outside these kernels), and the causal masked softmax with the
-// 1/sqrt(D) scale is one fused kernel forward and one backward. CPU twin:
-// kernels/cpu/attention.rs (same semantics: query row i is at position q0 + i and
-// sees keys 0..=q0+i; later keys get probability exactly 0).
+// Causal multi-head attention. CPU twin: kernels/cpu/attention.rs (same semantics:
+// query row i is at position q0 + i and sees keys 0..=q0+i; later keys get
+// probability exactly 0).
 //
-// Forward, per layer:   heads ← qkv (to_heads, parts 3);  S = Q Kᵀ (batched, f32);
-//   attention_softmax_forward(S → P);  Y = P V (batched);  out ← Y (parts 1).
-// Backward:             heads ← qkv, dY ← dout;  dV = Pᵀ dY;  dP = dY Vᵀ;
+// Forward, per layer: one fused kernel, attention_forward_d{DP} (below): Q·Kᵀ, the
+//   causal softmax with the 1/sqrt(D) scale and P·V per tile, on the tensor cores in
+//   bf16, reading the heads straight from the fused qkv rows and writing out and P.
+// Backward, llm.c style: heads ← qkv (to_heads, parts 3), dY ← dout (parts 1);
+//   dV = Pᵀ dY;  dP = dY Vᵀ (batched cuBLASLt products, outside these kernels);
 //   attention_softmax_backward(dP → dS);  dQ = dS K;  dK = dSᵀ Q;  dqkv ← dQ,dK,dV.
 
 /// Moves `parts` tensors between fused rows and per-head layout:
 /// rows (B, T, parts·C) ⇄ heads (parts, B, H, T, D), C = H·D; rows → heads when
-/// `to_heads`, else heads → rows. parts = 3 for qkv, 1 for an attention output.
+/// `to_heads`, else heads → rows. parts = 3 for qkv and its gradient, 1 for dY.
 /// A thread moves `width` consecutive values of one head's row: a 16-byte pack
 /// when `packed` (D a multiple of PACK, the buffers 16-byte aligned), else one.
 /// Launch: grid ceil(parts·B·T·C / (256·width)), block 256.

@@ -1,5 +1,5 @@
-//! Launches of `attention.cu` and the batched products between them: causal
-//! attention over heads split out of the fused `qkv` rows (see the `.cu` file).
+//! Launches of `attention.cu` and the backward's batched products between them:
+//! causal attention over the heads of the fused `qkv` rows (see the `.cu` file).
 
 use super::blas::Batch;
 use super::buffer::Dev;
