@@ -478,9 +478,17 @@ fn attention_forward_backward_and_decode_match_the_cpu() {
 }
 
 /// A head dimension over the fused forward's largest is the backend's error, not a
-/// launch: the next synchronization returns it, naming the dimension.
+/// launch: a model of it is refused before it is made, and the kernel's wrapper
+/// records it for the next synchronization, naming the dimension.
 #[test]
 fn attention_over_the_largest_head_dimension_is_an_error() {
+    let mut c = ModelConfig::tinystories();
+    (c.d_model, c.num_heads) = (320, 2);
+    let params = vec![0f32; ParamLayout::new(&c).total];
+    let e = Model::with_backend(c, &params, gpu(Precision::Bf16))
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("d_model / num_heads is 160"), "{e}");
     let cuda = gpu(Precision::Fp32);
     let s = AttnShape {
         b: 1,

@@ -6,6 +6,7 @@
 //! that copy alone. Token ids go in the other way, through pinned memory of their
 //! own ([`CudaIds`]).
 
+use super::attention::MAX_HEAD_DIM;
 use super::buffer::{
     operand, view, view_mut, CudaBuf, CudaIds, CudaStats, DType, Dev, Pinned, STATS_BYTES,
 };
@@ -333,6 +334,16 @@ impl Backend<f32> for Cuda {
         inverse: bool,
     ) {
         Cuda::rope(self, view_mut(qkv), view(cos), view(sin), shape, inverse);
+    }
+
+    fn check_model(&self, config: &crate::ModelConfig) -> Result<()> {
+        match config.head_dim() {
+            d if d > MAX_HEAD_DIM => Err(crate::Error::Config(format!(
+                "the GPU's attention handles head dimensions up to {MAX_HEAD_DIM}, and \
+                 d_model / num_heads is {d}: use more heads, or --device cpu"
+            ))),
+            _ => Ok(()),
+        }
     }
 
     fn attention_forward(
