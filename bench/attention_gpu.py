@@ -30,8 +30,14 @@ import torch.nn.functional as F
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 KERNELS = os.path.join(ROOT, "crates", "tinylm", "src", "kernels", "cuda")
-# attention.rs's FORWARD_TILES: DP -> warps.
-WARPS = {16: 4, 32: 4, 64: 4, 128: 2}
+# DP -> warps, read from attention.rs's FORWARD_TILES (the launcher's one source).
+WARPS = {
+    int(dp): int(warps)
+    for dp, warps in re.findall(
+        r"\((\d+), (\d+)\)",
+        re.search(r"const FORWARD_TILES: [^=]*= \[(.*?)\];",
+                  open(os.path.join(KERNELS, "attention.rs")).read()).group(1))
+}
 
 
 def cuda_include():
