@@ -444,8 +444,10 @@ mod avx512 {
                 let mut wv = [_mm512_setzero_si512(); FEW_W];
                 let mut wd = [_mm512_setzero_ps(); FEW_W];
                 for t in 0..FEW_W {
-                    // The next rows' line: a row is only k bytes, too short a stream
-                    // for the hardware prefetcher to get ahead of.
+                    // The line 8 rows further along this row's stream (the rows of
+                    // the walk's next steps are the next ones): a row is only k
+                    // bytes, too short a stream for the hardware prefetcher to get
+                    // ahead of.
                     let next = w.q.wrapping_add((js[t] + 2 * FEW_W) * k + c);
                     _mm_prefetch::<_MM_HINT_T0>(next.cast());
                     wv[t] = _mm512_maskz_loadu_epi8(mask, w.q.add(js[t] * k + c).cast());
