@@ -5,7 +5,9 @@
 # `llama-completion` on that checkpoint's `tinylm export gguf` files (f32, bf16,
 # q8_0), greedy, a 62-token prompt,
 # 2 threads, alternating for ROUNDS rounds (default 3): time to the first new token
-# (whole process), load time, prompt and generation tokens/s. The prompt is taken
+# (whole process), load time, prompt and generation tokens/s, and the bytes of
+# weights each generation reads a second beside the machine's read bandwidth
+# (bench/read_bandwidth.c, measured in every round). The prompt is taken
 # from the TinyStories validation text, from the first paragraph on which tinylm
 # continues for all the new tokens without ending the story.
 #
@@ -135,5 +137,6 @@ cpu_field() { sed -n "s/^$1[[:space:]]*: //p" /proc/cpuinfo | head -1; }
 echo "CPU: $(cpu_field 'model name') (family $(cpu_field 'cpu family'), model $(cpu_field model))," \
     "$(grep -qw avx512f /proc/cpuinfo && echo AVX-512F || echo 'no AVX-512')$(grep -qw avx512_bf16 /proc/cpuinfo && echo ', AVX512_BF16')"
 echo "llama.cpp: $("$LLAMA_COMPLETION" --version 2>&1 | grep -m1 version) (llama-cpp-python $version's sources)"
+cc -O3 -march=native -pthread bench/read_bandwidth.c -o "$WORK/read_bandwidth"
 "$PYTHON" bench/generate_compare.py --tinylm "$TINYLM" --llama-completion "$LLAMA_COMPLETION" \
-    --rounds "$ROUNDS" --threads "$THREADS" "${specs[@]}"
+    --rounds "$ROUNDS" --threads "$THREADS" --read-bandwidth "$WORK/read_bandwidth" "${specs[@]}"

@@ -18,10 +18,22 @@ no more than tinylm's. Prints per model a table of the best and the median over 
 rounds (and, for each llama.cpp row, tinylm's speed relative to it from the best
 figures — each against tinylm in the same weights' format: above 1, tinylm is
 faster), and whether the greedy texts of tinylm and llama.cpp f32 agree.
+
+A token's decode reads every weight but the token embeddings' once (the embeddings
+one row), so each row's generation speed is also shown as the bytes of those weights
+it reads a second: set beside the machine's read bandwidth (bench/read_bandwidth.c,
+which bench/generate.sh prints), it says how close to the memory's speed a program
+decodes, and so how much faster any program can be on these weights (weights that
+fit in the caches, as the quickstart's, are read from there: their figure is no
+memory speed). The memory's
+speed moves from minute to minute on a shared machine, so each round measures it
+too (`--read-bandwidth`).
 """
 
 import argparse
+import json
 import re
+import struct
 import statistics
 import subprocess
 import sys
@@ -37,6 +49,27 @@ TINYLM_ROWS = {
 }
 # The tinylm row each llama.cpp row is held against: the same weights' format.
 COUNTERPART = {"f32": "f32", "bf16": "bf16", "q8_0": "q8_0"}
+# Bytes a matrix's value takes in each format (Q8_0: an f16 scale and 32 int8 values
+# a block of 32); vectors (the RMSNorm gains) stay f32 in all.
+MATRIX_BYTES = {"f32": 4, "bf16": 2, "q8_0": 34 / 32}
+
+
+def read_per_token(checkpoint, fmt):
+    """Bytes a decode step reads of the weights in format `fmt`: every parameter in
+    the tinylm checkpoint's header but the optimizer's moments and the token
+    embeddings (of which a step reads one row)."""
+    with open(checkpoint, "rb") as f:
+        header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+    total = 0
+    for name, tensor in header.items():
+        if name == "__metadata__" or name.startswith("optim.") or name == "token_embeddings.weight":
+            continue
+        shape = tensor["shape"]
+        numel = 1
+        for n in shape:
+            numel *= n
+        total += numel * (MATRIX_BYTES[fmt] if len(shape) == 2 else 4)
+    return total
 
 
 def run(cmd):
@@ -103,6 +136,8 @@ def main():
                    help="NAME:CHECKPOINT:BF16_WEIGHTS:GGUF_PREFIX:PROMPT_FILE:NEW_TOKENS:DESCRIPTION")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--read-bandwidth", required=True,
+                   help="bench/read_bandwidth.c built: prints the memory's read speed, 'X GB/s'")
     args = p.parse_args()
     models = []
     for spec in args.model:
@@ -112,8 +147,11 @@ def main():
                        "gguf": gguf, "prompt_file": prompt_file,
                        "prompt": prompt, "new": int(new), "description": desc})
     results = {}  # (model, program) -> {"first": [...], "full": [...]}
+    read_gbps = []  # the memory's read speed, a figure a round
     for r in range(args.rounds):
         print(f"round {r + 1}/{args.rounds} ...", file=sys.stderr)
+        read_gbps += number(r"([\d.]+) GB/s", run([args.read_bandwidth, str(args.threads)])[1],
+                            "read speed")
         for m in models:
             programs = [(f"tinylm {row}", lambda n, row=row: tinylm(args, m, row, n))
                         for row in TINYLM_ROWS]
@@ -122,20 +160,24 @@ def main():
                 slot = results.setdefault((m["name"], label), {"first": [], "full": []})
                 slot["first"].append(go(1))
                 slot["full"].append(go(m["new"]))
+    print(f"memory: {args.threads} threads read {summary(read_gbps, max)} GB/s, best (median) of "
+          f"{args.rounds} rounds (bench/read_bandwidth.c)")
     for m in models:
         print(f"\n{m['name']}: {m['description']}; greedy, {args.threads} threads, "
               f"{m['new']} new tokens; best (median) of {args.rounds} rounds")
         print("| program | time to first token, whole process (s) | load (ms) | prompt (tokens/s) "
-              "| generation (tokens/s) | against | its time to first token ÷ tinylm's "
-              "| tinylm's generation ÷ its |")
-        print("| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: |")
+              "| generation (tokens/s) | weights read in generation (GB/s) | against "
+              "| its time to first token ÷ tinylm's | tinylm's generation ÷ its |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |")
         for label in [f"tinylm {row}" for row in TINYLM_ROWS] + [f"llama.cpp {d}" for d in LLAMA_DTYPES]:
             res = results[(m["name"], label)]
             first, full = res["first"], res["full"]
             ttft = [x["wall"] for x in first]
             gen = [x["gen_tps"] for x in full]
+            read = read_per_token(m["checkpoint"], label.split()[1].rstrip(",")) / 1e9
             row = (f"| {label} | {summary(ttft, min)} | {summary([x['load_ms'] for x in full], min)} "
-                   f"| {summary([x['prompt_tps'] for x in full], max)} | {summary(gen, max)} |")
+                   f"| {summary([x['prompt_tps'] for x in full], max)} | {summary(gen, max)} "
+                   f"| {summary([g * read for g in gen], max)} |")
             if label.startswith("llama.cpp"):
                 ours_label = f"tinylm {COUNTERPART[label.split()[1]]}"
                 ours = results[(m["name"], ours_label)]
