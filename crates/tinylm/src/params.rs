@@ -303,16 +303,25 @@ pub enum TensorData<'a> {
 /// Fills a buffer of a tensor's length with its values (a download from a GPU).
 pub type Fetch<'a> = Box<dyn Fn(&mut [f32]) -> Result<()> + 'a>;
 
+/// Where [`write_safetensors`] starts the data: a cache line. The weights a model
+/// maps from the file are then as aligned as its own buffers, so that a vector
+/// load of a weight row whose length is a multiple of 64 bytes never straddles two
+/// cache lines. With the data 24 bytes past a line, as padding to 8 bytes left it,
+/// the 134M model decoded in `f32` on one thread of Zen 5 at 76–85 tok/s against
+/// 84–91 aligned; on two, as fast while the memory is what limits them.
+pub const DATA_ALIGN: usize = 64;
+
 /// [`save_safetensors`] for tensors wherever they are ([`TensorData`]). Host
 /// tensors are written from where they lie; fetched ones are fetched into `staging`
 /// (host memory at least as long as the longest of them), each written before the
 /// next is fetched. The data is in the order given (the safetensors crate would sort
 /// by name): a model's tensors in [`ParamLayout`] order are then the parameter
 /// buffer as it is, which a CPU model in `f32` maps instead of reading
-/// ([`FileBuffer::map`]). The header JSON (the crate's `Metadata`) is padded with
-/// spaces to a multiple of 8 bytes, its length first as a little-endian u64, as the
-/// crate writes it. Written whole or not at all ([`write_file`]): a fetch or write
-/// that fails is the error, and no file is left.
+/// ([`FileBuffer::map`]). The header JSON (the crate's `Metadata`), its length
+/// first as a little-endian u64 as the crate writes it, is padded with spaces so
+/// that the data starts at a multiple of [`DATA_ALIGN`] bytes. Written whole or not
+/// at all ([`write_file`]): a fetch or write that fails is the error, and no file
+/// is left.
 pub fn write_safetensors(
     path: &Path,
     tensors: &[(String, Vec<usize>, TensorData)],
@@ -343,7 +352,7 @@ pub fn write_safetensors(
     };
     let header = Metadata::new(metadata, infos).map_err(|e| invalid(&e))?;
     let mut header = serde_json::to_vec(&header).map_err(|e| invalid(&e))?;
-    header.resize(header.len().next_multiple_of(8), b' ');
+    header.resize((8 + header.len()).next_multiple_of(DATA_ALIGN) - 8, b' ');
 
     let (io, room) = (|e| Error::io(path, e), staging.len());
     write_file(path, |out| {
@@ -969,7 +978,7 @@ mod tests {
             let bytes = std::fs::read(&path).unwrap();
             let ours = SafeTensors::deserialize(&bytes).unwrap();
             let (n, header) = SafeTensors::read_metadata(&bytes).unwrap();
-            assert_eq!((8 + n) % 8, 0, "the data starts 8-byte aligned");
+            assert_eq!((8 + n) % DATA_ALIGN, 0, "the data starts on a cache line");
             let want_meta = (!meta.is_empty()).then(|| meta.clone().into_iter().collect());
             assert_eq!(header.metadata(), &want_meta);
             let mut data = Vec::new();
