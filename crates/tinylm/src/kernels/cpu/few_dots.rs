@@ -15,7 +15,7 @@ pub(crate) const FEW_X: usize = 4;
 /// prefetchers follow on pages of its own. Neighbouring rows (1.5 KiB each in
 /// bf16) are one stream in effect: with them the 134M model decoded in bf16 at
 /// 244–266 tok/s against 283–300 with rows a quarter apart, on Zen 5 while two
-/// threads read 80–85 GB/s (3–7% slower while they read 50).
+/// threads read 80–85 GB/s (4–7% slower while they read 50).
 pub(crate) const FEW_W: usize = 4;
 
 /// The dot products of a few-rows kernel: rows of `x` with rows of a weight `(n, k)`

@@ -223,9 +223,10 @@ pub(crate) fn for_each_column_block(s: MatMul, block: impl Fn(Range<usize>) + Sy
 /// has, each vector loaded once for the products it takes part in. A decoding
 /// pass's few rows: two rows of `b` at a time, one from each half of `cols`,
 /// against four rows of `a`, in eight independent sums — two streams from memory.
-/// On Zen 5 the 134M model decoded 3% faster so than with neighbouring rows (one
-/// stream in effect) while two threads read 50 GB/s, 10% faster while they read
-/// 76–81 GB/s; with four rows a quarter apart (the walk below), 5% slower. A
+/// On Zen 5 the 134M model decoded 3% faster this way than with neighbouring rows
+/// (one stream in effect) while two threads read 50 GB/s, 10% faster while they
+/// read 76–81 GB/s, and 10% faster on one thread; with four rows a quarter apart
+/// (as the walk below takes them), 5–15% slower. A
 /// prompt's (more than [`FEW_ROWS`]): on the hand-written kernels' walk
 /// ([`for_each_few_dot`]), four rows of `b` against four of `a`, 16 sums, half the
 /// reads of `a` from cache a multiply-add; its 62-token prompt took 47–54 ms
