@@ -21,13 +21,12 @@ faster), and whether the greedy texts of tinylm and llama.cpp f32 agree.
 
 A token's decode reads every weight but the token embeddings' once (the embeddings
 one row), so each row's generation speed is also shown as the bytes of those weights
-it reads a second: set beside the machine's read bandwidth (bench/read_bandwidth.c,
-which bench/generate.sh prints), it says how close to the memory's speed a program
-decodes, and so how much faster any program can be on these weights (weights that
+it reads a second. Set beside the machine's read bandwidth (`--read-bandwidth`:
+bench/read_bandwidth.c, run once a round, since a shared machine's memory speed
+moves from minute to minute), it says how close to the memory's speed a program
+decodes, and so how much faster any program can be on these weights. Weights that
 fit in the caches, as the quickstart's, are read from there: their figure is no
-memory speed). The memory's
-speed moves from minute to minute on a shared machine, so each round measures it
-too (`--read-bandwidth`).
+memory speed.
 """
 
 import argparse
