@@ -31,6 +31,7 @@ memory speed.
 
 import argparse
 import json
+import math
 import re
 import struct
 import statistics
@@ -64,10 +65,7 @@ def read_per_token(checkpoint, fmt):
         if name == "__metadata__" or name.startswith("optim.") or name == "token_embeddings.weight":
             continue
         shape = tensor["shape"]
-        numel = 1
-        for n in shape:
-            numel *= n
-        total += numel * (MATRIX_BYTES[fmt] if len(shape) == 2 else 4)
+        total += math.prod(shape) * (MATRIX_BYTES[fmt] if len(shape) == 2 else 4)
     return total
 
 
