@@ -36,10 +36,32 @@ pub(crate) trait FewDots {
     ) -> [[f32; FEW_W]; R];
 }
 
+/// The rows of `cols` a few-rows kernel takes together, `P` at a time: row `j` of
+/// each of `P` parts of `cols` (of `cols.len().div_ceil(P)` rows each) for each `j`
+/// of the first part, so that they are `P` streams from memory where neighbouring
+/// rows would be one ([`FEW_W`]). A part that has no row `j` repeats the one
+/// before's, whose products the kernel writes once.
+#[inline(always)]
+pub(crate) fn rows_of_parts<const P: usize>(
+    cols: Range<usize>,
+) -> impl Iterator<Item = [usize; P]> + Clone {
+    let stride = cols.len().div_ceil(P);
+    (cols.start..cols.start + stride).map(move |j| {
+        let mut js = [j; P];
+        for t in 1..P {
+            js[t] = if j + t * stride < cols.end {
+                j + t * stride
+            } else {
+                js[t - 1]
+            };
+        }
+        js
+    })
+}
+
 /// Columns `cols` of a few-rows product `(m, n)`: `write(i, j, sum)` once for each
-/// output, from [`FewDots::dots`] over blocks of [`FEW_W`] weight rows, row `j` of
-/// each quarter of `cols` (a quarter that has no row `j` repeats the one before's,
-/// written once), by [`FEW_X`] rows of `x`.
+/// output, from [`FewDots::dots`] over blocks of [`FEW_W`] weight rows, one from
+/// each quarter of `cols` ([`rows_of_parts`]), by [`FEW_X`] rows of `x`.
 /// A block of weight rows is read from memory by the first block of rows of `x`
 /// (from L1 by the others), which fetches the next block of weight rows meanwhile
 /// when `x` has more than one row: a ~95M-parameter model decoding 4 sequences
@@ -60,23 +82,9 @@ pub(crate) unsafe fn for_each_few_dot(
     fn pad<const R: usize>(sums: [[f32; FEW_W]; R]) -> [[f32; FEW_W]; FEW_X] {
         std::array::from_fn(|r| if r < R { sums[r] } else { [0.0; FEW_W] })
     }
-    // Row `j0` of each quarter of `cols`.
-    let stride = cols.len().div_ceil(FEW_W);
-    let rows_at = |j0: usize| -> [usize; FEW_W] {
-        let mut js = [j0; FEW_W];
-        for t in 1..FEW_W {
-            js[t] = if j0 + t * stride < cols.end {
-                j0 + t * stride
-            } else {
-                js[t - 1]
-            };
-        }
-        js
-    };
-    let firsts = cols.start..cols.start + stride;
-    for j0 in firsts.clone() {
-        let js = rows_at(j0);
-        let next_js = firsts.contains(&(j0 + 1)).then(|| rows_at(j0 + 1));
+    let mut blocks = rows_of_parts::<FEW_W>(cols).peekable();
+    while let Some(js) = blocks.next() {
+        let next_js = blocks.peek().copied();
         let mut i0 = 0;
         while i0 < m {
             let next = next_js.filter(|_| i0 == 0 && m > 1);
@@ -95,5 +103,34 @@ pub(crate) unsafe fn for_each_few_dot(
             }
             i0 += FEW_X;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each row of `cols` comes once, repeats aside, in any block length.
+    fn each_row_once<const P: usize>() {
+        for start in [0, 5] {
+            for len in 0..40 {
+                let cols = start..start + len;
+                let mut seen = vec![0; len];
+                for js in rows_of_parts::<P>(cols.clone()) {
+                    for t in 0..P {
+                        if t == 0 || js[t] != js[t - 1] {
+                            seen[js[t] - start] += 1;
+                        }
+                    }
+                }
+                assert_eq!(seen, vec![1; len], "{P} parts of {cols:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_parts_of_a_block_cover_each_row_once() {
+        each_row_once::<2>();
+        each_row_once::<FEW_W>();
     }
 }

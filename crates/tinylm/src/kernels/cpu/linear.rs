@@ -2,7 +2,7 @@
 //! (`y = x Wᵀ`) and backward (`dx = dy W`, `dW += dyᵀ x`) and attention's per-head
 //! products, all as strided views so transposes cost nothing.
 
-use super::few_dots::{for_each_few_dot, FewDots, FEW_W};
+use super::few_dots::{for_each_few_dot, rows_of_parts, FewDots, FEW_W};
 use super::memory::{prefetch_rows, SharedMut};
 use crate::kernels::{Float, MatMul};
 use gemm::Parallelism;
@@ -221,13 +221,13 @@ pub(crate) fn for_each_column_block(s: MatMul, block: impl Fn(Range<usize>) + Sy
 
 /// Columns `cols` of [`few_rows_linear`]'s product, with the widest vectors the CPU
 /// has, each vector loaded once for the products it takes part in. A decoding
-/// pass's few rows: two rows of `b` at a time, one from each half of `cols`,
-/// against four rows of `a`, in eight independent sums — two streams from memory.
-/// On Zen 5 the 134M model decoded 3% faster this way than with neighbouring rows
-/// (one stream in effect) while two threads read 50 GB/s, 10% faster while they
-/// read 76–81 GB/s, and 10% faster on one thread; with four rows a quarter apart
-/// (as the walk below takes them), 5–15% slower. A
-/// prompt's (more than [`FEW_ROWS`]): on the hand-written kernels' walk
+/// pass's few rows: two rows of `b` at a time, one from each half of `cols`
+/// ([`rows_of_parts`]), against four rows of `a`, in eight independent sums — two
+/// streams from memory. On Zen 5 the 134M model decoded 3% faster this way than
+/// with neighbouring rows (one stream in effect) while two threads read 50 GB/s,
+/// 10% faster while they read 76–81 GB/s, and 10% faster on one thread; with four
+/// rows a quarter apart (as the walk below takes them), 5–15% slower. A prompt's
+/// (more than [`FEW_ROWS`]): on the hand-written kernels' walk
 /// ([`for_each_few_dot`]), four rows of `b` against four of `a`, 16 sums, half the
 /// reads of `a` from cache a multiply-add; its 62-token prompt took 47–54 ms
 /// instead of `gemm`'s 64–69 (70–87 instead of 95–117 as the process's first pass).
@@ -263,15 +263,8 @@ impl pulp::WithSimd for FewRows<'_> {
             return unsafe { for_each_few_dot(&dots, m, self.cols, write) };
         }
         let groups = m / 4;
-        let half = self.cols.len().div_ceil(2);
-        for j in self.cols.start..self.cols.start + half {
-            // Rows j and j + half of `b`; the middle row of an odd block pairs with
-            // itself (and is written once).
-            let j1 = if j + half < self.cols.end {
-                j + half
-            } else {
-                j
-            };
+        // The middle row of an odd block pairs with itself (and is written once).
+        for [j, j1] in rows_of_parts::<2>(self.cols) {
             let (w0, w_tail0) = S::as_simd_f32s(&b[j * k..(j + 1) * k]);
             let (w1, w_tail1) = S::as_simd_f32s(&b[j1 * k..(j1 + 1) * k]);
             let tail_at = k - w_tail0.len();
