@@ -23,6 +23,8 @@
 #      CS336 TinyStories model, alternating: `tinylm bench` in bf16 and fp32 (with
 #      its per-kernel split), PyTorch eager fp32 and torch.compile + bf16 autocast +
 #      fused attention, and tinylm bf16 again (the spread between its two runs)
+#      and with ATTENTION="ARGS", bench/attention_gpu.py ARGS: the fused attention's
+#      forward and backward alone beside PyTorch's, with variants of their tiles
 #   3. end to end, if 2 minutes of $GPU_BUDGET_S remain: `tinylm train --device cuda`
 #      at batch 128 x 256 for what is left (at most $TRAIN_S, default 3 minutes)
 #   4. each kernel's time under Nsight Compute (ncu), where the machine has it, in
@@ -159,6 +161,11 @@ for batch in ${BATCHES:-32 128}; do
         done
     fi
 done
+
+if [ -n "${ATTENTION:-}" ]; then
+    # $ATTENTION unquoted: split into the script's arguments
+    part attention 75 "$py" bench/attention_gpu.py $ATTENTION
+fi
 
 echo "== 3. end to end"
 if [ "$(left)" -ge 120 ]; then

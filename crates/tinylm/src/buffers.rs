@@ -122,8 +122,9 @@ pub(crate) struct LayerActs<Buf> {
     /// `(N, 3C)` queries (after RoPE), keys (after RoPE), values; when decoding,
     /// copied from here into each sequence's KV cache.
     pub qkv: Buf,
-    /// `(B, H, Tq, T)` attention probabilities; when decoding, each sequence's
-    /// `(H, Tq, T)` one after another, at most `(H, N, context_length)`.
+    /// What attention keeps for its backward ([`AttentionKeeps`](crate::kernels::AttentionKeeps)):
+    /// the probabilities `(B, H, Tq, T)` or each row's log-sum-exp `(B, H, Tq)`;
+    /// when decoding, each sequence's one after another.
     pub att: Buf,
     /// `(N, C)` attention output before `output_proj`.
     pub atty: Buf,
@@ -182,7 +183,7 @@ pub(crate) struct GradActivations<Buf> {
     /// `(N, C)` gradient flowing down the residual stream, and a second `(N, C)`.
     pub dresid: Buf,
     pub dtmp: Buf,
-    /// `(N, 3C)`, `(B, H, T, T)`, `(N, C)`.
+    /// `(N, 3C)`; attention's scratch (`AttentionKeeps::backward_len`); `(N, C)`.
     pub dqkv: Buf,
     pub datt: Buf,
     pub datty: Buf,
@@ -218,6 +219,7 @@ impl<Buf> LayerActs<Buf> {
             true => BufKind::Operands,
             false => BufKind::Activations,
         };
+        let keeps = a.attention_keeps();
         let stat = |name, used: bool| {
             a.alloc(
                 role(name, "(B, T)"),
@@ -229,11 +231,10 @@ impl<Buf> LayerActs<Buf> {
             ln1: act_as(ln1_kind, "ln1 output", "(B, T, C)", norms, n * d)?,
             rstd1: stat("ln1 1/rms", norms)?,
             qkv: act("q, k, v after RoPE", "(B, T, 3C)", true, n * 3 * d)?,
-            att: act(
-                "attention probabilities",
-                "(B, H, T, T)",
-                true,
-                b * c.num_heads * t * keys,
+            att: a.alloc(
+                keeps.roles()[0],
+                keeps.forward_len(b * c.num_heads, t, keys),
+                keeps.kind(),
             )?,
             atty: act("attention output", "(B, T, C)", true, n * d)?,
             r1: act("attention residual sum", "(B, T, C)", true, n * d)?,
@@ -330,14 +331,15 @@ impl<Buf> GradActivations<Buf> {
         let act = |name, shape, len| a.alloc(role(name, shape), len, BufKind::Activations);
         let operand = |name, shape, len| a.alloc(role(name, shape), len, BufKind::Operands);
         let swiglu = c.ffn == Ffn::Swiglu;
+        let keeps = a.attention_keeps();
         Ok(GradActivations {
             dresid: act("d residual stream", "(B, T, C)", n * d)?,
             dtmp: act("d sublayer input", "(B, T, C)", n * d)?,
             dqkv: act("d q, k, v", "(B, T, 3C)", n * 3 * d)?,
-            datt: act(
-                "d attention probabilities",
-                "(B, H, T, T)",
-                b * c.num_heads * t * t,
+            datt: a.alloc(
+                keeps.roles()[1],
+                keeps.backward_len(b * c.num_heads, t),
+                keeps.kind(),
             )?,
             datty: act("d attention output", "(B, T, C)", n * d)?,
             dh1: operand("d FFN W1 x", "(B, T, F)", n * f)?,

@@ -926,7 +926,8 @@ fn block_forward<F: Float, B: Backend<F>>(
             let caches: Vec<_> = (sequences.iter().zip(shapes))
                 .map(|(seq, shape)| (seq.cache.qkv[layer].at(0..3 * c * shape.t), shape))
                 .collect();
-            let probs = caches.iter().map(|(_, s)| s.h * s.tq() * s.t).sum();
+            let keeps = be.attention_keeps();
+            let probs = caches.iter().map(|&(_, s)| keeps.kept_len(s)).sum();
             be.attention_forward_cached(
                 acts.atty.at_mut(0..c * row),
                 acts.att.at_mut(0..probs),
@@ -1082,6 +1083,7 @@ fn block_backward<F: Float, B: Backend<F>>(
         dacts.dqkv.all_mut(),
         dacts.datt.all_mut(),
         dacts.datty.all(),
+        acts.atty.all(),
         acts.qkv.all(),
         acts.att.all(),
         shape,

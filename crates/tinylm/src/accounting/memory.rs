@@ -13,10 +13,10 @@ use crate::config::{ModelConfig, Norm};
 use crate::device::{resolve, resolve_precision, Device};
 use crate::distributed::MPI_CHUNK;
 use crate::kernels::workspace::{
-    attention_scratch_len, Scratch, ScratchType, CUBLASLT_WORKSPACE, NORM_BLOCKS, ROW_BLOCKS,
+    Scratch, ScratchType, CUBLASLT_WORKSPACE, NORM_BLOCKS, ROW_BLOCKS,
 };
 use crate::kernels::{
-    Allocation, Allocator, AttnShape, BufKind, Buffer, Float, Precision, Role, STATS_BYTES,
+    Allocation, Allocator, AttentionKeeps, BufKind, Buffer, Float, Precision, Role, STATS_BYTES,
 };
 use crate::params::ParamLayout;
 use crate::text::byte_size;
@@ -181,6 +181,13 @@ impl Allocator<f32> for Planner {
         };
         Ok(Planned { len: 0, bytes })
     }
+
+    fn attention_keeps(&self) -> AttentionKeeps {
+        match self.target.on_gpu() {
+            false => AttentionKeeps::Probabilities,
+            true => AttentionKeeps::LogSumExp,
+        }
+    }
 }
 
 /// An allocator that gives what `inner` gives and notes each buffer's role and
@@ -238,6 +245,10 @@ impl<F: Float, A: Allocator<F>> Allocator<F> for Recorder<'_, A> {
     fn alloc_stats(&self, role: Role) -> Result<A::Stats> {
         self.note(role, self.inner.alloc_stats(role))
     }
+
+    fn attention_keeps(&self) -> AttentionKeeps {
+        self.inner.attention_keeps()
+    }
 }
 
 /// What a model holds for its life: its parameters, RoPE tables and statistics.
@@ -283,14 +294,6 @@ fn workspace(c: &ModelConfig, pass: PassShape, train: bool, target: Target) -> V
         slots.push((Scratch::Losses, b * t));
     }
     if train {
-        let shape = AttnShape {
-            b,
-            t,
-            h: c.num_heads,
-            d: c.head_dim(),
-            q0: 0,
-        };
-        slots.push((Scratch::Attention, attention_scratch_len(shape)));
         if c.norm != Norm::None {
             slots.push((Scratch::NormGain, ROW_BLOCKS * c.d_model));
         }
@@ -304,7 +307,6 @@ fn workspace(c: &ModelConfig, pass: PassShape, train: bool, target: Target) -> V
     let mut entries: Vec<Entry> = (slots.into_iter())
         .map(|(slot, len)| {
             let width = match slot.holds() {
-                ScratchType::Activations => target.activation_bytes(),
                 ScratchType::F32 => 4,
                 ScratchType::F64 => 8,
             };
@@ -661,7 +663,9 @@ mod tests {
 
     /// On a GPU under bf16: activations and backward scratch in 2 bytes (their
     /// statistics and ids in 4), a bf16 copy of the parameters, and the kernels'
-    /// work space; under fp32 the activations are the CPU's.
+    /// work space; under fp32 the activations are the CPU's. On a GPU attention
+    /// keeps each row's log-sum-exp `(B, H, T)` in f32 where the CPU keeps the
+    /// probabilities `(B, H, T, T)`, and so does its backward scratch.
     #[test]
     fn gpu_widths_and_work_space() {
         let c = ModelConfig::tinystories();
@@ -669,16 +673,21 @@ mod tests {
         let cpu = Memory::new(&c, b, t, Target::Cpu);
         let bf16 = Memory::new(&c, b, t, Target::Cuda(Precision::Bf16));
         let fp32 = Memory::new(&c, b, t, Target::Cuda(Precision::Fp32));
-        let acts = Part::Activations;
-        assert_eq!(fp32.bytes(acts), cpu.bytes(acts));
-        let scratch = Part::BackwardScratch;
-        assert_eq!(2 * bf16.bytes(scratch), cpu.bytes(scratch));
-        // Statistics: two (B, T) per layer and ln_final's; ids and targets.
         let (n, layers) = ((b * t) as u64, c.num_layers as u64);
+        let (rows, square) = (c.num_heads as u64 * n, c.num_heads as u64 * n * t as u64);
+        let acts = Part::Activations;
+        let (lse, probabilities) = (4 * layers * rows, 4 * layers * square);
+        assert_eq!(fp32.bytes(acts) - lse, cpu.bytes(acts) - probabilities);
+        let scratch = Part::BackwardScratch;
+        assert_eq!(
+            2 * (bf16.bytes(scratch) - 4 * rows),
+            cpu.bytes(scratch) - 4 * square
+        );
+        // Statistics: two (B, T) per layer and ln_final's; ids and targets.
         let four_byte = 4 * (2 * n * layers + n + 2 * n);
         assert_eq!(
-            2 * (bf16.bytes(acts) - four_byte) + four_byte,
-            cpu.bytes(acts)
+            2 * (bf16.bytes(acts) - four_byte - lse) + four_byte,
+            cpu.bytes(acts) - probabilities
         );
         let params = cpu.bytes(Part::Parameters);
         assert_eq!(bf16.bytes(Part::Parameters), params * 3 / 2);
@@ -686,10 +695,9 @@ mod tests {
         assert_eq!(cpu.bytes(Part::Workspace), 0);
         assert_eq!(cpu.bytes(Part::Statistics), 0);
         assert_eq!(bf16.bytes(Part::Statistics), 3 * STATS_BYTES as u64);
-        // The attention backward's heads (7 × (B, T, C) bf16), RMSNorm's gain partial
-        // sums, the per-row losses; the fused attention forward takes none.
+        // RMSNorm's gain partial sums, the per-row losses; attention takes none.
         let d = c.d_model as u64;
-        let work = 2 * 7 * n * d + 4 * 128 * d + 4 * n;
+        let work = 4 * 128 * d + 4 * n;
         let squares = 8 * NORM_BLOCKS as u64;
         assert_eq!(
             bf16.bytes(Part::Workspace),

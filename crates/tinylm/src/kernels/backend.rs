@@ -127,6 +127,63 @@ impl AttnShape {
     }
 }
 
+/// What attention's forward keeps for its backward: a backend's choice, which the
+/// buffers' declarations ([`crate::buffers`]) and the memory accounting read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttentionKeeps {
+    /// The probabilities `P (B, H, Tq, T)`; the backward's scratch is their gradient
+    /// `(B, H, T, T)` (the CPU, whose backward runs as matrix products over them).
+    Probabilities,
+    /// Each query row's log-sum-exp `(B, H, Tq)` (f32), from which the backward
+    /// recomputes `P` tile by tile; its scratch is one f32 per query row `(B, H, T)`
+    /// (flash attention, on a GPU).
+    LogSumExp,
+}
+
+impl AttentionKeeps {
+    /// Values the forward keeps for `heads = B·H` heads of `tq` query rows against
+    /// `keys` keys.
+    pub fn forward_len(self, heads: usize, tq: usize, keys: usize) -> usize {
+        match self {
+            AttentionKeeps::Probabilities => heads * tq * keys,
+            AttentionKeeps::LogSumExp => heads * tq,
+        }
+    }
+
+    /// [`AttentionKeeps::forward_len`] of a pass of shape `s`.
+    pub fn kept_len(self, s: AttnShape) -> usize {
+        self.forward_len(s.b * s.h, s.tq(), s.t)
+    }
+
+    /// Values of the backward's scratch for `heads` heads of `t` positions.
+    pub fn backward_len(self, heads: usize, t: usize) -> usize {
+        self.forward_len(heads, t, t)
+    }
+
+    /// How both are stored.
+    pub fn kind(self) -> BufKind {
+        match self {
+            AttentionKeeps::Probabilities => BufKind::Activations,
+            AttentionKeeps::LogSumExp => BufKind::Full,
+        }
+    }
+
+    /// The forward's buffer and the backward's scratch, for the accounting's table.
+    pub fn roles(self) -> [Role; 2] {
+        let role = |name, shape| Role { name, shape };
+        match self {
+            AttentionKeeps::Probabilities => [
+                role("attention probabilities", "(B, H, T, T)"),
+                role("d attention probabilities", "(B, H, T, T)"),
+            ],
+            AttentionKeeps::LogSumExp => [
+                role("attention log-sum-exp", "(B, H, T)"),
+                role("attention Σ dout·out", "(B, H, T)"),
+            ],
+        }
+    }
+}
+
 /// A run's arithmetic, on the CPU and on a GPU alike.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -252,6 +309,8 @@ pub trait Allocator<F: Float> {
     fn alloc_ids(&self, role: Role, len: usize) -> Result<Self::Ids>;
     /// A buffer for one step's statistics.
     fn alloc_stats(&self, role: Role) -> Result<Self::Stats>;
+    /// What its attention keeps between the forward and the backward.
+    fn attention_keeps(&self) -> AttentionKeeps;
 }
 
 /// A buffer a backend owns: host memory on the CPU (a `HostBuf`),
@@ -682,7 +741,8 @@ pub trait Backend<F: Float>: Allocator<F> + Sync {
 
     /// Causal softmax attention: `out (B, Tq, C)` from `qkv (B, T, 3C)` = rows
     /// `[q | k | v]`, query row `i` (position `q0 + i`) attending keys `0..=q0+i`;
-    /// keeps the probabilities `att (B, H, Tq, T)`.
+    /// keeps in `att` what [`Allocator::attention_keeps`] says
+    /// ([`AttentionKeeps::kept_len`] values).
     fn attention_forward(
         &self,
         out: SpanMut<Self::Buf>,
@@ -693,7 +753,7 @@ pub trait Backend<F: Float>: Allocator<F> + Sync {
     /// [`Backend::attention_forward`] of a decoding pass over several sequences:
     /// sequence `i`, `caches[i] = (qkv (T, 3C), shape)` with `shape.b == 1` (its KV
     /// cache, this pass's rows in place), has its `Tq` output rows next in
-    /// `out (Σ Tq, C)` and its probabilities next in `att (Σ H·Tq·T)`. One
+    /// `out (Σ Tq, C)` and what it keeps next in `att`. One
     /// [`Backend::attention_forward`] per sequence unless a backend does better.
     fn attention_forward_cached(
         &self,
@@ -704,7 +764,7 @@ pub trait Backend<F: Float>: Allocator<F> + Sync {
         let (mut row, mut prob) = (out.start, att.start);
         for &(qkv, shape) in caches {
             let rows = shape.tq() * shape.c();
-            let probs = shape.h * shape.tq() * shape.t;
+            let probs = self.attention_keeps().kept_len(shape);
             self.attention_forward(
                 SpanMut {
                     buf: &mut *out.buf,
@@ -722,14 +782,16 @@ pub trait Backend<F: Float>: Allocator<F> + Sync {
             (row, prob) = (row + rows, prob + probs);
         }
     }
-    /// `dqkv (B, T, 3C)` (overwritten) from `dout (B, T, C)`; `datt (B, H, T, T)` is
-    /// scratch. Full passes only (`q0 = 0`).
+    /// `dqkv (B, T, 3C)` (overwritten) from `dout (B, T, C)` and the forward's `out`,
+    /// `qkv` and `att`; `datt` is scratch ([`AttentionKeeps::backward_len`] values).
+    /// Full passes only (`q0 = 0`).
     #[allow(clippy::too_many_arguments)]
     fn attention_backward(
         &self,
         dqkv: SpanMut<Self::Buf>,
         datt: SpanMut<Self::Buf>,
         dout: Span<Self::Buf>,
+        out: Span<Self::Buf>,
         qkv: Span<Self::Buf>,
         att: Span<Self::Buf>,
         shape: AttnShape,

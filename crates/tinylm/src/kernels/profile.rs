@@ -1,8 +1,8 @@
 //! A backend wrapper that times every kernel call by kind: where a step's time goes.
 
 use super::{
-    AdamWStep, Allocator, AttnShape, Backend, BatchPart, BufKind, Collective, Float, HostWrite,
-    MatMul, ParamRead, Role, Span, SpanMut, StepStats, Stored,
+    AdamWStep, Allocator, AttentionKeeps, AttnShape, Backend, BatchPart, BufKind, Collective,
+    Float, HostWrite, MatMul, ParamRead, Role, Span, SpanMut, StepStats, Stored,
 };
 use crate::distributed::World;
 use crate::{Error, Result};
@@ -144,6 +144,10 @@ impl<F: Float, B: Backend<F>> Allocator<F> for Profiled<B> {
 
     fn alloc_stats(&self, role: Role) -> Result<B::Stats> {
         self.inner.alloc_stats(role)
+    }
+
+    fn attention_keeps(&self) -> AttentionKeeps {
+        self.inner.attention_keeps()
     }
 }
 
@@ -325,13 +329,14 @@ impl<F: Float, B: Backend<F>> Backend<F> for Profiled<B> {
         dqkv: SpanMut<B::Buf>,
         datt: SpanMut<B::Buf>,
         dout: Span<B::Buf>,
+        out: Span<B::Buf>,
         qkv: Span<B::Buf>,
         att: Span<B::Buf>,
         shape: AttnShape,
     ) {
         self.time::<F, _>(Kind::Attention, || {
             self.inner
-                .attention_backward(dqkv, datt, dout, qkv, att, shape)
+                .attention_backward(dqkv, datt, dout, out, qkv, att, shape)
         })
     }
 

@@ -8,8 +8,8 @@ use super::{
 use crate::config::RMS_NORM_EPS;
 use crate::distributed::World;
 use crate::kernels::{
-    AdamWStep, Allocator, AttnShape, Backend, BatchPart, BufKind, Collective, Float, HostWrite,
-    MatMul, ParamRead, Role, Span, SpanMut, StepStats, Stored,
+    AdamWStep, Allocator, AttentionKeeps, AttnShape, Backend, BatchPart, BufKind, Collective,
+    Float, HostWrite, MatMul, ParamRead, Role, Span, SpanMut, StepStats, Stored,
 };
 use crate::{Error, Result};
 use rayon::prelude::*;
@@ -34,6 +34,10 @@ impl<F: Float> Allocator<F> for Cpu {
 
     fn alloc_stats(&self, _role: Role) -> Result<StepStats> {
         Ok(StepStats::unset())
+    }
+
+    fn attention_keeps(&self) -> AttentionKeeps {
+        AttentionKeeps::Probabilities
     }
 }
 
@@ -239,6 +243,7 @@ impl<F: Float> Backend<F> for Cpu {
         dqkv: SpanMut<HostBuf<F>>,
         datt: SpanMut<HostBuf<F>>,
         dout: Span<HostBuf<F>>,
+        _out: Span<HostBuf<F>>,
         qkv: Span<HostBuf<F>>,
         att: Span<HostBuf<F>>,
         shape: AttnShape,

@@ -30,8 +30,8 @@ use crate::config::RMS_NORM_EPS;
 use crate::distributed::World;
 use crate::kernels::float::Element;
 use crate::kernels::{
-    AdamWStep, Allocation, Allocator, AttnShape, Backend, BatchPart, BufKind, Buffer, Collective,
-    HostWrite, MatMul, ParamRead, Role, Span, SpanMut, StepStats, Stored,
+    AdamWStep, Allocation, Allocator, AttentionKeeps, AttnShape, Backend, BatchPart, BufKind,
+    Buffer, Collective, HostWrite, MatMul, ParamRead, Role, Span, SpanMut, StepStats, Stored,
 };
 use crate::Result;
 use half::bf16;
@@ -401,6 +401,10 @@ impl Allocator<f32> for CpuMixed {
     fn alloc_stats(&self, role: Role) -> Result<StepStats> {
         Allocator::<f32>::alloc_stats(&Cpu, role)
     }
+
+    fn attention_keeps(&self) -> AttentionKeeps {
+        Allocator::<f32>::attention_keeps(&Cpu)
+    }
 }
 
 impl Backend<f32> for CpuMixed {
@@ -721,6 +725,7 @@ impl Backend<f32> for CpuMixed {
         dqkv: SpanMut<MixedBuf>,
         datt: SpanMut<MixedBuf>,
         dout: Span<MixedBuf>,
+        _out: Span<MixedBuf>,
         qkv: Span<MixedBuf>,
         att: Span<MixedBuf>,
         shape: AttnShape,

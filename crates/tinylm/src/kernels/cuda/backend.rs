@@ -13,12 +13,10 @@ use super::buffer::{
 use super::context::{driver_error, Cuda};
 use crate::config::RMS_NORM_EPS;
 use crate::distributed::World;
-use crate::kernels::workspace::{
-    attention_scratch_len, Scratch, ScratchType, NORM_BLOCKS, ROW_BLOCKS,
-};
+use crate::kernels::workspace::{Scratch, ScratchType, NORM_BLOCKS, ROW_BLOCKS};
 use crate::kernels::{
-    AdamWStep, Allocation, Allocator, AttnShape, Backend, BatchPart, BufKind, Collective, MatMul,
-    Role, Span, SpanMut, StepStats,
+    AdamWStep, Allocation, Allocator, AttentionKeeps, AttnShape, Backend, BatchPart, BufKind,
+    Collective, MatMul, Role, Span, SpanMut, StepStats,
 };
 #[cfg(not(feature = "nccl"))]
 use crate::Error;
@@ -32,7 +30,6 @@ impl Cuda {
     /// stream order, after the kernels queued on it.
     fn scratch(&self, slot: Scratch, len: usize) -> Option<Dev> {
         let dtype = match slot.holds() {
-            ScratchType::Activations => self.float_x(),
             ScratchType::F32 => DType::F32,
             ScratchType::F64 => DType::F64,
         };
@@ -138,6 +135,10 @@ impl Allocator<f32> for Cuda {
             device: Cuda::alloc(self, STATS_BYTES / 8, DType::F64, role.name)?,
             host: self.alloc_pinned(STATS_BYTES, role.name)?,
         })
+    }
+
+    fn attention_keeps(&self) -> AttentionKeeps {
+        AttentionKeeps::LogSumExp
     }
 }
 
@@ -362,17 +363,14 @@ impl Backend<f32> for Cuda {
         dqkv: SpanMut<CudaBuf>,
         datt: SpanMut<CudaBuf>,
         dout: Span<CudaBuf>,
+        out: Span<CudaBuf>,
         qkv: Span<CudaBuf>,
         att: Span<CudaBuf>,
         shape: AttnShape,
     ) {
-        let len = attention_scratch_len(shape);
-        let Some(scratch) = self.scratch(Scratch::Attention, len) else {
-            return;
-        };
         let (dqkv, datt) = (view_mut(dqkv), view_mut(datt));
-        let (dout, qkv, att) = (view(dout), view(qkv), view(att));
-        Cuda::attention_backward(self, dqkv, datt, dout, qkv, att, shape, scratch);
+        let (dout, out, qkv, att) = (view(dout), view(out), view(qkv), view(att));
+        Cuda::attention_backward(self, dqkv, datt, dout, out, qkv, att, shape);
     }
 
     fn cross_entropy(
