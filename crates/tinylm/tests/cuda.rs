@@ -23,7 +23,7 @@ use tinylm::kernels::cuda::adamw::MAX_BLOCKS;
 use tinylm::kernels::cuda::attention::MAX_HEAD_DIM;
 use tinylm::kernels::cuda::global_norm::{NORM_BLOCKS, NORM_THREADS};
 use tinylm::kernels::cuda::launch::BLOCK;
-use tinylm::kernels::cuda::rmsnorm::ROW_BLOCKS;
+use tinylm::kernels::cuda::rmsnorm::{self, ROW_BLOCKS};
 use tinylm::kernels::cuda::{Cuda, CudaBuf, DType, DeviceBuffer};
 use tinylm::kernels::Precision;
 use tinylm::kernels::{clip_scale, AdamWParams, CLIP_EPS};
@@ -227,8 +227,11 @@ fn matmul_matches_the_cpu_in_every_transpose_and_accumulate() {
 #[test]
 fn embedding_forward_and_backward_match_the_cpu() {
     let mut rng = ChaCha8Rng::seed_from_u64(2);
-    let (v, c, n) = (50, 24, 300);
-    for precision in PRECISIONS {
+    // Rows written in packs (C a multiple of 8), and one value at a time.
+    for (v, c, n, precision) in [(50, 24, 300), (40, 13, 70)]
+        .into_iter()
+        .flat_map(|(v, c, n)| PRECISIONS.map(|p| (v, c, n, p)))
+    {
         let cuda = gpu(precision);
         let table = random(&mut rng, v * c, 1.0);
         let ids = random_ids(&mut rng, n, v);
@@ -252,8 +255,9 @@ fn embedding_forward_and_backward_match_the_cpu() {
     }
 }
 
-/// Also past one pass of the gain gradient's grid-stride loop over rows
-/// (`ROW_BLOCKS` blocks of 8 rows: 1,024 rows a pass).
+/// Also past one pass of the backward's grid-stride loop over rows (`ROW_BLOCKS`
+/// blocks of 8 warps: 4,096 rows a pass), and with fewer warps a block (6 for rows
+/// of 2,000).
 #[test]
 fn rmsnorm_forward_and_backward_match_the_cpu() {
     let mut rng = ChaCha8Rng::seed_from_u64(3);
@@ -262,7 +266,7 @@ fn rmsnorm_forward_and_backward_match_the_cpu() {
         // Each result is computed in f32 from bf16 inputs and rounded once.
         let tol = tolerance(precision, 1.0);
         // Rows read in 16-byte packs (C a multiple of 8), and one value at a time.
-        for (n, c) in [(67, 96), (1500, 40), (45, 37)] {
+        for (n, c) in [(67, 96), (4200, 40), (45, 37), (20, 2000)] {
             let x = rounded(&cuda, &random(&mut rng, n * c, 2.0));
             let g = random(&mut rng, c, 1.5);
             let dout = rounded(&cuda, &random(&mut rng, n * c, 1.0));
@@ -521,13 +525,19 @@ fn attention_forward_backward_and_decode_match_the_cpu() {
 /// records it for the next synchronization, naming the dimension.
 #[test]
 fn attention_over_the_largest_head_dimension_is_an_error() {
+    // The model is refused before its parameters are read.
     let mut c = ModelConfig::tinystories();
     (c.d_model, c.num_heads) = (320, 2);
-    let params = vec![0f32; ParamLayout::new(&c).total];
-    let e = Model::with_backend(c, &params, gpu(Precision::Bf16))
+    let e = Model::with_backend(c.clone(), &[], gpu(Precision::Bf16))
         .err()
         .unwrap();
     assert!(e.to_string().contains("d_model / num_heads is 160"), "{e}");
+    // So is one wider than RMSNorm's backward takes.
+    (c.d_model, c.num_heads) = (rmsnorm::MAX_WIDTH + 128, (rmsnorm::MAX_WIDTH + 128) / 128);
+    let e = Model::with_backend(c, &[], gpu(Precision::Bf16))
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("d_model up to 12288"), "{e}");
     let cuda = gpu(Precision::Fp32);
     let s = AttnShape {
         b: 1,

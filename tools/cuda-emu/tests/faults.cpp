@@ -119,9 +119,11 @@ std::string plant(const std::string& source, const std::string& from, const std:
     return source.substr(0, at) + to + source.substr(at + from.size());
 }
 
-/// A kernel family as tinylm compiles it (fp32): common.cuh, then the family.
-CUmodule load(const std::string& family, const std::string& source) {
-    std::string full = "#line 1 \"common.cuh\"\n" + read("common.cuh") + "\n#line 1 \"" + family +
+/// A kernel family as tinylm compiles it (fp32): common.cuh (or `common`), then the
+/// family.
+CUmodule load(const std::string& family, const std::string& source,
+              const std::string& common = read("common.cuh")) {
+    std::string full = "#line 1 \"common.cuh\"\n" + common + "\n#line 1 \"" + family +
                        ".cu\"\n" + source;
     nvrtcProgram prog;
     nvrtcCreateProgram(&prog, full.c_str(), (family + ".cu").c_str(), 0, nullptr, nullptr);
@@ -232,48 +234,44 @@ void write_past_the_last_partial_block(bool planted) {
     expect_close(download<float>(dst, n), x, 0, "convert");
 }
 
-/// rmsnorm_backward_dg_partial without its barrier: thread row 0 sums the partial
-/// sums that rows 1 to 7 (higher-numbered threads) write before the barrier.
+/// rmsnorm_backward_dg_finish without its barrier: thread row 0 adds the slice sums
+/// that rows 1 to 31 (higher-numbered threads) write before the barrier.
 void missing_syncthreads_read_after_higher_threads_write(bool planted) {
     std::string src = read("rmsnorm.cu");
     if (planted) src = plant(src, "    __syncthreads();\n    if (threadIdx.y == 0 && col < c) {", "    if (threadIdx.y == 0 && col < c) {");
-    CUfunction f = function(load("rmsnorm", src), "rmsnorm_backward_dg_partial");
-    int n = 64, c = 40, blocks = 2, packed = 0;
-    auto dout = values(n * c, 4), x = values(n * c, 5), rstd = values(n, 6);
-    CUdeviceptr dd = upload(dout), dx = upload(x), dr = upload(rstd), partial = zeros(blocks * c * 4);
-    launch(f, (c + 31) / 32, blocks, 32, 8, {&partial, &dd, &dx, &dr, &n, &c, &packed});
-    auto got = download<float>(partial, blocks * c);
-    std::vector<float> sums(c, 0.0f);
-    for (int y = 0; y < blocks; y++)
-        for (int col = 0; col < c; col++) sums[col] += got[y * c + col];
+    CUfunction f = function(load("rmsnorm", src), "rmsnorm_backward_dg_finish");
+    int row_blocks = 70, c = 40;
+    auto partial = values(row_blocks * c, 4);
+    CUdeviceptr dp = upload(partial), dg = zeros(c * 4);
+    launch(f, (c + 31) / 32, 1, 32, 32, {&dg, &dp, &row_blocks, &c});
+    auto got = download<float>(dg, c);
     std::vector<float> want(c, 0.0f);
-    for (int row = 0; row < n; row++)
-        for (int col = 0; col < c; col++) want[col] += dout[row * c + col] * x[row * c + col] * rstd[row];
-    expect_close(sums, want, 1e-4, "gain gradient partial sums");
+    for (int y = 0; y < row_blocks; y++)
+        for (int col = 0; col < c; col++) want[col] += partial[y * c + col];
+    expect_close(got, want, 1e-4, "gain gradient");
 }
 
-/// cross_entropy_forward_backward without its second barrier: the thread that owns
-/// column `target % blockDim.x` (a higher-numbered thread) overwrites that logit
-/// with its gradient, which thread 0 reads before the barrier for the row's loss.
+/// attention_forward without the barrier that opens each chunk: a warp done with
+/// the last chunk (higher-numbered threads) loads the next chunk's keys and values
+/// over those a lower warp still reads. The reference is the unchanged kernel, which
+/// the numeric suite checks against the CPU.
 void missing_syncthreads_write_after_a_lower_thread_reads(bool planted) {
-    std::string src = read("cross_entropy.cu");
-    if (planted) src = plant(src, "    __syncthreads();\n    const float inv_rows", "    const float inv_rows");
-    CUfunction f = function(load("cross_entropy", src), "cross_entropy_forward_backward");
-    // Four rows, one block each, whose targets are owned by threads 5, 37, 6 and 35.
-    int rows = 4, v = 100, grad = 1, packed = 0;  // thread j owns columns j, j + 64
-    std::vector<unsigned> targets = {5, 37, 70, 99};
-    auto logits = values(rows * v, 12);
-    CUdeviceptr dl = upload(logits), dt = upload(targets), losses = zeros(rows * 4);
-    launch(f, rows, 1, 64, 1, {&dl, &losses, &dt, &rows, &v, &grad, &packed});
-    auto got = download<float>(losses, rows);
-    std::vector<float> want(rows);
-    for (int r = 0; r < rows; r++) {
-        double m = -1e30, s = 0;
-        for (int j = 0; j < v; j++) m = std::max(m, double(logits[r * v + j]));
-        for (int j = 0; j < v; j++) s += std::exp(double(logits[r * v + j]) - m);
-        want[r] = float(m + std::log(s) - logits[r * v + targets[r]]);
+    std::string src = read("attention.cu");
+    std::string changed = src;
+    if (planted) changed = plant(src, "columns past D zero.\n        __syncthreads();  // every warp is done with the last chunk\n", "columns past D zero.\n");
+    // One head of 128 positions (4 chunks of 32 keys), D 32, two blocks of 4 warps.
+    int t = 128, tq = 128, q0 = 0, h = 1, d = 32, packed = 1;
+    float scale = 1.0f / std::sqrt(float(d));
+    auto qkv = values(t * 3 * d, 13);
+    CUdeviceptr dq = upload(qkv);
+    std::vector<std::vector<float>> outs;
+    for (const std::string* source : {&src, &changed}) {
+        CUfunction f = function(load("attention", *source), "attention_forward_d32");
+        CUdeviceptr out = zeros(tq * d * 4), lse = zeros(tq * 4);
+        launch(f, 1, 2, 128, 1, {&out, &lse, &dq, &t, &tq, &q0, &h, &d, &scale, &packed});
+        outs.push_back(download<float>(out, tq * d));
     }
-    expect_close(got, want, 1e-5, "cross-entropy losses");
+    expect_close(outs[1], outs[0], 0, "attention out");
 }
 
 /// global_norm_finish returning early from threads without a partial: the block
@@ -402,8 +400,8 @@ struct Case {
 const Case kCases[] = {
     {"an index off by one (rmsnorm_forward stores outr[i + 1])", index_off_by_one},
     {"an out-of-bounds write in the last partial block (convert_f32_to_x with i <= n)", write_past_the_last_partial_block},
-    {"a missing __syncthreads before a thread reads what higher-numbered threads wrote (rmsnorm_backward_dg_partial)", missing_syncthreads_read_after_higher_threads_write},
-    {"a missing __syncthreads before a higher-numbered thread overwrites what a lower-numbered one reads (cross_entropy_forward_backward)", missing_syncthreads_write_after_a_lower_thread_reads},
+    {"a missing __syncthreads before a thread reads what higher-numbered threads wrote (rmsnorm_backward_dg_finish)", missing_syncthreads_read_after_higher_threads_write},
+    {"a missing __syncthreads before a higher-numbered thread overwrites what a lower-numbered one reads (attention_forward)", missing_syncthreads_write_after_a_lower_thread_reads},
     {"a barrier not reached by every thread (global_norm_finish returns early)", barrier_not_reached_by_every_thread},
     {"a shuffle whose mask names an exited lane (rmsnorm_forward)", shuffle_mask_names_an_exited_lane},
     {"a read of device memory never written (swiglu_forward input not uploaded)", read_of_memory_never_written},

@@ -41,9 +41,10 @@ impl Scratch {
     }
 }
 
-/// Row blocks of RMSNorm's gain-gradient first stage: its scratch is
-/// `(ROW_BLOCKS, C)` f32.
-pub const ROW_BLOCKS: usize = 128;
+/// Row blocks of RMSNorm's backward at most (the first stage of its gain gradient):
+/// its scratch is `(ROW_BLOCKS, C)` f32. About four blocks of 8 warps for each of
+/// an H100's 132 SMs.
+pub const ROW_BLOCKS: usize = 512;
 
 /// Blocks of the sum of squares' first stage: fixed, so the summation order (and
 /// the result) is the same every step. Its scratch is `NORM_BLOCKS` f64.

@@ -142,7 +142,7 @@ __device__ __forceinline__ Place place(const floatX* qkv, int t, int h, int d) {
 }
 
 /// s = scale·log2(e)·(A Bᵀ) of a warp's 16 rows of `a` and the 8 rows at `b`, both
-/// row stride LD: scores in base 2, so that each exponential is one exp2f
+/// row stride LD: scores in base 2, so that each exponential is one exp2_approx
 /// (e^x = 2^(x·log2 e)).
 template <int DP, int LD>
 __device__ __forceinline__ void scores_of(float (&s)[4], const floatX* a, const floatX* b,
@@ -304,7 +304,7 @@ __device__ __forceinline__ void attention_forward_tile(floatX* out, float* lse,
                 chunk_max[r] = fmaxf(chunk_max[r], other);
             }
             const float new_max = fmaxf(row_max[r], chunk_max[r]);
-            alpha[r] = exp2f(row_max[r] - new_max);
+            alpha[r] = exp2_approx(row_max[r] - new_max);
             row_max[r] = new_max;
             part_sum[r] *= alpha[r];
         }
@@ -313,7 +313,7 @@ __device__ __forceinline__ void attention_forward_tile(floatX* out, float* lse,
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 const int r = i >> 1, j = chunk * KC + 8 * n + 2 * q + (i & 1);
-                s[n][i] = j < visible[r] ? exp2f(s[n][i] - row_max[r]) : 0.0f;  // P
+                s[n][i] = j < visible[r] ? exp2_approx(s[n][i] - row_max[r]) : 0.0f;  // P
                 part_sum[r] += s[n][i];
             }
         }
@@ -432,7 +432,7 @@ __device__ __forceinline__ void attention_backward_dq_tile(floatX* dqkv, float* 
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 const int r = i >> 1, j = chunk * KC + n0 + 2 * q + (i & 1);
-                const float p = j < visible[r] ? exp2f(s[i] - row_lse[r]) : 0.0f;
+                const float p = j < visible[r] ? exp2_approx(s[i] - row_lse[r]) : 0.0f;
                 pw[(g + 8 * r) * LP + n0 + 2 * q + (i & 1)] = to_x(p * (dp[i] - rowsum[r]) * scale);
             }
         }
@@ -497,7 +497,7 @@ __device__ __forceinline__ void attention_backward_dkv_tile(floatX* dqkv, const 
             for (int i = 0; i < 4; i++) {
                 const int r = i >> 1, col = n0 + 2 * q + (i & 1), query = i0 + col;
                 const bool seen = query < t && keys[r] <= query;
-                const float p = seen ? exp2f(s[i] - lses[col]) : 0.0f;
+                const float p = seen ? exp2_approx(s[i] - lses[col]) : 0.0f;
                 pw[(g + 8 * r) * LP + col] = to_x(p);
                 dsw[(g + 8 * r) * LP + col] = to_x(p * (dp[i] - rowsums[col]) * scale);
             }

@@ -11,6 +11,7 @@ use super::buffer::{
     operand, view, view_mut, CudaBuf, CudaIds, CudaStats, DType, Dev, Pinned, STATS_BYTES,
 };
 use super::context::{driver_error, Cuda};
+use super::rmsnorm;
 use crate::config::RMS_NORM_EPS;
 use crate::distributed::World;
 use crate::kernels::workspace::{Scratch, ScratchType, NORM_BLOCKS, ROW_BLOCKS};
@@ -342,6 +343,11 @@ impl Backend<f32> for Cuda {
             d if d > MAX_HEAD_DIM => Err(crate::Error::Config(format!(
                 "the GPU's attention handles head dimensions up to {MAX_HEAD_DIM}, and \
                  d_model / num_heads is {d}: use more heads, or --device cpu"
+            ))),
+            _ if config.d_model > rmsnorm::MAX_WIDTH => Err(crate::Error::Config(format!(
+                "the GPU's RMSNorm handles d_model up to {}, and it is {}: use --device cpu",
+                rmsnorm::MAX_WIDTH,
+                config.d_model
             ))),
             _ => Ok(()),
         }

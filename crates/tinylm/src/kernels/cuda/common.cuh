@@ -18,12 +18,17 @@ __device__ __forceinline__ float to_f32(floatX x) { return x; }
 __device__ __forceinline__ floatX to_x(float x) { return x; }
 #endif
 
+/// 16 bytes of T in one access: 8 bf16, or 4 f32.
+template <typename T>
+struct alignas(16) Packed {
+    T v[16 / sizeof(T)];
+};
+
 /// floatX values in one 16-byte access: 8 in bf16, 4 in f32. A row whose length
 /// is a multiple of PACK, starting 16-byte aligned, is read and written in packs.
 #define PACK (16 / (int)sizeof(floatX))
-struct alignas(16) Pack {
-    floatX v[PACK];
-};
+typedef Packed<floatX> Pack;
+typedef Packed<float> F32Pack;
 
 /// v[0..PACK) = the pack at p as f32 when `packed`, else v[0] = *p.
 __device__ __forceinline__ void load_pack(float (&v)[PACK], const floatX* p, int packed) {
@@ -84,6 +89,19 @@ __device__ __forceinline__ void mma_16x8x16(float (&c)[4], const unsigned (&a)[4
 }
 #endif
 
+/// 2^x on the special-function unit (`ex2.approx.ftz.f32`, within 2 ulp, a result
+/// below 2^-126 flushed to 0): one instruction where exp2f, which keeps subnormal
+/// results, takes four. Every softmax here exponentiates in base 2 with it.
+__device__ __forceinline__ float exp2_approx(float x) {
+#ifdef CUDA_EMU
+    return exp2f(x);
+#else
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+#endif
+}
+
 #define WARP_SIZE 32
 #define FULL_MASK 0xffffffffu
 #define FLT_LOWEST (-3.402823466e38f)
@@ -103,23 +121,35 @@ __device__ __forceinline__ float warp_max(float x) {
     return x;
 }
 
-/// Sum over the block (blockDim.x a multiple of 32, at most 1024), returned to
-/// every thread; the summation order is fixed, so the result is deterministic.
-/// Ends with a barrier, so it may be called again at once.
-template <typename T>
-__device__ T block_sum(T x) {
+/// `warp_reduce` (warp_sum, warp_max) over the block (blockDim.x a multiple of 32, at
+/// most 1024), returned to every thread; `identity` fills the lanes past the last
+/// warp. The order is fixed, so the result is deterministic. Ends with a barrier,
+/// so it may be called again at once.
+template <typename T, typename WarpReduce>
+__device__ __forceinline__ T block_reduce(T x, T identity, WarpReduce warp_reduce) {
     __shared__ T partial[WARP_SIZE];
     const int lane = threadIdx.x % WARP_SIZE;
     const int warp = threadIdx.x / WARP_SIZE;
     const int warps = blockDim.x / WARP_SIZE;
-    x = warp_sum(x);
+    x = warp_reduce(x);
     if (lane == 0) {
         partial[warp] = x;
     }
     __syncthreads();
-    x = warp_sum(lane < warps ? partial[lane] : T(0));
+    x = warp_reduce(lane < warps ? partial[lane] : identity);
     __syncthreads();
     return x;
+}
+
+/// The sum over the block (block_reduce).
+template <typename T>
+__device__ __forceinline__ T block_sum(T x) {
+    return block_reduce(x, T(0), warp_sum<T>);
+}
+
+/// The maximum over the block (block_reduce).
+__device__ __forceinline__ float block_max(float x) {
+    return block_reduce(x, FLT_LOWEST, warp_max);
 }
 
 /// The row of a one-warp-per-row kernel (`-1` past the last row) and the lane.

@@ -7,7 +7,7 @@ use crate::kernels::BatchPart;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 /// Threads per row of the fused cross-entropy.
-const THREADS_PER_ROW: u32 = 512;
+const THREADS_PER_ROW: u32 = 256;
 
 impl Cuda {
     /// `loss (1)` f32 = the cross-entropy of `logits (N, V)` against `targets (N)`

@@ -1,18 +1,34 @@
 // Token embedding: a row lookup from the f32 master table and its scatter-add
 // backward into the f32 gradient. CPU twin: kernels/cpu/embedding.rs.
 
-/// out (N, C) = table[ids], table (V, C) f32 (ids checked by the caller).
-/// Launch: grid ceil(N·C / 256), block 256; one thread per output element.
+/// out (N, C) = table[ids], table (V, C) f32 (ids checked by the caller). A thread
+/// writes `width` consecutive values: a pack when `packed` (C a multiple of PACK,
+/// out and table 16-byte aligned), read in 16-byte f32 packs, else one value.
+/// Launch: grid ceil(N·C / (256·width)), block 256.
 extern "C" __global__ void embedding_forward(floatX* out, const unsigned int* ids,
-                                             const float* table, int n, int c) {
+                                             const float* table, int n, int c, int packed) {
     // 32-bit index arithmetic (the caller checks N·C < 2^32).
-    const unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (unsigned int)n * c) {
+    const int width = packed ? PACK : 1;
+    const unsigned int p = blockIdx.x * blockDim.x + threadIdx.x;
+    if (p >= (unsigned int)n * c / width) {
         return;
     }
-    const unsigned int row = i / c;
-    const unsigned int col = i % c;
-    out[i] = to_x(table[(size_t)ids[row] * c + col]);
+    const unsigned int i = p * width;
+    const float* row = table + (size_t)ids[i / c] * c + i % c;
+    float v[PACK];
+    if (packed) {
+#pragma unroll
+        for (int h = 0; h < PACK; h += 4) {
+            const F32Pack q = reinterpret_cast<const F32Pack*>(row)[h / 4];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                v[h + k] = q.v[k];
+            }
+        }
+    } else {
+        v[0] = row[0];
+    }
+    store_pack(out + i, v, packed);
 }
 
 /// dtable (V, C) f32 += scatter(dout (N, C)) at rows ids (N). Rows that repeat are

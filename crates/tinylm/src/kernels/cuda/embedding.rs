@@ -2,7 +2,7 @@
 
 use super::buffer::{DType, Dev};
 use super::context::Cuda;
-use super::launch::{expect, expect_u32, int, per_element};
+use super::launch::{expect, expect_u32, int, packing, per_element};
 use cudarc::driver::PushKernelArg;
 
 impl Cuda {
@@ -14,13 +14,15 @@ impl Cuda {
         expect(table, c, DType::F32, "embedding table");
         expect_u32(n * c, "embedding out");
         let (n_, c_) = (int(n), int(c));
+        let (packed, width) = packing(c, self.float_x(), [out, table]);
         let mut args = self.kernel("embedding_forward");
         args.arg(&out.ptr)
             .arg(&ids.ptr)
             .arg(&table.ptr)
             .arg(&n_)
-            .arg(&c_);
-        self.run("embedding_forward", args, per_element(n * c));
+            .arg(&c_)
+            .arg(&packed);
+        self.run("embedding_forward", args, per_element(n * c / width));
     }
 
     /// `dtable (V, C) f32 += scatter(dout (N, C) floatX)` at rows `ids (N)`.

@@ -2,7 +2,7 @@
 
 use super::buffer::{DType, Dev};
 use super::context::Cuda;
-use super::launch::expect;
+use super::launch::{expect, packing};
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 pub use crate::kernels::workspace::NORM_BLOCKS;
@@ -17,8 +17,10 @@ impl Cuda {
         expect(sum, 1, DType::F64, "sum_squares sum");
         expect(scratch, NORM_BLOCKS, DType::F64, "sum_squares scratch");
         let n = x.len as u64;
+        // In 16-byte packs when x is aligned (any length: the tail goes one by one).
+        let (packed, _) = packing(4, DType::F32, [x]);
         let mut args = self.kernel("global_norm_partial");
-        args.arg(&scratch.ptr).arg(&x.ptr).arg(&n);
+        args.arg(&scratch.ptr).arg(&x.ptr).arg(&n).arg(&packed);
         let cfg = LaunchConfig {
             grid_dim: (NORM_BLOCKS as u32, 1, 1),
             block_dim: (NORM_THREADS, 1, 1),

@@ -2,10 +2,17 @@
 
 use super::buffer::{DType, Dev};
 use super::context::Cuda;
-use super::launch::{expect, int, packing, per_element, per_row_warp};
+use super::launch::{expect, int, packing, per_row_warp};
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 pub use crate::kernels::workspace::ROW_BLOCKS;
+
+/// The widest row (`C`) the backward takes: its shared column sums
+/// (`COLUMN_SUMS` f32 in `rmsnorm.cu`, 48 KiB) hold a row of `C` for each warp.
+pub const MAX_WIDTH: usize = 12288;
+
+/// Thread rows of the gain gradient's second stage (`DG_SLICES` in `rmsnorm.cu`).
+const DG_SLICES: u32 = 32;
 
 impl Cuda {
     /// `out (N, C) = x / sqrt(mean(x²) + eps) ⊙ g`, `rstd (N)` f32; `g (C)` f32.
@@ -24,7 +31,7 @@ impl Cuda {
     }
 
     /// `dx (N, C) (+)= ∂/∂x` (added when `accumulate`), `dg (C) f32 += ∂/∂g`;
-    /// `scratch` holds at least `ROW_BLOCKS · C` f32.
+    /// `scratch` holds at least `ROW_BLOCKS · C` f32; `C` at most [`MAX_WIDTH`].
     #[allow(clippy::too_many_arguments)]
     pub fn rmsnorm_backward(
         &self,
@@ -43,30 +50,34 @@ impl Cuda {
         }
         expect(dg, c, DType::F32, "rmsnorm dg");
         expect(scratch, ROW_BLOCKS * c, DType::F32, "rmsnorm scratch");
-        let (n_, c_, acc, blocks) = (int(n), int(c), accumulate as i32, int(ROW_BLOCKS));
-        let (packed, width) = packing(c, self.float_x(), [dx, dout, x]);
-        let mut args = self.kernel("rmsnorm_backward_dx");
+        assert!(c <= MAX_WIDTH, "rmsnorm: rows of {c} are over {MAX_WIDTH}");
+        // As many warps as the shared column sums allow, up to 8; a block for each
+        // of their row groups, up to ROW_BLOCKS.
+        let warps = (MAX_WIDTH / c.max(1)).min(8);
+        let blocks = n.div_ceil(warps).clamp(1, ROW_BLOCKS);
+        let (n_, c_, acc, blocks_) = (int(n), int(c), accumulate as i32, int(blocks));
+        let (packed, _) = packing(c, self.float_x(), [dx, dout, x]);
+        let mut args = self.kernel("rmsnorm_backward");
         args.arg(&dx.ptr)
+            .arg(&scratch.ptr)
             .arg(&dout.ptr)
             .arg(&x.ptr)
             .arg(&g.ptr)
             .arg(&rstd.ptr);
         args.arg(&n_).arg(&c_).arg(&acc).arg(&packed);
-        self.run("rmsnorm_backward_dx", args, per_row_warp(n));
-        let mut args = self.kernel("rmsnorm_backward_dg_partial");
-        args.arg(&scratch.ptr)
-            .arg(&dout.ptr)
-            .arg(&x.ptr)
-            .arg(&rstd.ptr);
-        args.arg(&n_).arg(&c_).arg(&packed);
         let cfg = LaunchConfig {
-            grid_dim: (c.div_ceil(32 * width) as u32, ROW_BLOCKS as u32, 1),
-            block_dim: (32, 8, 1),
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (32 * warps as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        self.run("rmsnorm_backward_dg_partial", args, cfg);
+        self.run("rmsnorm_backward", args, cfg);
         let mut args = self.kernel("rmsnorm_backward_dg_finish");
-        args.arg(&dg.ptr).arg(&scratch.ptr).arg(&blocks).arg(&c_);
-        self.run("rmsnorm_backward_dg_finish", args, per_element(c));
+        args.arg(&dg.ptr).arg(&scratch.ptr).arg(&blocks_).arg(&c_);
+        let cfg = LaunchConfig {
+            grid_dim: (c.div_ceil(32) as u32, 1, 1),
+            block_dim: (32, DG_SLICES, 1),
+            shared_mem_bytes: 0,
+        };
+        self.run("rmsnorm_backward_dg_finish", args, cfg);
     }
 }
