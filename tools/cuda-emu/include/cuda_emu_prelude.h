@@ -221,6 +221,36 @@ static inline void cuemu_mma_m16n8k16_bf16(float (&c)[4], const unsigned (&a)[4]
     }
 }
 
+// ---- `ldmatrix.sync.aligned.m8n8.x{N}[.trans].shared.b16`: N 8×8 tiles of 16-bit
+// values, tile m's row r at the address lane 8m + r gives (16-byte aligned, a fault
+// otherwise). Lane 4g + q receives of tile m its row g at columns 2q, 2q + 1, or
+// with TRANS its rows 2q, 2q + 1 at column g, the first in the low half: the
+// fragment layout of the mma above. The row addresses travel by real shuffles of
+// the whole warp.
+template <int N, bool TRANS>
+static inline void cuemu_ldmatrix_b16(unsigned (&r)[N], const void* row, const char* file,
+                                      int line) {
+    const int lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+    const void* rows[4 * 8];
+    for (int i = 0; i < 8 * N; i++) {
+        rows[i] = __shfl_sync(0xffffffffu, row, i);
+        if (reinterpret_cast<uintptr_t>(rows[i]) % 16 != 0) {
+            cuemu_kernel_fault(file, line, "ldmatrix: a row address not 16-byte aligned");
+        }
+    }
+    for (int m = 0; m < N; m++) {
+        uint16_t lo, hi;
+        if (TRANS) {
+            std::memcpy(&lo, static_cast<const uint16_t*>(rows[8 * m + 2 * q]) + g, 2);
+            std::memcpy(&hi, static_cast<const uint16_t*>(rows[8 * m + 2 * q + 1]) + g, 2);
+        } else {
+            std::memcpy(&lo, static_cast<const uint16_t*>(rows[8 * m + g]) + 2 * q, 2);
+            std::memcpy(&hi, static_cast<const uint16_t*>(rows[8 * m + g]) + 2 * q + 1, 2);
+        }
+        r[m] = unsigned(lo) | unsigned(hi) << 16;
+    }
+}
+
 // ---- What the driver needs of each kernel: its parameters and an entry that
 // unpacks the launch's `void**` into a call.
 

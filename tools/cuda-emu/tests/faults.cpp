@@ -119,16 +119,16 @@ std::string plant(const std::string& source, const std::string& from, const std:
     return source.substr(0, at) + to + source.substr(at + from.size());
 }
 
-/// A kernel family as tinylm compiles it (fp32): common.cuh (or `common`), then the
-/// family.
+/// A kernel family as tinylm compiles it (fp32, or bf16 with `bf16`): common.cuh
+/// (or `common`), then the family.
 CUmodule load(const std::string& family, const std::string& source,
-              const std::string& common = read("common.cuh")) {
+              const std::string& common = read("common.cuh"), bool bf16 = false) {
     std::string full = "#line 1 \"common.cuh\"\n" + common + "\n#line 1 \"" + family +
                        ".cu\"\n" + source;
     nvrtcProgram prog;
     nvrtcCreateProgram(&prog, full.c_str(), (family + ".cu").c_str(), 0, nullptr, nullptr);
-    const char* options[] = {"--gpu-architecture=compute_90", "--std=c++17"};
-    if (nvrtcCompileProgram(prog, 2, options) != 0) {
+    const char* options[] = {"--gpu-architecture=compute_90", "--std=c++17", "-DTINYLM_BF16"};
+    if (nvrtcCompileProgram(prog, bf16 ? 3 : 2, options) != 0) {
         size_t n;
         nvrtcGetProgramLogSize(prog, &n);
         std::string log(n, '\0');
@@ -274,6 +274,23 @@ void missing_syncthreads_write_after_a_lower_thread_reads(bool planted) {
     expect_close(outs[1], outs[0], 0, "attention out");
 }
 
+/// attention_forward in bf16 with the A operand's right-hand tiles 8 bytes into
+/// their rows: ldmatrix row addresses must be 16-byte aligned.
+void misaligned_ldmatrix_row(bool planted) {
+    std::string src = read("attention.cu");
+    if (planted) src = plant(src, "lda + 8 * (lane / 16));", "lda + 4 * (lane / 16));");
+    CUfunction f = function(load("attention", src, read("common.cuh"), true), "attention_forward_d32");
+    int t = 32, tq = 32, q0 = 0, h = 1, d = 32, packed = 1;
+    float scale = 1.0f / std::sqrt(float(d));
+    std::vector<uint16_t> qkv(t * 3 * d, 0x3f80);  // bf16 ones: every probability 1/(i + 1)
+    CUdeviceptr dq = upload(qkv), out = zeros(tq * d * 2), lse = zeros(tq * 4);
+    launch(f, 1, 1, 128, 1, {&out, &lse, &dq, &t, &tq, &q0, &h, &d, &scale, &packed});
+    auto got = download<uint16_t>(out, tq * d);
+    for (auto v : got) {
+        if (v != 0x3f80) caught("attention of ones is not one");
+    }
+}
+
 /// global_norm_finish returning early from threads without a partial: the block
 /// sum's barrier is never reached by them.
 void barrier_not_reached_by_every_thread(bool planted) {
@@ -403,6 +420,7 @@ const Case kCases[] = {
     {"a missing __syncthreads before a thread reads what higher-numbered threads wrote (rmsnorm_backward_dg_finish)", missing_syncthreads_read_after_higher_threads_write},
     {"a missing __syncthreads before a higher-numbered thread overwrites what a lower-numbered one reads (attention_forward)", missing_syncthreads_write_after_a_lower_thread_reads},
     {"a barrier not reached by every thread (global_norm_finish returns early)", barrier_not_reached_by_every_thread},
+    {"an ldmatrix row address not 16-byte aligned (attention_forward in bf16)", misaligned_ldmatrix_row},
     {"a shuffle whose mask names an exited lane (rmsnorm_forward)", shuffle_mask_names_an_exited_lane},
     {"a read of device memory never written (swiglu_forward input not uploaded)", read_of_memory_never_written},
     {"a missing wait before a host read (pinned copy read before the stream sync)", missing_wait_before_a_host_read},

@@ -17,18 +17,24 @@
 //   on an H200 (641 against 604 µs at B 128, H 16, T 256, D 32).
 
 #ifdef TINYLM_BF16
+/// The A operand (16×16) of `mma_16x8x16` for this lane, A's rows at `a` (row
+/// stride `lda`): tiles (rows 0–7, columns 0–7), (8–15, 0–7), (0–7, 8–15),
+/// (8–15, 8–15), lane 8m + r giving row r of tile m.
+__device__ __forceinline__ void a_fragment(unsigned (&fa)[4], const floatX* a, int lda) {
+    const int lane = threadIdx.x % WARP_SIZE;
+    load_tiles<4, false>(fa, a + (lane % 8 + 8 * (lane / 8 % 2)) * lda + 8 * (lane / 16));
+}
+
 /// The B operand (16×8) of `mma_16x8x16` for this lane: B[k][n] = b[n·ldb + k] when
-/// `B_COLUMNS`, else b[k·ldb + n] (see `tile_product`).
+/// `B_COLUMNS` (tiles k 0–7 and 8–15 of the 8 rows n), else b[k·ldb + n] (the 16 rows
+/// k, transposed); see `tile_product`.
 template <bool B_COLUMNS>
 __device__ __forceinline__ void b_fragment(unsigned (&fb)[2], const floatX* b, int ldb) {
     const int lane = threadIdx.x % WARP_SIZE;
-    const int g = lane / 4, q = lane % 4;
     if (B_COLUMNS) {
-        fb[0] = pair_at(b + g * ldb + 2 * q);
-        fb[1] = pair_at(b + g * ldb + 2 * q + 8);
+        load_tiles<2, false>(fb, b + lane % 8 * ldb + 8 * (lane / 8 % 2));
     } else {
-        fb[0] = pair_of(b[2 * q * ldb + g], b[(2 * q + 1) * ldb + g]);
-        fb[1] = pair_of(b[(2 * q + 8) * ldb + g], b[(2 * q + 9) * ldb + g]);
+        load_tiles<2, true>(fb, b + lane % 16 * ldb);
     }
 }
 #endif
@@ -42,16 +48,14 @@ __device__ __forceinline__ void b_fragment(unsigned (&fb)[2], const floatX* b, i
 template <bool B_COLUMNS>
 __device__ __forceinline__ void tile_product(float (&c)[4], const floatX* a, int lda,
                                              const floatX* b, int ldb) {
-    const int lane = threadIdx.x % WARP_SIZE;
-    const int g = lane / 4, q = lane % 4;
 #ifdef TINYLM_BF16
-    const unsigned fa[4] = {pair_at(a + g * lda + 2 * q), pair_at(a + (g + 8) * lda + 2 * q),
-                            pair_at(a + g * lda + 2 * q + 8),
-                            pair_at(a + (g + 8) * lda + 2 * q + 8)};
-    unsigned fb[2];
+    unsigned fa[4], fb[2];
+    a_fragment(fa, a, lda);
     b_fragment<B_COLUMNS>(fb, b, ldb);
     mma_16x8x16(c, fa, fb);
 #else
+    const int lane = threadIdx.x % WARP_SIZE;
+    const int g = lane / 4, q = lane % 4;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         const floatX* row = a + (g + 8 * (i >> 1)) * lda;
@@ -143,7 +147,9 @@ __device__ __forceinline__ Place place(const floatX* qkv, int t, int h, int d) {
 
 /// s = scale·log2(e)·(A Bᵀ) of a warp's 16 rows of `a` and the 8 rows at `b`, both
 /// row stride LD: scores in base 2, so that each exponential is one exp2_approx
-/// (e^x = 2^(x·log2 e)).
+/// (e^x = 2^(x·log2 e)). The warp's rows are read again at each call: held in
+/// registers across the chunks (bf16, D = 32), they saved `dkv` 16 of its 77 shared
+/// loads a chunk for 16 registers more, a block fewer on each multiprocessor.
 template <int DP, int LD>
 __device__ __forceinline__ void scores_of(float (&s)[4], const floatX* a, const floatX* b,
                                           float scale_log2) {

@@ -62,10 +62,6 @@ __device__ __forceinline__ void store_pack(floatX* p, const float (&v)[PACK], in
 __device__ __forceinline__ unsigned pair_of(floatX lo, floatX hi) {
     return (unsigned)__bfloat16_as_ushort(lo) | (unsigned)__bfloat16_as_ushort(hi) << 16;
 }
-/// The two bf16 at p (4-byte aligned) as one register.
-__device__ __forceinline__ unsigned pair_at(const floatX* p) {
-    return *reinterpret_cast<const unsigned*>(p);
-}
 
 /// c (16×8) += a (16×16) · b (16×8) on the tensor cores, bf16 operands and f32
 /// accumulation (`mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32`). Each lane
@@ -85,6 +81,39 @@ __device__ __forceinline__ void mma_16x8x16(float (&c)[4], const unsigned (&a)[4
         "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
+/// r = N 8×8 tiles of bf16 from shared memory (`ldmatrix.sync.aligned.m8n8.x{N}
+/// [.trans].shared.b16`, N = 2 or 4): tile m's row r at the address lane 8m + r
+/// passes, 16-byte aligned. Lane 4g + q receives of tile m its row g, columns 2q and
+/// 2q + 1, or with TRANS its rows 2q and 2q + 1 at column g: the A and B fragments
+/// of `mma_16x8x16`, each from one instruction where 32-bit loads took two to four
+/// and 16-bit ones (a B operand stored by rows) four. The whole warp calls it.
+template <int N, bool TRANS>
+__device__ __forceinline__ void load_tiles(unsigned (&r)[N], const floatX* row) {
+#ifdef CUDA_EMU
+    cuemu_ldmatrix_b16<N, TRANS>(r, row, __FILE__, __LINE__);
+#else
+    static_assert(N == 2 || N == 4, "ldmatrix takes 1, 2 or 4 tiles; 2 or 4 here");
+    const unsigned at = (unsigned)__cvta_generic_to_shared(row);
+    if constexpr (N == 4 && !TRANS) {
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(at));
+    } else if constexpr (N == 4) {
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(at));
+    } else if constexpr (!TRANS) {
+        asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];"
+                     : "=r"(r[0]), "=r"(r[1])
+                     : "r"(at));
+    } else {
+        asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];"
+                     : "=r"(r[0]), "=r"(r[1])
+                     : "r"(at));
+    }
 #endif
 }
 #endif
