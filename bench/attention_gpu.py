@@ -7,7 +7,9 @@ Compiles the kernel family as tinylm does (common.cuh first, NVRTC, bf16 with
 backward's dq, dk, dv against PyTorch in f32 (autograd through an explicit softmax
 of the same inputs), and times each pass with CUDA events, median of `--repeat`
 launches, on the CS336 TinyStories shape by default (B 128, H 16, T 256, D 32).
-`--cu FILE` adds another version of attention.cu (same kernel arguments); each
+`--cu FILE` adds another version of attention.cu (same kernel arguments), compiled
+with the common.cuh beside it if there is one (another commit's pair), else the
+repository's; each
 `--tile WARPS:KC[:MINBLOCKS]` runs every version with the forward's variant for the
 head dimension instantiated with those warps and key chunk (and
 `__launch_bounds__(32·WARPS, MINBLOCKS)`), each `--backward-tile WARPS:KC[:MINBLOCKS]`
@@ -80,7 +82,8 @@ def main():
     p.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
     p.add_argument("--tile", action="append", default=[], help="forward WARPS:KC[:MINBLOCKS] variants")
     p.add_argument("--backward-tile", action="append", default=[], help="backward WARPS:KC[:MINBLOCKS] variants")
-    p.add_argument("--cu", action="append", default=[], help="other versions of attention.cu")
+    p.add_argument("--cu", action="append", default=[],
+                   help="other versions of attention.cu (with the common.cuh beside each, if any)")
     p.add_argument("--repeat", type=int, default=50)
     a = p.parse_args()
     b, h, t, d = a.b, a.h, a.t, a.d
@@ -88,21 +91,23 @@ def main():
     dp = next(x for x in sorted(FORWARD) if d <= x)
     bf16 = a.precision == "bf16"
     dtype = torch.bfloat16 if bf16 else torch.float32
-    common = open(os.path.join(KERNELS, "common.cuh")).read()
-    own = open(os.path.join(KERNELS, "attention.cu")).read()
-    versions = []  # (name, source, forward warps, backward warps)
+    read = lambda path: open(path).read()
+    common_of = lambda path: os.path.join(os.path.dirname(path), "common.cuh")
+    own = os.path.join(KERNELS, "attention.cu")
+    versions = []  # (name, source, its common.cuh, forward warps, backward warps)
     fwd = (["attention_forward_tile"], ["attention_forward"])
     bwd = (["attention_backward_dq_tile", "attention_backward_dkv_tile"],
            ["attention_backward_dq", "attention_backward_dkv"])
-    for path, source in [("attention.cu", own)] + [(path, open(path).read()) for path in a.cu]:
-        name = os.path.basename(path)
-        versions.append((name, source, FORWARD[dp], BACKWARD[dp]))
+    for name, path in [("attention.cu", own)] + [(path, path) for path in a.cu]:
+        source = read(path)
+        common = read(common_of(path) if os.path.exists(common_of(path)) else common_of(own))
+        versions.append((name, source, common, FORWARD[dp], BACKWARD[dp]))
         for tile in a.tile:
             src, warps = with_tile(source, dp, tile, *fwd)
-            versions.append((f"{name} forward {tile}", src, warps, BACKWARD[dp]))
+            versions.append((f"{name} forward {tile}", src, common, warps, BACKWARD[dp]))
         for tile in a.backward_tile:
             src, warps = with_tile(source, dp, tile, *bwd)
-            versions.append((f"{name} backward {tile}", src, FORWARD[dp], warps))
+            versions.append((f"{name} backward {tile}", src, common, FORWARD[dp], warps))
     options = ("--std=c++17", f"-I{cuda_include()}") + (("-DTINYLM_BF16",) if bf16 else ())
 
     torch.manual_seed(0)
@@ -155,7 +160,7 @@ def main():
     ints = lambda *xs: tuple(np.int32(x) for x in xs)
     err = lambda got, want: ((got.float() - want).norm() / want.norm()).item()
     results = []
-    for name, source, fwd_warps, bwd_warps in versions:
+    for name, source, common, fwd_warps, bwd_warps in versions:
         try:
             module = cupy.RawModule(code="#line 1 \"common.cuh\"\n" + common + "\n#line 1 \"attention.cu\"\n" + source,
                                     options=options, backend="nvrtc")

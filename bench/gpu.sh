@@ -25,6 +25,7 @@
 #      fused attention, and tinylm bf16 again (the spread between its two runs)
 #      and with ATTENTION="ARGS", bench/attention_gpu.py ARGS: the fused attention's
 #      forward and backward alone beside PyTorch's, with variants of their tiles
+#      (and the BASE build's kernels, which pack copies into DIR/kernels)
 #   3. end to end, if 2 minutes of $GPU_BUDGET_S remain: `tinylm train --device cuda`
 #      at batch 128 x 256 for what is left (at most $TRAIN_S, default 3 minutes)
 #   4. each kernel's time under Nsight Compute (ncu), where the machine has it, in
@@ -62,6 +63,9 @@ if [ "${1:-}" = pack ]; then
             --input "$BIN/data/$split.txt" --out "$BIN/data/$split.npy" >/dev/null
     done
     rm "$text" "$BIN/data/train.txt" "$BIN/data/val.txt"
+    # The attention kernels this build compiles, for bench/attention_gpu.py --cu.
+    mkdir -p "$BIN/kernels"
+    cp crates/tinylm/src/kernels/cuda/{attention.cu,common.cuh} "$BIN/kernels/"
     du -sh "$BIN" && ls -la "$BIN" "$BIN/data"
     exit 0
 fi
@@ -163,8 +167,11 @@ for batch in ${BATCHES:-32 128}; do
 done
 
 if [ -n "${ATTENTION:-}" ]; then
-    # $ATTENTION unquoted: split into the script's arguments
-    part attention 75 "$py" bench/attention_gpu.py $ATTENTION
+    # $ATTENTION unquoted: split into the script's arguments; the BASE build's
+    # attention kernels beside these, where it packed them.
+    base_kernels=()
+    [ -n "$BASE" ] && [ -f "$BASE/kernels/attention.cu" ] && base_kernels=(--cu "$BASE/kernels/attention.cu")
+    part attention 75 "$py" bench/attention_gpu.py $ATTENTION ${base_kernels[@]+"${base_kernels[@]}"}
 fi
 
 echo "== 3. end to end"
