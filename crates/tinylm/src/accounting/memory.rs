@@ -697,7 +697,7 @@ mod tests {
         assert_eq!(bf16.bytes(Part::Statistics), 3 * STATS_BYTES as u64);
         // RMSNorm's gain partial sums, the per-row losses; attention takes none.
         let d = c.d_model as u64;
-        let work = 4 * 128 * d + 4 * n;
+        let work = 4 * ROW_BLOCKS as u64 * d + 4 * n;
         let squares = 8 * NORM_BLOCKS as u64;
         assert_eq!(
             bf16.bytes(Part::Workspace),
