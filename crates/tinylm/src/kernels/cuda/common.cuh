@@ -43,6 +43,23 @@ __device__ __forceinline__ void load_pack(float (&v)[PACK], const floatX* p, int
     }
 }
 
+/// v[0..PACK) = the PACK f32 at p (16-byte aligned) in 16-byte loads when `packed`,
+/// else v[0] = *p: f32 values (a gain, a master-weight row) beside a floatX pack.
+__device__ __forceinline__ void load_f32_pack(float (&v)[PACK], const float* p, int packed) {
+    if (packed) {
+#pragma unroll
+        for (int h = 0; h < PACK; h += 4) {
+            const F32Pack q = reinterpret_cast<const F32Pack*>(p)[h / 4];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                v[h + k] = q.v[k];
+            }
+        }
+    } else {
+        v[0] = *p;
+    }
+}
+
 /// The pack at p = v[0..PACK) rounded to floatX when `packed`, else *p = v[0].
 __device__ __forceinline__ void store_pack(floatX* p, const float (&v)[PACK], int packed) {
     if (packed) {

@@ -16,18 +16,7 @@ extern "C" __global__ void embedding_forward(floatX* out, const unsigned int* id
     const unsigned int i = p * width;
     const float* row = table + (size_t)ids[i / c] * c + i % c;
     float v[PACK];
-    if (packed) {
-#pragma unroll
-        for (int h = 0; h < PACK; h += 4) {
-            const F32Pack q = reinterpret_cast<const F32Pack*>(row)[h / 4];
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                v[h + k] = q.v[k];
-            }
-        }
-    } else {
-        v[0] = row[0];
-    }
+    load_f32_pack(v, row, packed);
     store_pack(out + i, v, packed);
 }
 

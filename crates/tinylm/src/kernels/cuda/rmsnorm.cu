@@ -1,10 +1,11 @@
 // RMSNorm: out = x / sqrt(mean(x²) + eps) ⊙ g, statistics in f32, the gain read
 // from the f32 master copy. CPU twin: kernels/cpu/rmsnorm.rs.
 //
-// Every kernel reads and writes its rows in 16-byte packs (`packed`, when C is a
-// multiple of PACK and the buffers are 16-byte aligned; else one value at a time):
-// the step is bound by memory, and a warp of 2-byte bf16 accesses moves a quarter
-// of what it could. A lane takes `width` (PACK or 1) consecutive values at a time.
+// Every kernel reads and writes its rows, and the f32 gain, in 16-byte packs
+// (`packed`, when C is a multiple of PACK and the buffers are 16-byte aligned; else
+// one value at a time): the step is bound by memory, and a warp of 2-byte bf16
+// accesses moves a quarter of what it could. A lane takes `width` (PACK or 1)
+// consecutive values at a time.
 
 /// out (N, C), rstd (N) f32 = 1 / sqrt(mean(x²) + eps) from x (N, C), g (C) f32.
 /// Launch: grid ceil(N / 8), block 256; one warp per row.
@@ -19,7 +20,7 @@ extern "C" __global__ void rmsnorm_forward(floatX* out, float* rstd, const float
     const int width = packed ? PACK : 1;
     const floatX* xr = x + (size_t)row * c;
     floatX* outr = out + (size_t)row * c;
-    float v[PACK];
+    float v[PACK], gv[PACK];
     float sum_sq = 0.0f;
     for (int i = lane * width; i < c; i += WARP_SIZE * width) {
         load_pack(v, xr + i, packed);
@@ -32,9 +33,10 @@ extern "C" __global__ void rmsnorm_forward(floatX* out, float* rstd, const float
     const float r = 1.0f / sqrtf(sum_sq / c + eps);
     for (int i = lane * width; i < c; i += WARP_SIZE * width) {
         load_pack(v, xr + i, packed);
+        load_f32_pack(gv, g + i, packed);
 #pragma unroll
         for (int k = 0; k < PACK; k++) {
-            v[k] = k < width ? v[k] * r * g[i + k] : 0.0f;
+            v[k] = k < width ? v[k] * r * gv[k] : 0.0f;
         }
         store_pack(outr + i, v, packed);
     }
@@ -57,10 +59,12 @@ extern "C" __global__ void rmsnorm_forward(floatX* out, float* rstd, const float
 /// to its own row of the shared (W, C) sums; the block adds its W rows in order.
 /// A warp's row of sums keeps value k of every pack in a run of its own, at
 /// k·packs + p for pack p: the 32 lanes, adding their packs' value k at once,
-/// touch 32 consecutive banks.
-extern "C" __global__ void rmsnorm_backward(floatX* dx, float* partial, const floatX* dout,
-                                            const floatX* x, const float* g, const float* rstd,
-                                            int n, int c, int accumulate, int packed) {
+/// touch 32 consecutive banks. Four blocks of 48 KiB share a multiprocessor, so the
+/// registers are capped to let four run (62 in bf16 on sm_90, no spill; 68 uncapped).
+extern "C" __global__ void __launch_bounds__(256, 4)
+    rmsnorm_backward(floatX* dx, float* partial, const floatX* dout, const floatX* x,
+                     const float* g, const float* rstd, int n, int c, int accumulate,
+                     int packed) {
     __shared__ float column_sums[COLUMN_SUMS];
     const int lane = threadIdx.x % WARP_SIZE;
     const int warp = threadIdx.x / WARP_SIZE;
@@ -72,16 +76,17 @@ extern "C" __global__ void rmsnorm_backward(floatX* dx, float* partial, const fl
         sums[i] = 0.0f;
     }
     __syncwarp();
-    float dy[PACK], xv[PACK], acc[PACK];
+    float dy[PACK], xv[PACK], gv[PACK], acc[PACK];
     for (int row = blockIdx.x * warps + warp; row < n; row += gridDim.x * warps) {
         const size_t base = (size_t)row * c;
         float dot = 0.0f;
         for (int i = lane * width; i < c; i += WARP_SIZE * width) {
             load_pack(dy, dout + base + i, packed);
             load_pack(xv, x + base + i, packed);
+            load_f32_pack(gv, g + i, packed);
 #pragma unroll
             for (int k = 0; k < PACK; k++) {
-                dot += k < width ? dy[k] * g[i + k] * xv[k] : 0.0f;
+                dot += k < width ? dy[k] * gv[k] * xv[k] : 0.0f;
             }
         }
         dot = warp_sum(dot);
@@ -91,6 +96,7 @@ extern "C" __global__ void rmsnorm_backward(floatX* dx, float* partial, const fl
             const int i = p * width;
             load_pack(dy, dout + base + i, packed);
             load_pack(xv, x + base + i, packed);
+            load_f32_pack(gv, g + i, packed);
             if (accumulate) {
                 load_pack(acc, dx + base + i, packed);
             }
@@ -99,7 +105,7 @@ extern "C" __global__ void rmsnorm_backward(floatX* dx, float* partial, const fl
                 if (k < width) {
                     sums[k * packs + p] += dy[k] * xv[k] * r;
                 }
-                float v = k < width ? r * (dy[k] * g[i + k] - xv[k] * scale) : 0.0f;
+                float v = k < width ? r * (dy[k] * gv[k] - xv[k] * scale) : 0.0f;
                 if (accumulate) {
                     v += acc[k];
                 }

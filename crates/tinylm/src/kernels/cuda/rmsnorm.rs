@@ -23,7 +23,7 @@ impl Cuda {
         expect(rstd, n, DType::F32, "rmsnorm rstd");
         expect(g, c, DType::F32, "rmsnorm g");
         let (n_, c_) = (int(n), int(c));
-        let (packed, _) = packing(c, self.float_x(), [out, x]);
+        let (packed, _) = packing(c, self.float_x(), [out, x, g]);
         let mut args = self.kernel("rmsnorm_forward");
         args.arg(&out.ptr).arg(&rstd.ptr).arg(&x.ptr).arg(&g.ptr);
         args.arg(&n_).arg(&c_).arg(&eps).arg(&packed);
@@ -56,7 +56,7 @@ impl Cuda {
         let warps = (MAX_WIDTH / c.max(1)).min(8);
         let blocks = n.div_ceil(warps).clamp(1, ROW_BLOCKS);
         let (n_, c_, acc, blocks_) = (int(n), int(c), accumulate as i32, int(blocks));
-        let (packed, _) = packing(c, self.float_x(), [dx, dout, x]);
+        let (packed, _) = packing(c, self.float_x(), [dx, dout, x, g]);
         let mut args = self.kernel("rmsnorm_backward");
         args.arg(&dx.ptr)
             .arg(&scratch.ptr)
