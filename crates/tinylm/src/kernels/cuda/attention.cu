@@ -274,7 +274,7 @@ __device__ __forceinline__ void attention_forward_tile(floatX* out, float* lse,
     const int chunks = (block_keys + KC - 1) / KC;
     const int visible[2] = {q0 + first + g + 1, q0 + first + g + 9};
     const floatX* qw = qs + 16 * warp * LD;
-    const float scale_log2 = scale * 1.44269504088896341f;
+    const float scale_log2 = scale * LOG2E;
     // One pass: each row's running max (the same in its four lanes) and each lane's
     // part of the row's sum; Y accumulates unnormalized and is rescaled whenever
     // the max grows.
@@ -419,7 +419,7 @@ __device__ __forceinline__ void attention_backward_dq_tile(floatX* dqkv, float* 
         const int row = first + g + 8 * r;
         row_lse[r] = row < t ? lse[(size_t)bh * t + row] : 0.0f;
     }
-    const float scale_log2 = scale * 1.44269504088896341f;
+    const float scale_log2 = scale * LOG2E;
     float dq[DP / 8][4] = {};
     floatX* pw = ps + warp * 16 * LP;
     for (int chunk = 0; chunk < chunks; chunk++) {
@@ -479,7 +479,7 @@ __device__ __forceinline__ void attention_backward_dkv_tile(floatX* dqkv, const 
     const int keys[2] = {first + g, first + g + 8};
     const floatX* kw = ks + 16 * warp * LD;
     const floatX* vw = vs + 16 * warp * LD;
-    const float scale_log2 = scale * 1.44269504088896341f;
+    const float scale_log2 = scale * LOG2E;
     float dk[DP / 8][4] = {}, dv[DP / 8][4] = {};
     floatX* pw = ps + warp * 16 * LP;
     floatX* dsw = dss + warp * 16 * LP;

@@ -135,6 +135,9 @@ __device__ __forceinline__ void load_tiles(unsigned (&r)[N], const floatX* row) 
 }
 #endif
 
+/// log2(e): e^x = 2^(x·LOG2E), the base every exponential here is taken in.
+#define LOG2E 1.4426950408889634f
+
 /// 2^x on the special-function unit (`ex2.approx.ftz.f32`, within 2 ulp, a result
 /// below 2^-126 flushed to 0): one instruction where exp2f, which keeps subnormal
 /// results, takes four. Every softmax here exponentiates in base 2 with it.

@@ -7,7 +7,6 @@
 // merge per pack it was the kernel's largest cost. A logit is exponentiated once in
 // each pass.
 
-#define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 
 /// losses (N) f32 = logsumexp(logits[n]) − logits[n, targets[n]] for logits (N, V);

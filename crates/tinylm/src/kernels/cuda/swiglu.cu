@@ -8,7 +8,7 @@
 /// reciprocal (`exp2_approx`, `__fdividef`: within a few ulp, σ = 0 below a ≈ −87):
 /// `expf` and an IEEE division took about twenty instructions more.
 __device__ __forceinline__ float sigmoid(float a) {
-    return __fdividef(1.0f, 1.0f + exp2_approx(a * -1.4426950408889634f));
+    return __fdividef(1.0f, 1.0f + exp2_approx(a * -LOG2E));
 }
 
 /// out (N, F) = SiLU(a) ⊙ b, or SiLU(a) when b is NULL.
