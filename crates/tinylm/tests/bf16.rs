@@ -7,9 +7,9 @@
 
 // Each test file uses some of the shared helpers.
 #[allow(dead_code)]
-mod common;
+mod cpu;
 
-use common::expected_native_bf16;
+use cpu::expected_native_bf16;
 use tinylm::kernels::cpu::bf16::Bf16Kernel;
 use tinylm::kernels::{Backend, BatchPart, Cpu, CpuMixed};
 use tinylm::params::ParamLayout;

@@ -13,7 +13,6 @@
 //!   of the same values, summed in another order; bounds far below the first's, so
 //!   that a cache written or read wrong cannot hide under a precision's error.
 
-use std::ops::Range;
 use tinylm::generate::argmax;
 use tinylm::kernels::{Backend, BatchPart, Cpu, CpuMixed};
 use tinylm::model::{Model, NewTokens};

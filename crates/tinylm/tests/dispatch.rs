@@ -8,9 +8,9 @@
 
 // Each test file uses some of the shared helpers.
 #[allow(dead_code)]
-mod common;
+mod cpu;
 
-use common::{cpu_has, expected_native_bf16};
+use cpu::{cpu_has, expected_native_bf16};
 use tinylm::device::{resolve_precision, Device};
 use tinylm::kernels::cpu::bf16::Bf16Kernel;
 use tinylm::kernels::cpu::linear::matmul_isa;

@@ -13,9 +13,9 @@
 
 // Each test file uses some of the shared helpers.
 #[allow(dead_code)]
-mod common;
+mod cpu;
 
-use common::expected_native_bf16;
+use cpu::expected_native_bf16;
 use half::bf16;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
