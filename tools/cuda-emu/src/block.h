@@ -29,8 +29,9 @@ struct Launch {
 };
 
 /// Runs every block of `launch` (blocks in parallel on the worker threads, the
-/// threads of a block as fibers, in an order that changes from block to block);
-/// the first fault's description, or "".
+/// threads of a block as fibers, in an order, and with its warps together or each
+/// alone between barriers, that change from block to block); the first fault's
+/// description, or "".
 std::string execute(const Launch& launch);
 
 }  // namespace cuemu
