@@ -23,7 +23,7 @@ struct Launch {
     cuemu_uint3 grid;
     cuemu_uint3 block;
     SharedMemory shared;
-    uint64_t sequence = 0;          // this kernel's launches before it: picks thread orders
+    uint64_t sequence = 0;          // this kernel's launches before it: picks the turns
     std::vector<uint64_t> storage;  // the parameters, each 8-byte aligned
     std::vector<void*> args;        // pointers into `storage`, as the kernel's void**
 };

@@ -337,9 +337,10 @@ void block_reduction_reused_without_its_trailing_barrier(bool planted) {
 /// attention_forward in bf16 without the barrier between loading a chunk's keys
 /// and values and multiplying by them: a warp's tensor-core operands, which it
 /// reads by ldmatrix after the address shuffles, come from rows other warps load.
-/// Warps together load the whole chunk before any warp's first shuffle ends; a
-/// warp alone reads the rows the others have not loaded yet. The reference is the
-/// unchanged kernel, which the numeric suite checks against the CPU.
+/// Warps together have all loaded the chunk before any warp's ldmatrix reads a
+/// row, after 16 or 32 address shuffles; a warp alone reads rows the others have
+/// yet to load. The reference is the unchanged kernel, which the numeric suite
+/// checks against the CPU.
 void missing_syncthreads_before_tensor_core_operands_other_warps_load(bool planted) {
     std::string src = read("attention.cu");
     std::string changed = src;
