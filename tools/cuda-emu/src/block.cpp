@@ -12,17 +12,23 @@
 // block and from launch to launch (forward, reverse, shuffled), so each pair of
 // threads runs both ways round, and each block's `__shared__` memory starts
 // poisoned (0xff bytes: NaN in f32 and bf16), never holding the previous block's
-// values.
+// values. Between two barriers a block's warps either run together — each pass
+// of the round-robin takes every warp to its next collective, so no warp gets
+// more than one collective ahead of another — or each alone: one warp runs
+// until all its lanes wait at the barrier or have exited, then the next, so a
+// warp may be any number of collectives ahead of the others, as on a GPU.
 
 #include "block.h"
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -57,10 +63,29 @@ const char* order_name(Order order) {
     }
 }
 
+/// How a block runs its threads between two barriers: in `order`, its warps
+/// together (each pass of the round-robin takes every warp to its next collective)
+/// or each warp alone (one warp runs until none of its lanes can go on before the
+/// next runs; the order then keeps each warp's lanes together).
+struct Turn {
+    Order order = Order::Forward;
+    bool warps_alone = false;
+};
+
+const char* warps_name(bool warps_alone) { return warps_alone ? "alone" : "together"; }
+
+std::string turn_name(Turn turn) {
+    return std::string(order_name(turn.order)) + " order, warps " + warps_name(turn.warps_alone);
+}
+
 struct Thread {
     cuemu_thread_ids ids;
     unsigned linear = 0;
     unsigned position = 0;  // its place in the round-robin's order
+    // The positions of the threads it runs with between barriers, [first, end):
+    // the block's, or its warp's when warps run alone.
+    unsigned first = 0;
+    unsigned end = 0;
     State state = State::Ready;
     Fiber fiber;
     // A pending warp collective.
@@ -87,7 +112,7 @@ struct Worker {
     Warp warps[kMaxThreads / 32];
     const Launch* launch = nullptr;
     unsigned count = 0;  // threads of the block
-    Order order = Order::Forward;
+    Turn turn;
     std::vector<unsigned> schedule = std::vector<unsigned>(kMaxThreads);  // threads in order
     unsigned live = 0;
     unsigned exited = 0;
@@ -129,11 +154,12 @@ Worker& worker() {
     return *tl_worker;
 }
 
-std::string where(const Thread& t, Order order) {
+std::string where(const Thread& t, Turn turn) {
     char s[200];
-    std::snprintf(s, sizeof s, "block (%u,%u,%u) (threads run in %s order) thread (%u,%u,%u)",
-                  t.ids.block_idx.x, t.ids.block_idx.y, t.ids.block_idx.z, order_name(order),
-                  t.ids.thread_idx.x, t.ids.thread_idx.y, t.ids.thread_idx.z);
+    std::snprintf(s, sizeof s, "block (%u,%u,%u) (threads run in %s) thread (%u,%u,%u)",
+                  t.ids.block_idx.x, t.ids.block_idx.y, t.ids.block_idx.z,
+                  turn_name(turn).c_str(), t.ids.thread_idx.x, t.ids.thread_idx.y,
+                  t.ids.thread_idx.z);
     return s;
 }
 
@@ -165,7 +191,7 @@ const char* op_name(int op) {
     Thread& t = *tl_thread;
     if (!w.faulted) {
         w.faulted = true;
-        w.fault = "kernel " + std::string(w.launch->kernel.name) + ", " + where(t, w.order) + ": " +
+        w.fault = "kernel " + std::string(w.launch->kernel.name) + ", " + where(t, w.turn) + ": " +
                   what;
     }
     leave(w.scheduler, t.fiber, true);
@@ -173,10 +199,11 @@ const char* op_name(int op) {
 }
 
 /// Leaves the running thread `t` for the next ready thread of the scheduler's
-/// pass, or for the scheduler when there is none (`finished`: `t` has exited).
+/// pass among those it runs with, or for the scheduler when there is none
+/// (`finished`: `t` has exited).
 void switch_away(Thread& t, bool finished) {
     Worker& w = worker();
-    for (unsigned p = t.position + 1; p < w.count; p++) {
+    for (unsigned p = t.position + 1; p < t.end; p++) {
         Thread& next = w.threads[w.schedule[p]];
         if (next.state == State::Ready) {
             w.cursor = p;
@@ -227,23 +254,37 @@ void thread_main(void* arg) {
     std::abort();
 }
 
-/// `CUDA_EMU_ORDER`: `forward`, `reverse` or `shuffled` for every block, or
-/// (unset, `rotate`) the turns of `order_of`.
+/// A knob that fixes one of `choices` (its index) for every block, or -1 when it is
+/// unset or `rotate` (the turns of `turn_of`).
+int fixed_choice(const char* knob, std::initializer_list<const char*> choices) {
+    const char* env = std::getenv(knob);
+    std::string v = env ? env : "rotate";
+    std::string names;
+    int i = 0;
+    for (const char* choice : choices) {
+        if (v == choice) return i;
+        names += std::string(choice) + ", ";
+        i++;
+    }
+    if (v != "rotate") {
+        std::fprintf(stderr, "cuda-emu: %s=%s: not %sor rotate\n", knob, v.c_str(), names.c_str());
+        std::exit(2);
+    }
+    return -1;
+}
+
+/// `CUDA_EMU_ORDER`: `forward`, `reverse` or `shuffled` for every block.
 int fixed_order() {
-    static int order = [] {
-        const char* env = std::getenv("CUDA_EMU_ORDER");
-        std::string v = env ? env : "rotate";
-        for (Order o : {Order::Forward, Order::Reverse, Order::Shuffled}) {
-            if (v == order_name(o)) return int(o);
-        }
-        if (v != "rotate") {
-            std::fprintf(stderr, "cuda-emu: CUDA_EMU_ORDER=%s: not forward, reverse, shuffled "
-                                 "or rotate\n", v.c_str());
-            std::exit(2);
-        }
-        return -1;
-    }();
+    static int order = fixed_choice("CUDA_EMU_ORDER", {order_name(Order::Forward),
+                                                       order_name(Order::Reverse),
+                                                       order_name(Order::Shuffled)});
     return order;
+}
+
+/// `CUDA_EMU_WARPS`: `together` or `alone` for every block.
+int fixed_warps() {
+    static int warps = fixed_choice("CUDA_EMU_WARPS", {warps_name(false), warps_name(true)});
+    return warps;
 }
 
 uint64_t splitmix64(uint64_t& state) {
@@ -253,36 +294,83 @@ uint64_t splitmix64(uint64_t& state) {
     return z ^ (z >> 31);
 }
 
-/// The order in which block `index` of a kernel's launch number `launch` runs its
-/// threads. The kernel's launches take three turns: blocks alternately forward and
-/// reverse, then alternately reverse and forward, then every block shuffled. So by
-/// its first launch if it has two blocks or more, and by its second if it has one,
-/// every pair of a block's threads has run both ways round.
-Order order_of(uint64_t launch, uint64_t index) {
-    switch (launch % 3) {
-        case 0: return index % 2 == 0 ? Order::Forward : Order::Reverse;
-        case 1: return index % 2 == 0 ? Order::Reverse : Order::Forward;
-        default: return Order::Shuffled;
+/// Shuffles `v[0..n)` with `state`.
+void shuffle(unsigned* v, unsigned n, uint64_t& state) {
+    for (unsigned p = n; p > 1; p--) {
+        std::swap(v[p - 1], v[splitmix64(state) % p]);
     }
 }
 
-/// Sets the order in which block `index` of `launch` runs its threads
-/// (`order_of`, or `CUDA_EMU_ORDER`'s); the shuffle is seeded by the launch and
-/// the block.
-void set_schedule(Worker& w, const Launch& launch, uint64_t index) {
-    int fixed = fixed_order();
-    w.order = fixed >= 0 ? Order(fixed) : order_of(launch.sequence, index);
-    for (unsigned p = 0; p < w.count; p++) {
-        w.schedule[p] = w.order == Order::Reverse ? w.count - 1 - p : p;
+/// How block `index` of a kernel's launch number `launch` runs its threads. The
+/// kernel's launches take six turns. Orders: blocks alternately forward and
+/// reverse, then alternately reverse and forward, then every block shuffled, and
+/// again. Warps: together in blocks 0, 1, 4, 5, 8, ... and alone in blocks 2, 3, 6,
+/// 7, ... for three turns, the other way round for the next three. So each block
+/// runs each of the six ways within six launches, and
+/// - warps together, every pair of a block's threads has run both ways round by the
+///   kernel's first launch if it has two blocks or more (blocks 0 and 1), by its
+///   second if it has one;
+/// - each warp alone, every pair of a block's warps has run one wholly before the
+///   other and the other way round by its first launch if it has four blocks or
+///   more (blocks 2 and 3), its second with three, its fourth with two and its fifth
+///   with one.
+Turn turn_of(uint64_t launch, uint64_t index) {
+    Turn turn;
+    switch (launch % 3) {
+        case 0: turn.order = index % 2 == 0 ? Order::Forward : Order::Reverse; break;
+        case 1: turn.order = index % 2 == 0 ? Order::Reverse : Order::Forward; break;
+        default: turn.order = Order::Shuffled;
     }
-    if (w.order == Order::Shuffled) {
+    turn.warps_alone = (index / 2 + launch / 3) % 2 == 1;
+    return turn;
+}
+
+/// Sets how block `index` of `launch` runs its threads (`turn_of`, or what
+/// `CUDA_EMU_ORDER` and `CUDA_EMU_WARPS` fix): their order, and for each the
+/// positions of those it runs with. The shuffle is seeded by the launch and the
+/// block; with warps alone it shuffles the warps, then each warp's lanes.
+void set_schedule(Worker& w, const Launch& launch, uint64_t index) {
+    w.turn = turn_of(launch.sequence, index);
+    if (int order = fixed_order(); order >= 0) w.turn.order = Order(order);
+    if (int warps = fixed_warps(); warps >= 0) w.turn.warps_alone = warps == 1;
+    unsigned* schedule = w.schedule.data();
+    for (unsigned p = 0; p < w.count; p++) {
+        schedule[p] = w.turn.order == Order::Reverse ? w.count - 1 - p : p;
+    }
+    if (w.turn.order == Order::Shuffled) {
         uint64_t state = launch.sequence * 0x100000001b3ull ^ index;
-        for (unsigned p = w.count - 1; p > 0; p--) {
-            std::swap(w.schedule[p], w.schedule[splitmix64(state) % (p + 1)]);
+        if (!w.turn.warps_alone) {
+            shuffle(schedule, w.count, state);
+        } else {
+            const unsigned warps = (w.count + 31) / 32;
+            unsigned warp_order[kMaxThreads / 32];
+            for (unsigned i = 0; i < warps; i++) warp_order[i] = i;
+            shuffle(warp_order, warps, state);
+            unsigned p = 0;
+            for (unsigned i = 0; i < warps; i++) {
+                const unsigned lanes = std::min(32u, w.count - 32 * warp_order[i]);
+                for (unsigned lane = 0; lane < lanes; lane++) {
+                    schedule[p + lane] = 32 * warp_order[i] + lane;
+                }
+                shuffle(schedule + p, lanes, state);
+                p += lanes;
+            }
         }
     }
-    for (unsigned p = 0; p < w.count; p++) {
-        w.threads[w.schedule[p]].position = p;
+    // Those each thread runs with: the block, or its warp, whose lanes the order
+    // then keeps together.
+    for (unsigned first = 0, end; first < w.count; first = end) {
+        end = first + 1;
+        while (end < w.count &&
+               (!w.turn.warps_alone || schedule[end] / 32 == schedule[first] / 32)) {
+            end++;
+        }
+        for (unsigned p = first; p < end; p++) {
+            Thread& t = w.threads[schedule[p]];
+            t.position = p;
+            t.first = first;
+            t.end = end;
+        }
     }
 }
 
@@ -320,19 +408,25 @@ bool run_block(Worker& w, const Launch& launch, uint64_t index) {
     }
     while (w.live > 0 && !w.faulted) {
         bool ran = false;
-        for (unsigned p = 0; p < w.count && !w.faulted; p++) {
+        for (unsigned p = 0; p < w.count && !w.faulted;) {
             Thread& t = w.threads[w.schedule[p]];
-            if (t.state == State::Ready) {
-                w.cursor = p;
-                tl_thread = &t;
-                resume(w.scheduler, t.fiber);
-                ran = true;
-                if (w.barrier_opened) {
-                    w.barrier_opened = false;
-                    break;  // the threads after the barrier run in the block's order
-                }
-                p = w.cursor;  // threads handed off to each other up to here
+            if (t.state != State::Ready) {
+                p++;
+                continue;
             }
+            w.cursor = p;
+            tl_thread = &t;
+            resume(w.scheduler, t.fiber);
+            ran = true;
+            if (w.barrier_opened) {
+                w.barrier_opened = false;
+                break;  // the threads after the barrier run in the block's order
+            }
+            // Threads handed off to each other up to the cursor. Warps together: the
+            // pass goes on after it; a warp alone: from its first lane again, until
+            // none of its lanes can go on (all wait at the barrier or have exited).
+            const Thread& last = w.threads[w.schedule[w.cursor]];
+            p = w.turn.warps_alone ? last.first : w.cursor + 1;
         }
         if (!ran && !w.faulted) {
             // Nobody can go on: describe who waits where.
@@ -351,10 +445,10 @@ bool run_block(Worker& w, const Launch& launch, uint64_t index) {
                                 w.count, site(w.barrier_file, w.barrier_line).c_str());
             }
             w.faulted = true;
-            w.fault = format("kernel %s, block (%u,%u,%u) (threads run in %s order): deadlock, "
-                             "no thread can go on",
+            w.fault = format("kernel %s, block (%u,%u,%u) (threads run in %s): deadlock, no "
+                             "thread can go on",
                              launch.kernel.name, block_idx.x, block_idx.y, block_idx.z,
-                             order_name(w.order)) +
+                             turn_name(w.turn).c_str()) +
                       waits;
         }
     }

@@ -23,14 +23,15 @@ struct Launch {
     cuemu_uint3 grid;
     cuemu_uint3 block;
     SharedMemory shared;
-    uint64_t sequence = 0;          // this kernel's launches before it: picks thread orders
+    uint64_t sequence = 0;          // this kernel's launches before it: picks the turns
     std::vector<uint64_t> storage;  // the parameters, each 8-byte aligned
     std::vector<void*> args;        // pointers into `storage`, as the kernel's void**
 };
 
 /// Runs every block of `launch` (blocks in parallel on the worker threads, the
-/// threads of a block as fibers, in an order that changes from block to block);
-/// the first fault's description, or "".
+/// threads of a block as fibers, in an order, and with its warps together or each
+/// alone between barriers, that change from block to block); the first fault's
+/// description, or "".
 std::string execute(const Launch& launch);
 
 }  // namespace cuemu

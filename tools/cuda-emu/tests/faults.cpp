@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -189,6 +190,24 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
     }
 }
 
+/// `x` rounded to bf16 (to nearest, ties to even), as its bits.
+uint16_t bf16_bits(float x) {
+    uint32_t bits;
+    std::memcpy(&bits, &x, 4);
+    return uint16_t((bits + 0x7fff + (bits >> 16 & 1)) >> 16);
+}
+
+/// The bf16 value of `bits`.
+float bf16_value(uint16_t bits) {
+    uint32_t f32 = uint32_t(bits) << 16;
+    float x;
+    std::memcpy(&x, &f32, 4);
+    return x;
+}
+
+/// The head dimension of the attention cases: attention_forward_d32 pads D to 32.
+constexpr int kHeadDim = 32;
+
 std::vector<float> values(size_t n, unsigned seed) {
     std::vector<float> v(n);
     for (size_t i = 0; i < n; i++) {
@@ -251,6 +270,23 @@ void missing_syncthreads_read_after_higher_threads_write(bool planted) {
     expect_close(got, want, 1e-4, "gain gradient");
 }
 
+/// attention_forward_d32 compiled from `source` (in bf16 with `bf16`) over every
+/// query of `qkv` (H heads of T positions, D 32, read in packs): out (T, H·32) as f32.
+std::vector<float> attention_forward_d32(const std::string& source, bool bf16, CUdeviceptr qkv,
+                                         int t, int h) {
+    int tq = t, q0 = 0, d = kHeadDim, packed = 1;
+    float scale = 1.0f / std::sqrt(float(d));
+    size_t n = size_t(tq) * h * d;
+    CUfunction f = function(load("attention", source, read("common.cuh"), bf16), "attention_forward_d32");
+    CUdeviceptr out = zeros(n * (bf16 ? 2 : 4)), lse = zeros(h * tq * 4);
+    // A block of 4 warps takes 64 query rows of one head.
+    launch(f, h, (tq + 63) / 64, 128, 1, {&out, &lse, &qkv, &t, &tq, &q0, &h, &d, &scale, &packed});
+    if (!bf16) return download<float>(out, n);
+    std::vector<float> got;
+    for (uint16_t bits : download<uint16_t>(out, n)) got.push_back(bf16_value(bits));
+    return got;
+}
+
 /// attention_forward without the barrier that opens each chunk: a warp done with
 /// the last chunk (higher-numbered threads) loads the next chunk's keys and values
 /// over those a lower warp still reads. The reference is the unchanged kernel, which
@@ -260,18 +296,63 @@ void missing_syncthreads_write_after_a_lower_thread_reads(bool planted) {
     std::string changed = src;
     if (planted) changed = plant(src, "columns past D zero.\n        __syncthreads();  // every warp is done with the last chunk\n", "columns past D zero.\n");
     // One head of 128 positions (4 chunks of 32 keys), D 32, two blocks of 4 warps.
-    int t = 128, tq = 128, q0 = 0, h = 1, d = 32, packed = 1;
-    float scale = 1.0f / std::sqrt(float(d));
-    auto qkv = values(t * 3 * d, 13);
-    CUdeviceptr dq = upload(qkv);
-    std::vector<std::vector<float>> outs;
-    for (const std::string* source : {&src, &changed}) {
-        CUfunction f = function(load("attention", *source), "attention_forward_d32");
-        CUdeviceptr out = zeros(tq * d * 4), lse = zeros(tq * 4);
-        launch(f, 1, 2, 128, 1, {&out, &lse, &dq, &t, &tq, &q0, &h, &d, &scale, &packed});
-        outs.push_back(download<float>(out, tq * d));
+    int t = 128, h = 1;
+    CUdeviceptr qkv = upload(values(t * 3 * kHeadDim, 13));
+    expect_close(attention_forward_d32(changed, false, qkv, t, h),
+                 attention_forward_d32(src, false, qkv, t, h), 0, "attention out");
+}
+
+/// block_reduce (common.cuh) without its trailing barrier, in the cross-entropy,
+/// which reduces the row's max and then its sum through the same `partial`: a
+/// warp done with the max (its reads of `partial`, five shuffles, its part of the
+/// sum, five more) writes its part of the sum over the warps' maxima while a
+/// slower warp has yet to read them. Seen only when a warp runs collectives ahead
+/// of the others, as each warp alone does.
+void block_reduction_reused_without_its_trailing_barrier(bool planted) {
+    std::string common = read("common.cuh");
+    if (planted) common = plant(common, "partial[lane] : identity);\n    __syncthreads();\n", "partial[lane] : identity);\n");
+    CUfunction f = function(load("cross_entropy", read("cross_entropy.cu"), common), "cross_entropy_forward_backward");
+    // Four rows, so that the first launch runs two blocks with each warp alone (in
+    // both orders): 256 threads over 1,000 logits, in packs of 4.
+    int n = 4, v = 1000, grad = 1, packed = 1;
+    auto logits = values(n * v, 14);
+    for (float& x : logits) x *= 4.0f;
+    std::vector<unsigned> targets = {3, 999, 500, 0};
+    CUdeviceptr dl = upload(logits), dt = upload(targets), losses = zeros(n * 4);
+    launch(f, n, 1, 256, 1, {&dl, &losses, &dt, &n, &v, &grad, &packed});
+    std::vector<float> want_loss(n), want_grad(n * v);
+    for (int r = 0; r < n; r++) {
+        const float* x = &logits[r * v];
+        double m = *std::max_element(x, x + v), sum = 0;
+        for (int j = 0; j < v; j++) sum += std::exp(double(x[j]) - m);
+        want_loss[r] = float(m + std::log(sum) - x[targets[r]]);
+        for (int j = 0; j < v; j++) {
+            want_grad[r * v + j] = float((std::exp(x[j] - m) / sum - (j == int(targets[r]))) / n);
+        }
     }
-    expect_close(outs[1], outs[0], 0, "attention out");
+    expect_close(download<float>(losses, n), want_loss, 1e-5, "loss");
+    expect_close(download<float>(dl, n * v), want_grad, 1e-5, "gradient");
+}
+
+/// attention_forward in bf16 without the barrier between loading a chunk's keys
+/// and values and multiplying by them: a warp's tensor-core operands, which it
+/// reads by ldmatrix after the address shuffles, come from rows other warps load.
+/// Warps together have all loaded the chunk before any warp's ldmatrix reads a
+/// row, after 16 or 32 address shuffles; a warp alone reads rows the others have
+/// yet to load. The reference is the unchanged kernel, which the numeric suite
+/// checks against the CPU.
+void missing_syncthreads_before_tensor_core_operands_other_warps_load(bool planted) {
+    std::string src = read("attention.cu");
+    std::string changed = src;
+    if (planted) changed = plant(src, "keys + c, KC, t - chunk * KC, d, stride, packed);\n        __syncthreads();\n        if (chunk * KC >= warp_keys) {\n            continue;\n        }\n        float s[KC / 8][4];", "keys + c, KC, t - chunk * KC, d, stride, packed);\n        if (chunk * KC >= warp_keys) {\n            continue;\n        }\n        float s[KC / 8][4];");
+    // Two heads of 128 positions (4 chunks of 32 keys), D 32: four blocks of 4 warps,
+    // two of them with each warp alone.
+    int t = 128, h = 2;
+    std::vector<uint16_t> bits;
+    for (float x : values(t * 3 * h * kHeadDim, 15)) bits.push_back(bf16_bits(x));
+    CUdeviceptr qkv = upload(bits);
+    expect_close(attention_forward_d32(changed, true, qkv, t, h),
+                 attention_forward_d32(src, true, qkv, t, h), 0, "attention out");
 }
 
 /// attention_forward in bf16 with the A operand's right-hand tiles 8 bytes into
@@ -279,15 +360,11 @@ void missing_syncthreads_write_after_a_lower_thread_reads(bool planted) {
 void misaligned_ldmatrix_row(bool planted) {
     std::string src = read("attention.cu");
     if (planted) src = plant(src, "lda + 8 * (lane / 16));", "lda + 4 * (lane / 16));");
-    CUfunction f = function(load("attention", src, read("common.cuh"), true), "attention_forward_d32");
-    int t = 32, tq = 32, q0 = 0, h = 1, d = 32, packed = 1;
-    float scale = 1.0f / std::sqrt(float(d));
-    std::vector<uint16_t> qkv(t * 3 * d, 0x3f80);  // bf16 ones: every probability 1/(i + 1)
-    CUdeviceptr dq = upload(qkv), out = zeros(tq * d * 2), lse = zeros(tq * 4);
-    launch(f, 1, 1, 128, 1, {&out, &lse, &dq, &t, &tq, &q0, &h, &d, &scale, &packed});
-    auto got = download<uint16_t>(out, tq * d);
-    for (auto v : got) {
-        if (v != 0x3f80) caught("attention of ones is not one");
+    int t = 32, h = 1;
+    // bf16 ones: every probability 1/(i + 1), every output 1.
+    CUdeviceptr qkv = upload(std::vector<uint16_t>(t * 3 * kHeadDim, bf16_bits(1.0f)));
+    for (float v : attention_forward_d32(src, true, qkv, t, h)) {
+        if (v != 1.0f) caught("attention of ones is not one");
     }
 }
 
@@ -419,6 +496,8 @@ const Case kCases[] = {
     {"an out-of-bounds write in the last partial block (convert_f32_to_x with i <= n)", write_past_the_last_partial_block},
     {"a missing __syncthreads before a thread reads what higher-numbered threads wrote (rmsnorm_backward_dg_finish)", missing_syncthreads_read_after_higher_threads_write},
     {"a missing __syncthreads before a higher-numbered thread overwrites what a lower-numbered one reads (attention_forward)", missing_syncthreads_write_after_a_lower_thread_reads},
+    {"a block reduction reused without its trailing __syncthreads (cross_entropy_forward_backward's block_max, then block_sum)", block_reduction_reused_without_its_trailing_barrier},
+    {"a missing __syncthreads before warps read tensor-core operands that other warps load (attention_forward in bf16)", missing_syncthreads_before_tensor_core_operands_other_warps_load},
     {"a barrier not reached by every thread (global_norm_finish returns early)", barrier_not_reached_by_every_thread},
     {"an ldmatrix row address not 16-byte aligned (attention_forward in bf16)", misaligned_ldmatrix_row},
     {"a shuffle whose mask names an exited lane (rmsnorm_forward)", shuffle_mask_names_an_exited_lane},
