@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""Fails when the modules of a crate import each other in a circle.
+"""Fails when the modules of a crate, or the C and C++ files of a folder, import
+each other in a circle.
 
 usage: .ci/acyclic.py PACKAGE SRC_DIR [--bin NAME] [--features F]...
+       .ci/acyclic.py --cpp DIR...
 
 The graph is the union of two readings of the crate, each module one node (a
 file, or an inline `mod`; an item counts as its module's):
@@ -14,6 +16,13 @@ file, or an inline `mod`; an item counts as its module's):
 A parent module is not exempt: a `mod.rs` that its children import from may not
 import (or re-export) them back. Exit status 1 and one circle per group of
 modules that reach each other, edge by edge, with where each edge comes from.
+
+The C, C++ and CUDA graph (`--cpp`): each unit one node (`x.cpp` with its `x.h`), an edge
+where a unit includes another's header or names what another declares at
+namespace scope (a function, type or enum, in its header, or else in its `.cpp`
+outside an anonymous namespace and not `static`); a name after `.` or `->` is a
+member, never another unit's function. Names the units share (two files each
+declaring `load`) are left out, as nothing but the compiler can tell them apart.
 """
 
 import re
@@ -124,6 +133,109 @@ def path_edges(src, crate, modules):
                     yield here, target, f"{files[here]}:{number}"
 
 
+CPP_INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
+CPP_NOISE = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'', re.S)
+CPP_TYPE = re.compile(r"\b(?:struct|class|union|enum(?:\s+class)?)\s+([A-Za-z_]\w*)")
+CPP_USING = re.compile(r"\busing\s+([A-Za-z_]\w*)\s*=")
+CPP_FUNCTION = re.compile(r"([A-Za-z_]\w*)\s*\(")
+CPP_NAME = re.compile(r"(\.|->)?\s*\b([A-Za-z_]\w*)")
+CPP_KEYWORDS = {"if", "for", "while", "switch", "return", "sizeof", "alignof", "decltype",
+                "static_assert", "defined", "operator", "noexcept", "alignas", "__attribute__",
+                "void", "bool", "char", "short", "int", "long", "unsigned", "signed", "float",
+                "double", "auto", "const", "volatile"}
+
+
+def cpp_code(path):
+    """A C/C++ file without comments, string and character literals or preprocessor
+    lines (line breaks kept)."""
+    text = CPP_NOISE.sub(lambda m: "\n" * m.group(0).count("\n") or " ", path.read_text())
+    lines, directive = [], False
+    for line in text.splitlines():
+        directive = directive or line.lstrip().startswith("#")
+        lines.append("" if directive else line)
+        directive = directive and line.rstrip().endswith("\\")
+    return "\n".join(lines)
+
+
+def cpp_declarations(text):
+    """(functions, types) declared at file scope, each a dict name -> whether other
+    units see it: those in named namespaces and `extern "C"` blocks, unless `static`;
+    not those in anonymous namespaces. Nothing inside function bodies or types."""
+    functions, types, scopes, head = {}, {}, [], ""
+    for ch in text + ";":
+        if ch in "{;":
+            if all(s is not None for s in scopes):
+                declare(head.strip(), all(scopes), functions, types)
+            if ch == "{":
+                opens = head.strip()
+                named = re.fullmatch(r"(?:inline\s+)?namespace\s+\w+(?:::\w+)*|extern\s*", opens)
+                anonymous = re.fullmatch(r"namespace", opens)
+                scopes.append(True if named else False if anonymous else None)
+            head = ""
+        elif ch == "}":
+            scopes.pop() if scopes else None
+            head = ""
+        else:
+            head += ch
+    return functions, types
+
+
+def declare(head, visible, functions, types):
+    """The name a statement at file scope declares, into `functions` or `types`."""
+    if not head or re.match(r"(namespace|extern\s*$|using\s+namespace|template\s*<[^>]*>\s*$)\b", head):
+        return
+    visible = visible and not re.match(r"(template\s*<[^>]*>\s*)?static\b", head)
+    for name in CPP_TYPE.findall(head.split("(")[0]) + CPP_USING.findall(head):
+        types[name] = types.get(name, False) or visible
+    call = CPP_FUNCTION.search(head)
+    if call and "=" not in head[: call.start()] and call.group(1) not in CPP_KEYWORDS:
+        functions[call.group(1)] = functions.get(call.group(1), False) or visible
+
+
+def cpp_graph(dirs):
+    """(graph, why) of the C and C++ files under `dirs`, a unit a node: `x.cpp` and
+    `x.h` are unit `x`; an edge for an include of another unit's header, a call of a
+    function another unit declares (`name(`, not after `.` or `->`) and any use of a
+    type it declares, unless the unit declares that name itself."""
+    files = sorted(p for d in dirs for p in Path(d).rglob("*") if p.suffix in (".c", ".cpp", ".h", ".cu", ".cuh"))
+    unit = lambda p: str(p.with_suffix(""))
+    texts = {p: cpp_code(p) for p in files}
+    declared = {p: cpp_declarations(texts[p]) for p in files}
+    own, owners = defaultdict(set), {0: {}, 1: {}}
+    for kind in (0, 1):
+        seen = defaultdict(set)
+        for p in files:
+            for name, visible in declared[p][kind].items():
+                own[unit(p)].add(name)
+                if visible:
+                    # A name a header declares is its unit's, whoever defines it.
+                    seen[name].add((p.suffix != ".h", unit(p)))
+        # The one unit that declares it (in a header, if any does); none if several.
+        for name, units in seen.items():
+            in_headers = {u for cpp, u in units if not cpp}
+            candidates = in_headers or {u for _, u in units}
+            if len(candidates) == 1:
+                owners[kind][name] = candidates.pop()
+    graph, why = defaultdict(set), defaultdict(set)
+    by_name = {p.name: unit(p) for p in files}
+    for p in files:
+        here = unit(p)
+        graph[here]
+        edge = lambda there, where: (graph[here].add(there), why[here, there].add(where))
+        for number, line in enumerate(p.read_text().splitlines(), 1):
+            m = CPP_INCLUDE.match(line)
+            there = m and by_name.get(Path(m.group(1)).name)
+            if there and there != here:
+                edge(there, f"{p}:{number} #include")
+        for number, line in enumerate(texts[p].splitlines(), 1):
+            for m in CPP_NAME.finditer(line):
+                member, name = m.groups()
+                call = line[m.end():].lstrip().startswith("(")
+                there = owners[1].get(name) or (call and owners[0].get(name))
+                if not member and there and there != here and name not in own[here]:
+                    edge(there, f"{p}:{number} {name}")
+    return graph, why
+
 def circles(graph):
     """Groups of nodes that reach each other (Tarjan), each with more than one node."""
     index, low, stack, on_stack, groups = {}, {}, [], set(), []
@@ -178,6 +290,10 @@ def main():
     args = sys.argv[1:]
     if len(args) < 2:
         sys.exit(__doc__)
+    if args[0] == "--cpp":
+        graph, why = cpp_graph(args[1:])
+        report(" ".join(args[1:]), "C/C++ units", graph, why)
+        return
     package, src = args[0], Path(args[1])
     option = lambda name: [args[i + 1] for i, a in enumerate(args) if a == name]
     target = ["--bin", *option("--bin")] if option("--bin") else ["--lib"]
@@ -200,14 +316,19 @@ def main():
         why[a, b].add(where)
     for m in modules:
         graph[m]
+    report(package, "modules", graph, why)
+
+
+def report(what, nodes, graph, why):
+    """Prints the count of nodes and edges, or each circle and exits 1."""
     groups = circles(graph)
     edges = sum(len(v) for v in graph.values())
     if not groups:
-        print(f"{package}: {len(modules)} modules, {edges} imports between them, no circle")
+        print(f"{what}: {len(graph)} {nodes}, {edges} imports between them, no circle")
         return
     for group in groups:
         circle = shortest_circle(graph, group)
-        print(f"{package}: modules that import each other in a circle: {', '.join(group)}")
+        print(f"{what}: {nodes} that import each other in a circle: {', '.join(group)}")
         for a, b in zip(circle, circle[1:]):
             print(f"  {a} -> {b}  ({'; '.join(sorted(why[a, b])[:3])})")
     sys.exit(1)

@@ -139,7 +139,7 @@ uint64_t alignment_of(uint64_t ptr) {
     return ptr == 0 ? 256 : std::min<uint64_t>(256, ptr & (~ptr + 1));
 }
 
-__attribute__((no_sanitize_address)) inline float load(const void* base, int type, int64_t i) {
+__attribute__((no_sanitize_address)) inline float element_as_f32(const void* base, int type, int64_t i) {
     if (type == CUDA_R_32F) return static_cast<const float*>(base)[i];
     return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
 }
@@ -185,10 +185,10 @@ struct Product {
         const int64_t oa = int64_t(e) * a.stride, ob = int64_t(e) * b.stride;
         for (uint64_t r = 0; r < m; r++)
             for (uint64_t p = 0; p < k; p++)
-                ar[r * k + p] = load(pa, a.type, oa + int64_t(d.trans[0] ? p + r * a.ld : r + p * a.ld));
+                ar[r * k + p] = element_as_f32(pa, a.type, oa + int64_t(d.trans[0] ? p + r * a.ld : r + p * a.ld));
         for (uint64_t col = 0; col < n; col++)
             for (uint64_t p = 0; p < k; p++)
-                bc[col * k + p] = load(pb, b.type, ob + int64_t(d.trans[1] ? col + p * b.ld : p + col * b.ld));
+                bc[col * k + p] = element_as_f32(pb, b.type, ob + int64_t(d.trans[1] ? col + p * b.ld : p + col * b.ld));
     }
 
     /// Column `col` of entry `e`: `D(:, col) = alpha · op(A) · y + beta · C(:, col)`.
@@ -204,7 +204,7 @@ struct Product {
             for (; p < k; p++) acc[0] += x[p] * y[p];
             float sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
             float v = alpha * sum;
-            if (beta != 0.0f) v += beta * load(pc, c.type, oc + int64_t(r + col * c.ld));
+            if (beta != 0.0f) v += beta * element_as_f32(pc, c.type, oc + int64_t(r + col * c.ld));
             store(pd, dl.type, od + int64_t(r + col * dl.ld), v);
         }
     }
