@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The CUDA backend on the emulated GPU (tools/cuda-emu), on any CPU:
-#   1. builds the emulator and runs its planted-fault suite;
+#   1. builds the emulator and runs its planted-fault suite, and the emulated NCCL's
+#      checks and planted faults (ranks as processes, each on its own emulated GPU);
 #   2. trains a tiny model for a few steps with `tinylm train --device cuda`, in fp32
 #      and bf16, and in fp32 in micro-batches of 2 (the step's gradient accumulated),
 #      compares every step's loss with the CPU run's and checks that it fell;
@@ -24,6 +25,9 @@ trap 'rm -rf "$work" "$stats"' EXIT
 
 echo "== cuda-emu: planted faults"
 "$emu/run.sh" "$emu/build/faults" crates/tinylm/src/kernels/cuda
+
+echo "== cuda-emu: the emulated NCCL (tools/cuda-emu/tests/nccl.cpp)"
+"$emu/run.sh" "$emu/build/nccl"
 
 echo "== cuda-emu: tinylm train --device cuda against the CPU (fp32, bf16, micro-batches)"
 cargo build --quiet --release -p tinylm-cli --features cuda
