@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The CUDA backend on the emulated GPU (tools/cuda-emu), on any CPU:
-#   1. builds the emulator and runs its planted-fault suite;
+# The CUDA backend on the emulated GPU (tools/cuda-emu), on any CPU, built with
+# `--features nccl` (CUDA, MPI and NCCL: the build .ci/distributed.sh runs as GPU ranks):
+#   1. builds the emulator and runs its planted-fault suite, and the emulated NCCL's
+#      checks and planted faults (ranks as processes, each on its own emulated GPU);
 #   2. trains a tiny model for a few steps with `tinylm train --device cuda`, in fp32
 #      and bf16, and in fp32 in micro-batches of 2 (the step's gradient accumulated),
 #      compares every step's loss with the CPU run's and checks that it fell;
@@ -11,7 +13,9 @@
 #      backend allocates, and the device's whole memory (crates/tinylm/tests/accounting.rs);
 #   6. runs the unit tests behind the `cuda` and `nccl` features, then the numeric
 #      suite crates/tinylm/tests/cuda.rs with its assertions as on a GPU, and prints
-#      how many kernels and cuBLASLt products the emulator executed.
+#      how many kernels and cuBLASLt products the emulator executed;
+#   7. runs crates/tinylm/tests/nccl.rs: the training step's NCCL calls through the
+#      emulated libnccl.so.2 on one rank.
 # The last line is cargo's `test result:` line of the numeric suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,8 +29,11 @@ trap 'rm -rf "$work" "$stats"' EXIT
 echo "== cuda-emu: planted faults"
 "$emu/run.sh" "$emu/build/faults" crates/tinylm/src/kernels/cuda
 
+echo "== cuda-emu: the emulated NCCL (tools/cuda-emu/tests/nccl.cpp)"
+"$emu/run.sh" "$emu/build/nccl"
+
 echo "== cuda-emu: tinylm train --device cuda against the CPU (fp32, bf16, micro-batches)"
-cargo build --quiet --release -p tinylm-cli --features cuda
+cargo build --quiet --release -p tinylm-cli --features nccl
 tinylm=${CARGO_TARGET_DIR:-target}/release/tinylm
 python3 - "$work/tokens.npy" <<'PY'
 import random, struct, sys
@@ -118,7 +125,7 @@ grep -q "CUDA 13.0 or newer" "$work/old.out"
 echo "== cuda-emu: accounted bytes are allocated bytes (crates/tinylm/tests/accounting.rs)"
 CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="$PWD/$emu/run.sh" \
 CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="$PWD/$emu/run.sh" \
-    cargo test --release -p tinylm --features cuda --test accounting
+    cargo test --release -p tinylm --features nccl --test accounting
 
 export CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="$PWD/$emu/run.sh"
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="$PWD/$emu/run.sh"
@@ -128,8 +135,12 @@ grep -Eq "^test result: ok\. [1-9][0-9]* passed" "$work/unit.out"
 
 echo "== cuda-emu: the numeric suite (crates/tinylm/tests/cuda.rs)"
 start=$(date +%s)
-cargo test --release -p tinylm --features cuda --test cuda 2>&1 | tee "$work/suite.out"
+cargo test --release -p tinylm --features nccl --test cuda 2>&1 | tee "$work/suite.out"
 grep -q "^test result: ok" "$work/suite.out"
 awk -v s="$(($(date +%s) - start))" '{ k += $2; p += $4 }
     END { printf "cuda-emu: %d kernels launched and %d cuBLASLt products executed (all steps); numeric suite %d s\n", k, p, s }' "$stats"
+
+echo "== cuda-emu: NCCL on one rank (crates/tinylm/tests/nccl.rs)"
+cargo test --release -p tinylm --features nccl --test nccl 2>&1 | tee "$work/nccl.out"
+grep -q "^test result: ok" "$work/nccl.out"
 grep "^test result:" "$work/suite.out" | tail -1

@@ -3,7 +3,9 @@
 #
 #   bench/gpu.sh pack     # here (Rust, no GPU): the CUDA test binaries, the CLI with
 #                         # --features cuda, a 10,000-token tokenizer and the embedded
-#                         # TinyStories sample tokenized, into target/gpu-bin/
+#                         # TinyStories sample tokenized, into target/gpu-bin/; the
+#                         # NCCL test binary with the libraries it needs in lib/:
+#                         # Open MPI's and libnccl.so.2 of the nvidia-nccl-cu13 wheel
 #   bench/gpu.sh          # on the GPU machine (no Rust needed): runs what was packed
 #   BASE=DIR bench/gpu.sh # ... and times DIR/tinylm (another build's, e.g. the last
 #                         # commit's, packed with BIN=DIR) beside it in bf16
@@ -18,7 +20,9 @@
 #
 #   1. correct: the NVRTC test, the numeric suite (every kernel against the CPU, the
 #      whole model in fp32 and bf16 in every ablation, KV-cache decoding, a 200-step
-#      run, checkpoints across devices), the memory accounting against the device's
+#      run, checkpoints across devices), the memory accounting against the device's,
+#      the training step's NCCL calls through the real libnccl.so.2 on one rank
+#      (crates/tinylm/tests/nccl.rs: every loss and weight as without NCCL)
 #   2. fast: the GPU's bf16 matrix-product rate; then at batch 32 and 128 x 256 on the
 #      CS336 TinyStories model, alternating: `tinylm bench` in bf16 and fp32 (with
 #      its per-kernel split), PyTorch eager fp32 and torch.compile + bf16 autocast +
@@ -46,9 +50,25 @@ if [ "${1:-}" = pack ]; then
             sed -n 's/.*Executable .*(\(.*\)).*/\1/p' | tail -1)
         cp "$exe" "$BIN/test-$test"
     done
+    exe=$(cargo test --release -p tinylm --features nccl --test nccl --no-run 2>&1 |
+        sed -n 's/.*Executable .*(\(.*\)).*/\1/p' | tail -1)
+    cp "$exe" "$BIN/test-nccl"
     cargo build --release -q -p tinylm-cli --features cuda
     cp "${CARGO_TARGET_DIR:-target}/release/tinylm" "$BIN/tinylm"
     strip "$BIN"/test-* "$BIN/tinylm"
+    # What test-nccl loads besides the system's C and C++ runtime (Open MPI's
+    # libraries, which a GPU machine may lack), and NCCL from its wheel.
+    mkdir -p "$BIN/lib"
+    ldd "$BIN/test-nccl" | awk '$3 ~ /^\// && $1 !~ /^(libc|libm|libdl|librt|libpthread|libgcc_s|libstdc\+\+)\.so/ { print $3 }' |
+        xargs -r cp -L -t "$BIN/lib"
+    python3 -m pip download --quiet --no-deps --dest "$BIN/wheel" nvidia-nccl-cu13
+    python3 - "$BIN" <<'PY'
+import glob, sys, zipfile
+wheel = zipfile.ZipFile(glob.glob(f"{sys.argv[1]}/wheel/nvidia_nccl_cu13-*.whl")[0])
+name = next(n for n in wheel.namelist() if n.endswith("/libnccl.so.2"))
+open(f"{sys.argv[1]}/lib/libnccl.so.2", "wb").write(wheel.read(name))
+PY
+    rm -r "$BIN/wheel"
     # The corpus tinylm embeds, 95% to train on and 5% to validate, tokenized with a
     # tokenizer of the TinyStories model's vocabulary.
     text="$BIN/data/tinystories.txt"
@@ -136,6 +156,7 @@ echo "== 1. correct"
 part correct 90 "$BIN/test-cuda_nvrtc"
 part correct 150 "$BIN/test-cuda" --test-threads 1
 part correct 60 "$BIN/test-accounting" --test-threads 1 --nocapture
+part correct 60 env LD_LIBRARY_PATH="$BIN/lib:$LD_LIBRARY_PATH" "$BIN/test-nccl" --test-threads 1
 part correct 20 "$BIN/tinylm" info --device cuda --precision bf16 --model-config "$MODEL" --batch-size 128
 
 echo "== 2. fast"

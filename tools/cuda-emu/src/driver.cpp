@@ -8,7 +8,13 @@
 // the work: poisoned (0xff bytes, a NaN in f32 and bf16) when never written.
 // Device memory is host memory from the (AddressSanitizer) allocator, so a kernel
 // that reads or writes outside its buffers is reported by AddressSanitizer; a
-// pointer argument outside every live allocation is an illegal address.
+// pointer argument outside every live allocation of the kernel's device is an
+// illegal address.
+//
+// The driver offers `CUDA_EMU_DEVICES` devices (default 1). Each has its primary
+// context with its own legacy stream, memory count and sticky error; a stream
+// belongs to the context current when it was created, and its work runs on that
+// device.
 
 #include "driver.h"
 
@@ -28,6 +34,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "block.h"
 #include "build.h"
@@ -57,15 +64,23 @@ enum : CUresult {
 namespace cuemu {
 namespace {
 
-struct Context {
-    int device = 0;
-};
+struct Context;
 
 struct Stream {
+    Context* ctx = nullptr;  // the device's context it belongs to
     std::deque<std::function<void()>> queue;
     uint64_t enqueued = 0;
     uint64_t done = 0;
     bool blocking = true;  // synchronizes with the legacy stream
+};
+
+/// A device's primary context.
+struct Context {
+    int device = 0;
+    Stream legacy;                    // the legacy stream (handle 0)
+    CUresult sticky = CUDA_SUCCESS;   // the first fault of its work
+    size_t bytes = 0;                 // device memory allocated now
+    size_t peak = 0;                  // the most allocated at once
 };
 
 struct Event {
@@ -77,6 +92,7 @@ struct Event {
 struct Region {
     size_t size;
     bool pinned;
+    int device;  // whose memory it is (pinned memory: -1, every device's)
 };
 
 struct Module {
@@ -92,16 +108,12 @@ struct Function {
 
 std::recursive_mutex g_lock;
 bool g_initialized = false;
-CUresult g_sticky = CUDA_SUCCESS;
-Context g_context;
+std::vector<Context*> g_contexts;  // by device ordinal, made by cuInit
 thread_local Context* tl_current = nullptr;
-Stream g_legacy;
+Context* g_running = nullptr;  // the context whose queued work runs now
 std::set<Stream*> g_streams;
 std::set<Event*> g_events;
 std::map<uint64_t, Region> g_regions;
-size_t g_device_bytes = 0;
-/// The most device memory allocated at once.
-size_t g_device_peak = 0;
 uint64_t g_kernels = 0;
 std::map<std::string, uint64_t> g_launches_of;  // launches executed, by kernel
 uint64_t g_products = 0;
@@ -122,14 +134,31 @@ void parse_capability(int* major, int* minor) {
     if (cc) std::sscanf(cc, "%d.%d", major, minor);
 }
 
-/// Prints the emulator's counts at exit (to `$CUDA_EMU_STATS` when set).
+/// The number of devices `CUDA_EMU_DEVICES` asks for (default 1); 0 when it is not
+/// a number from 1 to 64.
+int device_count() {
+    const char* n = std::getenv("CUDA_EMU_DEVICES");
+    if (n == nullptr) return 1;
+    char* end;
+    long count = std::strtol(n, &end, 10);
+    return *n != '\0' && *end == '\0' && count >= 1 && count <= 64 ? int(count) : 0;
+}
+
+bool valid_device(CUdevice device) { return device >= 0 && size_t(device) < g_contexts.size(); }
+
+/// Prints the emulator's counts at exit (to `$CUDA_EMU_STATS` when set): the most
+/// device memory one device had allocated at once, and which device.
 struct Counts {
     ~Counts() {
         if (const char* path = std::getenv("CUDA_EMU_STATS")) {
             if (FILE* f = std::fopen(path, "a")) {
-                std::fprintf(f, "kernels %llu products %llu peak_device_bytes %llu\n",
+                const Context* most = nullptr;
+                for (const Context* c : g_contexts) {
+                    if (most == nullptr || c->peak > most->peak) most = c;
+                }
+                std::fprintf(f, "kernels %llu products %llu peak_device_bytes %llu device %d\n",
                              (unsigned long long)g_kernels, (unsigned long long)g_products,
-                             (unsigned long long)g_device_peak);
+                             (unsigned long long)(most ? most->peak : 0), most ? most->device : 0);
                 std::fclose(f);
             }
         }
@@ -142,22 +171,31 @@ struct Counts {
 } g_counts;
 
 void run_queued(Stream* s, uint64_t upto) {
+    Context* outer = g_running;
+    g_running = s->ctx;
     while (s->done < upto) {
         auto work = std::move(s->queue.front());
         s->queue.pop_front();
         s->done++;
-        if (g_sticky == CUDA_SUCCESS) work();
+        if (s->ctx->sticky == CUDA_SUCCESS) work();
+    }
+    g_running = outer;
+}
+
+/// Runs the work queued on every stream of context `c`.
+void run_all(Context* c) {
+    run_queued(&c->legacy, c->legacy.enqueued);
+    for (Stream* s : g_streams) {
+        if (s->ctx == c) run_queued(s, s->enqueued);
     }
 }
 
-void run_all() {
-    run_queued(&g_legacy, g_legacy.enqueued);
-    for (Stream* s : g_streams) run_queued(s, s->enqueued);
-}
-
-Stream* stream_of(void* handle) {
-    // 0 is the legacy stream; 0x1 CU_STREAM_LEGACY, 0x2 CU_STREAM_PER_THREAD.
-    if (handle == nullptr || handle == (void*)1 || handle == (void*)2) return &g_legacy;
+/// The stream of `handle` in context `c`: 0 is its legacy stream (as are 0x1
+/// CU_STREAM_LEGACY and 0x2 CU_STREAM_PER_THREAD); null for no stream.
+Stream* stream_of(void* handle, Context* c = tl_current) {
+    if (handle == nullptr || handle == (void*)1 || handle == (void*)2) {
+        return c ? &c->legacy : nullptr;
+    }
     auto* s = static_cast<Stream*>(handle);
     return g_streams.count(s) ? s : nullptr;
 }
@@ -179,8 +217,7 @@ bool is_pinned(const void* p, size_t bytes) {
 /// The result of an API call that needs an initialized driver and a current context.
 CUresult ready() {
     if (!g_initialized) return CUDA_ERROR_NOT_INITIALIZED;
-    if (g_sticky != CUDA_SUCCESS) return g_sticky;
-    return tl_current ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+    return tl_current ? tl_current->sticky : CUDA_ERROR_INVALID_CONTEXT;
 }
 
 void* poisoned(size_t bytes, size_t alignment) {
@@ -190,14 +227,16 @@ void* poisoned(size_t bytes, size_t alignment) {
     return p;
 }
 
+/// Allocates `bytes` on the current context's device.
 CUresult alloc_device(CUdeviceptr* out, size_t bytes) {
     if (out == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
-    if (g_device_bytes + bytes > total_memory()) return CUDA_ERROR_OUT_OF_MEMORY;
+    Context* c = tl_current;
+    if (c->bytes + bytes > total_memory()) return CUDA_ERROR_OUT_OF_MEMORY;
     void* p = poisoned(bytes, 256);
     if (p == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
-    g_regions[reinterpret_cast<uint64_t>(p)] = {bytes, false};
-    g_device_bytes += bytes;
-    g_device_peak = std::max(g_device_peak, g_device_bytes);
+    g_regions[reinterpret_cast<uint64_t>(p)] = {bytes, false, c->device};
+    c->bytes += bytes;
+    c->peak = std::max(c->peak, c->bytes);
     *out = reinterpret_cast<uint64_t>(p);
     return CUDA_SUCCESS;
 }
@@ -205,7 +244,7 @@ CUresult alloc_device(CUdeviceptr* out, size_t bytes) {
 CUresult free_device(CUdeviceptr ptr) {
     auto it = g_regions.find(ptr);
     if (it == g_regions.end() || it->second.pinned) return CUDA_ERROR_INVALID_VALUE;
-    g_device_bytes -= it->second.size;
+    g_contexts[size_t(it->second.device)]->bytes -= it->second.size;
     g_regions.erase(it);
     std::free(reinterpret_cast<void*>(ptr));
     return CUDA_SUCCESS;
@@ -239,12 +278,20 @@ CUresult check_device_range(CUdeviceptr ptr, size_t bytes) {
 }  // namespace
 
 bool in_device_memory(uint64_t ptr, size_t bytes, std::string* why) {
+    Guard g(g_lock);  // NCCL's calls check their buffers outside queued work
     uint64_t start;
     const Region* r = region_of(ptr, &start);
     char buf[200];
     if (r == nullptr || r->pinned || ptr >= start + r->size + (bytes == 0)) {
         std::snprintf(buf, sizeof buf, "0x%llx is in no live device allocation",
                       (unsigned long long)ptr);
+        *why = buf;
+        return false;
+    }
+    const Context* device = g_running ? g_running : tl_current;
+    if (device && r->device != device->device) {
+        std::snprintf(buf, sizeof buf, "0x%llx is memory of cuda:%d, the work runs on cuda:%d",
+                      (unsigned long long)ptr, r->device, device->device);
         *why = buf;
         return false;
     }
@@ -261,7 +308,8 @@ bool in_device_memory(uint64_t ptr, size_t bytes, std::string* why) {
 
 void fault(int cuda_error, const std::string& what) {
     std::fprintf(stderr, "cuda-emu: FAULT: %s\n", what.c_str());
-    if (g_sticky == CUDA_SUCCESS) g_sticky = cuda_error;
+    Context* c = g_running ? g_running : tl_current;
+    if (c && c->sticky == CUDA_SUCCESS) c->sticky = cuda_error;
 }
 
 void count_product() { g_products++; }
@@ -271,23 +319,41 @@ int enqueue(void* handle, std::function<void()> work) {
     if (CUresult r = ready()) return r;
     Stream* s = stream_of(handle);
     if (s == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-    // The legacy stream waits for every blocking stream, and they wait for it.
-    if (s == &g_legacy) {
+    // The legacy stream waits for every blocking stream of its context, and they
+    // wait for it.
+    Stream* legacy = &s->ctx->legacy;
+    if (s == legacy) {
         for (Stream* other : g_streams) {
-            if (other->blocking && other->done < other->enqueued) {
+            if (other->ctx == s->ctx && other->blocking && other->done < other->enqueued) {
                 uint64_t upto = other->enqueued;
                 s->queue.push_back([other, upto] { run_queued(other, upto); });
                 s->enqueued++;
             }
         }
-    } else if (s->blocking && g_legacy.done < g_legacy.enqueued) {
-        uint64_t upto = g_legacy.enqueued;
-        s->queue.push_back([upto] { run_queued(&g_legacy, upto); });
+    } else if (s->blocking && legacy->done < legacy->enqueued) {
+        uint64_t upto = legacy->enqueued;
+        s->queue.push_back([legacy, upto] { run_queued(legacy, upto); });
         s->enqueued++;
     }
     s->queue.push_back(std::move(work));
     s->enqueued++;
     return CUDA_SUCCESS;
+}
+
+void* current_context() { return tl_current; }
+
+int current_device() { return tl_current ? tl_current->device : -1; }
+
+int run_stream(void* context, void* handle) {
+    Guard g(g_lock);
+    auto* c = static_cast<Context*>(context);
+    if (std::find(g_contexts.begin(), g_contexts.end(), c) == g_contexts.end()) {
+        return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    Stream* s = stream_of(handle, c);
+    if (s == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    run_queued(s, s->enqueued);
+    return s->ctx->sticky;
 }
 
 }  // namespace cuemu
@@ -301,6 +367,19 @@ using namespace cuemu;
 API CUresult cuInit(unsigned int flags) {
     Guard g(g_lock);
     if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (g_initialized) return CUDA_SUCCESS;
+    int count = device_count();
+    if (count == 0) {
+        std::fprintf(stderr, "cuda-emu: CUDA_EMU_DEVICES=%s is not a number of devices from 1 "
+                             "to 64\n", std::getenv("CUDA_EMU_DEVICES"));
+        return CUDA_ERROR_NO_DEVICE;
+    }
+    for (int d = 0; d < count; d++) {
+        auto* c = new Context();
+        c->device = d;
+        c->legacy.ctx = c;
+        g_contexts.push_back(c);
+    }
     g_initialized = true;
     return CUDA_SUCCESS;
 }
@@ -315,20 +394,20 @@ API CUresult cuDriverGetVersion(int* version) {
 API CUresult cuDeviceGetCount(int* count) {
     if (!g_initialized) return CUDA_ERROR_NOT_INITIALIZED;
     if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    *count = 1;
+    *count = int(g_contexts.size());
     return CUDA_SUCCESS;
 }
 
 API CUresult cuDeviceGet(CUdevice* device, int ordinal) {
     if (!g_initialized) return CUDA_ERROR_NOT_INITIALIZED;
-    if (ordinal != 0) return CUDA_ERROR_INVALID_DEVICE;
-    *device = 0;
+    if (!valid_device(ordinal)) return CUDA_ERROR_INVALID_DEVICE;
+    *device = ordinal;
     return CUDA_SUCCESS;
 }
 
 API CUresult cuDeviceGetName(char* name, int len, CUdevice device) {
     if (!g_initialized) return CUDA_ERROR_NOT_INITIALIZED;
-    if (device != 0) return CUDA_ERROR_INVALID_DEVICE;
+    if (!valid_device(device)) return CUDA_ERROR_INVALID_DEVICE;
     if (name == nullptr || len <= 0) return CUDA_ERROR_INVALID_VALUE;
     std::snprintf(name, size_t(len), "cuda-emu (an emulated GPU on the CPU)");
     return CUDA_SUCCESS;
@@ -336,7 +415,7 @@ API CUresult cuDeviceGetName(char* name, int len, CUdevice device) {
 
 API CUresult cuDeviceGetAttribute(int* value, int attribute, CUdevice device) {
     if (!g_initialized) return CUDA_ERROR_NOT_INITIALIZED;
-    if (device != 0) return CUDA_ERROR_INVALID_DEVICE;
+    if (!valid_device(device)) return CUDA_ERROR_INVALID_DEVICE;
     if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
     int major, minor;
     parse_capability(&major, &minor);
@@ -359,20 +438,20 @@ API CUresult cuDeviceGetAttribute(int* value, int attribute, CUdevice device) {
 
 API CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice device) {
     if (!g_initialized) return CUDA_ERROR_NOT_INITIALIZED;
-    if (device != 0) return CUDA_ERROR_INVALID_DEVICE;
+    if (!valid_device(device)) return CUDA_ERROR_INVALID_DEVICE;
     *bytes = total_memory();
     return CUDA_SUCCESS;
 }
 
 API CUresult cuDevicePrimaryCtxRetain(Context** ctx, CUdevice device) {
     if (!g_initialized) return CUDA_ERROR_NOT_INITIALIZED;
-    if (device != 0) return CUDA_ERROR_INVALID_DEVICE;
-    *ctx = &g_context;
+    if (!valid_device(device)) return CUDA_ERROR_INVALID_DEVICE;
+    *ctx = g_contexts[size_t(device)];
     return CUDA_SUCCESS;
 }
 
 API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) {
-    return device == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+    return valid_device(device) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
 }
 
 API CUresult cuCtxGetCurrent(Context** ctx) {
@@ -383,7 +462,9 @@ API CUresult cuCtxGetCurrent(Context** ctx) {
 
 API CUresult cuCtxSetCurrent(Context* ctx) {
     if (!g_initialized) return CUDA_ERROR_NOT_INITIALIZED;
-    if (ctx != nullptr && ctx != &g_context) return CUDA_ERROR_INVALID_CONTEXT;
+    if (ctx != nullptr && std::find(g_contexts.begin(), g_contexts.end(), ctx) == g_contexts.end()) {
+        return CUDA_ERROR_INVALID_CONTEXT;
+    }
     tl_current = ctx;
     return CUDA_SUCCESS;
 }
@@ -391,15 +472,15 @@ API CUresult cuCtxSetCurrent(Context* ctx) {
 API CUresult cuCtxSynchronize() {
     Guard g(g_lock);
     if (CUresult r = ready()) return r;
-    run_all();
-    return g_sticky;
+    run_all(tl_current);
+    return tl_current->sticky;
 }
 
 API CUresult cuMemGetInfo_v2(size_t* free, size_t* total) {
     Guard g(g_lock);
     if (CUresult r = ready()) return r;
     *total = total_memory();
-    *free = *total - g_device_bytes;
+    *free = *total - tl_current->bytes;
     return CUDA_SUCCESS;
 }
 
@@ -454,7 +535,7 @@ API CUresult cuMemAlloc_v2(CUdeviceptr* ptr, size_t bytes) {
 API CUresult cuMemFree_v2(CUdeviceptr ptr) {
     Guard g(g_lock);
     if (CUresult r = ready()) return r;
-    run_all();  // cuMemFree waits for the device
+    run_all(tl_current);  // cuMemFree waits for the device
     return free_device(ptr);
 }
 
@@ -480,7 +561,7 @@ API CUresult cuMemHostAlloc(void** ptr, size_t bytes, unsigned int flags) {
     if (ptr == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
     void* p = poisoned(bytes, 4096);
     if (p == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
-    g_regions[reinterpret_cast<uint64_t>(p)] = {bytes, true};
+    g_regions[reinterpret_cast<uint64_t>(p)] = {bytes, true, -1};
     *ptr = p;
     return CUDA_SUCCESS;
 }
@@ -492,7 +573,7 @@ API CUresult cuMemFreeHost(void* ptr) {
     if (CUresult r = ready()) return r;
     auto it = g_regions.find(reinterpret_cast<uint64_t>(ptr));
     if (it == g_regions.end() || !it->second.pinned) return CUDA_ERROR_INVALID_VALUE;
-    run_all();  // queued copies may still read or write it
+    for (Context* c : g_contexts) run_all(c);  // queued copies may still read or write it
     g_regions.erase(it);
     std::free(ptr);
     return CUDA_SUCCESS;
@@ -510,7 +591,7 @@ API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t bytes
     }
     // From pageable memory the driver waits for the stream, then copies.
     run_queued(s, s->enqueued);
-    if (g_sticky) return g_sticky;
+    if (s->ctx->sticky) return s->ctx->sticky;
     std::memcpy(reinterpret_cast<void*>(dst), src, bytes);
     return CUDA_SUCCESS;
 }
@@ -526,7 +607,7 @@ API CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t bytes, void
     }
     // To pageable memory the call returns when the copy is done.
     run_queued(s, s->enqueued);
-    if (g_sticky) return g_sticky;
+    if (s->ctx->sticky) return s->ctx->sticky;
     std::memcpy(dst, reinterpret_cast<void*>(src), bytes);
     return CUDA_SUCCESS;
 }
@@ -554,8 +635,8 @@ static CUresult blocking(CUdeviceptr device, size_t bytes, const std::function<v
     Guard g(g_lock);
     if (CUresult r = ready()) return r;
     if (CUresult r = check_device_range(device, bytes)) return r;
-    run_all();
-    if (g_sticky) return g_sticky;
+    run_all(tl_current);
+    if (tl_current->sticky) return tl_current->sticky;
     work();
     return CUDA_SUCCESS;
 }
@@ -579,6 +660,7 @@ API CUresult cuStreamCreate(void** stream, unsigned int flags) {
     if (CUresult r = ready()) return r;
     if (flags > 1) return CUDA_ERROR_INVALID_VALUE;
     auto* s = new Stream();
+    s->ctx = tl_current;
     s->blocking = (flags & 1) == 0;  // CU_STREAM_NON_BLOCKING = 1
     g_streams.insert(s);
     *stream = s;
@@ -589,7 +671,7 @@ API CUresult cuStreamDestroy_v2(void* stream) {
     Guard g(g_lock);
     if (CUresult r = ready()) return r;
     Stream* s = stream_of(stream);
-    if (s == nullptr || s == &g_legacy) return CUDA_ERROR_INVALID_HANDLE;
+    if (s == nullptr || s == &s->ctx->legacy) return CUDA_ERROR_INVALID_HANDLE;
     // Queued work still completes; events recorded on it stay valid.
     run_queued(s, s->enqueued);
     g_streams.erase(s);
@@ -602,7 +684,7 @@ API CUresult cuStreamSynchronize(void* stream) {
     Stream* s = stream_of(stream);
     if (s == nullptr) return CUDA_ERROR_INVALID_HANDLE;
     run_queued(s, s->enqueued);
-    return g_sticky;
+    return s->ctx->sticky;
 }
 
 API CUresult cuEventCreate(Event** event, unsigned int flags) {
@@ -640,8 +722,9 @@ API CUresult cuEventSynchronize(Event* event) {
     Guard g(g_lock);
     if (CUresult r = ready()) return r;
     if (!g_events.count(event)) return CUDA_ERROR_INVALID_HANDLE;
-    if (event->stream) run_queued(event->stream, event->seq);
-    return g_sticky;
+    if (event->stream == nullptr) return tl_current->sticky;
+    run_queued(event->stream, event->seq);
+    return event->stream->ctx->sticky;
 }
 
 API CUresult cuEventQuery(Event* event) {
@@ -707,7 +790,7 @@ API CUresult cuModuleLoadData(Module** module, const void* image) {
 
 API CUresult cuModuleUnload(Module* module) {
     Guard g(g_lock);
-    run_all();
+    for (Context* c : g_contexts) run_all(c);
     delete module;  // the shared object stays loaded: kernels may be cached elsewhere
     return CUDA_SUCCESS;
 }

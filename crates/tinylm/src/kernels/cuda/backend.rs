@@ -165,7 +165,7 @@ impl Backend<f32> for Cuda {
     fn read_stats(&self, stats: &CudaStats) -> Result<StepStats> {
         let waited = stats.host.copied.synchronize();
         self.take_error()?;
-        waited.map_err(|e| driver_error("running the training step", e))?;
+        waited.map_err(|e| self.wait_error("running the training step", e))?;
         let bytes = stats
             .host
             .memory
@@ -207,7 +207,7 @@ impl Backend<f32> for Cuda {
         dst.staging
             .copied
             .synchronize()
-            .map_err(|e| driver_error("waiting for the previous copy of token ids", e))?;
+            .map_err(|e| self.wait_error("waiting for the previous copy of token ids", e))?;
         let staged = &mut dst
             .staging
             .memory

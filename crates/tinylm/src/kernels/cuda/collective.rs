@@ -18,9 +18,14 @@
 //! group (ncclGroupStart/End): in place, with no padding or staging copy, and with
 //! the ring algorithm the same traffic per rank, `(R − 1)/R` of the buffer, as
 //! ReduceScatter and AllGather.
+//!
+//! A collective that fails after its call returned (a rank died, the ranks called it
+//! differently: NCCL's asynchronous error) fails the stream; while the communicator
+//! lives, the backend explains its later errors by NCCL's
+//! ([`super::context::CollectiveFailure`]).
 
 use super::buffer::{CudaBuf, CudaStats, DType, Dev};
-use super::context::{driver_error, Cuda};
+use super::context::{driver_error, CollectiveFailure, Cuda};
 use crate::distributed::{shard, World};
 use crate::kernels::{Collective, SpanMut};
 use crate::{Error, Result};
@@ -41,6 +46,10 @@ const LIBRARY_FILES: [&str; 2] = [NCCL_LIBRARY, "libnccl.so"];
 /// What NCCL calls return on success (`ncclResult_t` is a C enum: an `int`, taken as
 /// one, since a newer NCCL may return codes the bindings do not list).
 const SUCCESS: c_int = ncclResult_t::ncclSuccess as c_int;
+
+/// The oldest NCCL this module runs with, as `ncclGetVersion` writes it (`10000·major
+/// + 100·minor + patch`): 2.13 brought `ncclGetLastError`.
+const MIN_VERSION: c_int = 21300;
 
 /// `ncclAllReduce(sendbuff, recvbuff, count, datatype, op, comm, stream)`.
 type AllReduceFn = unsafe extern "C" fn(
@@ -80,6 +89,7 @@ struct Library {
     get_unique_id: unsafe extern "C" fn(*mut ncclUniqueId) -> c_int,
     comm_init_rank: unsafe extern "C" fn(*mut ncclComm_t, c_int, ncclUniqueId, c_int) -> c_int,
     comm_abort: unsafe extern "C" fn(ncclComm_t) -> c_int,
+    comm_get_async_error: unsafe extern "C" fn(ncclComm_t, *mut c_int) -> c_int,
     group_start: unsafe extern "C" fn() -> c_int,
     group_end: unsafe extern "C" fn() -> c_int,
     all_reduce: AllReduceFn,
@@ -129,10 +139,18 @@ impl Library {
                 })?
             };
         }
+        let get_version: unsafe extern "C" fn(*mut c_int) -> c_int = function!("ncclGetVersion");
+        let mut version = 0;
+        // SAFETY: writes one int.
+        if unsafe { get_version(&mut version) } != SUCCESS {
+            return Err(format!("{NCCL_LIBRARY}'s ncclGetVersion failed"));
+        }
+        check_version(version)?;
         Ok(Library {
             get_unique_id: function!("ncclGetUniqueId"),
             comm_init_rank: function!("ncclCommInitRank"),
             comm_abort: function!("ncclCommAbort"),
+            comm_get_async_error: function!("ncclCommGetAsyncError"),
             group_start: function!("ncclGroupStart"),
             group_end: function!("ncclGroupEnd"),
             all_reduce: function!("ncclAllReduce"),
@@ -144,8 +162,8 @@ impl Library {
         })
     }
 
-    /// `code`, an NCCL call's result, as an error naming the call `what`, with
-    /// NCCL's name for the code and its last error message, on one line.
+    /// `code`, an NCCL call's result, as [`failed`] says it, with NCCL's name for
+    /// the code and its last error message.
     fn check(&self, code: c_int, what: &str) -> Result<()> {
         if code == SUCCESS {
             return Ok(());
@@ -165,13 +183,69 @@ impl Library {
                 text((self.get_last_error)(std::ptr::null_mut())),
             )
         };
-        let last = last.split_whitespace().collect::<Vec<_>>().join(" ");
-        let detail = if last.is_empty() {
-            String::new()
-        } else {
-            format!(" ({last})")
-        };
-        Err(Error::Ranks(format!("NCCL {what} failed: {name}{detail}")))
+        Err(failed(what, &name, &last))
+    }
+
+    /// `comm`'s asynchronous error (a queued collective that failed), as [`Library::check`]
+    /// says it; `None` while it has none.
+    fn async_error(&self, comm: ncclComm_t) -> Option<Error> {
+        let mut code = SUCCESS;
+        // SAFETY: `comm` is a live communicator (see `Failure`); writes one int. NCCL
+        // lets any thread query it while others use it.
+        let queried = unsafe { (self.comm_get_async_error)(comm, &mut code) };
+        let what = "collective (ncclCommGetAsyncError)";
+        self.check(queried, what).and(self.check(code, what)).err()
+    }
+}
+
+/// NCCL call `what` failed with the code NCCL names `name` and its last error
+/// message `last`: one line. This rank's device error, not one every rank meets
+/// alike (`Error::Ranks`): the rank that meets it says it and ends every rank, where
+/// one that finalized instead would leave the others waiting in their collective
+/// and say nothing unless it is rank 0.
+fn failed(what: &str, name: &str, last: &str) -> Error {
+    let last = last.split_whitespace().collect::<Vec<_>>().join(" ");
+    let detail = if last.is_empty() {
+        String::new()
+    } else {
+        format!(" ({last})")
+    };
+    Error::Device(format!("NCCL {what} failed: {name}{detail}"))
+}
+
+/// One line naming the loaded and the needed NCCL when NCCL `version`
+/// (`ncclGetVersion`'s encoding) is too old.
+fn check_version(version: c_int) -> std::result::Result<(), String> {
+    // 2.9 and later: 10000·major + 100·minor + patch; before, 1000·major + 100·minor + patch.
+    let name = |v: c_int| match v {
+        10000.. => format!("{}.{}.{}", v / 10000, v / 100 % 100, v % 100),
+        _ => format!("{}.{}.{}", v / 1000, v / 100 % 10, v % 100),
+    };
+    if version >= MIN_VERSION {
+        return Ok(());
+    }
+    Err(format!(
+        "{NCCL_LIBRARY} is NCCL {}; tinylm needs NCCL {} or newer: `pip install \
+         nvidia-nccl-cu13` and put its nvidia/nccl/lib first on LD_LIBRARY_PATH",
+        name(version),
+        name(MIN_VERSION)
+    ))
+}
+
+/// A communicator as the backend's [`CollectiveFailure`] holds it: it is cleared
+/// before the communicator is aborted, and NCCL lets any thread query it.
+struct Failure {
+    nccl: &'static Library,
+    comm: ncclComm_t,
+}
+
+// SAFETY: see `Failure`: only `ncclCommGetAsyncError` is called through it, which NCCL
+// allows from any thread, and never after the communicator is aborted.
+unsafe impl Send for Failure {}
+
+impl Failure {
+    fn error(&self) -> Option<Error> {
+        self.nccl.async_error(self.comm)
     }
 }
 
@@ -200,6 +274,8 @@ pub(super) struct Nccl {
     nccl: &'static Library,
     comm: ncclComm_t,
     stream: Arc<CudaStream>,
+    /// The backend's, set to this communicator's asynchronous error while it lives.
+    failure: CollectiveFailure,
     rank: usize,
     ranks: usize,
 }
@@ -235,10 +311,14 @@ impl Nccl {
         let code = unsafe { (nccl.comm_init_rank)(&mut comm, as_int(ranks), id, as_int(rank)) };
         let what = format!("ncclCommInitRank (joining the communicator of {ranks} ranks)");
         nccl.check(code, &what)?;
+        let failure = cuda.collective_failure.clone();
+        let probe = Failure { nccl, comm };
+        *failure.lock().expect("collective failure lock") = Some(Box::new(move || probe.error()));
         Ok(Nccl {
             nccl,
             comm,
             stream,
+            failure,
             rank,
             ranks,
         })
@@ -392,6 +472,7 @@ impl Drop for Nccl {
     /// ncclCommAbort is local. A run that ends normally has already waited for its
     /// queued work: it ends after reading its last step's statistics.
     fn drop(&mut self) {
+        *self.failure.lock().expect("collective failure lock") = None;
         // Best-effort teardown: a failure to bind leaves NCCL to set the device.
         let _ = bind(&self.stream);
         // SAFETY: `comm` came from ncclCommInitRank and is not used after this.
@@ -411,7 +492,36 @@ fn bind(stream: &CudaStream) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::Library;
+    use super::{check_version, failed, Library};
+    use crate::Error;
+
+    #[test]
+    fn a_failed_nccl_call_is_one_line_and_this_ranks_own_error() {
+        let e = failed(
+            "ncclAllReduce (all-reduce of the gradient)",
+            "remote process exited or there was a network error",
+            "rank 0 (pid 7, cuda:0)\nexited",
+        );
+        assert!(matches!(e, Error::Device(_)), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            "NCCL ncclAllReduce (all-reduce of the gradient) failed: remote process exited or \
+             there was a network error (rank 0 (pid 7, cuda:0) exited)"
+        );
+    }
+
+    #[test]
+    fn an_nccl_older_than_2_13_is_one_line_naming_both_versions() {
+        for (version, named) in [(21212, "NCCL 2.12.12;"), (2804, "NCCL 2.8.4;")] {
+            let e = check_version(version).unwrap_err();
+            assert!(
+                e.contains(named) && e.contains("NCCL 2.13.0 or newer") && !e.contains('\n'),
+                "{e}"
+            );
+        }
+        assert!(check_version(21300).is_ok());
+        assert!(check_version(22803).is_ok());
+    }
 
     #[test]
     fn a_missing_nccl_is_one_line_saying_how_to_install_it() {

@@ -21,6 +21,13 @@ pub const CUBLASLT_LIBRARY: &str = "libcublasLt.so.13";
 /// it (`1000·major + 10·minor`): NVRTC and cuBLASLt are CUDA 13's.
 const MIN_DRIVER_CUDA: i32 = 13000;
 
+/// What explains the failures of a rank's queued work when the ranks' collectives
+/// failed: a collective that fails after its call returned (a rank died, the ranks
+/// called it differently) fails the stream, and every launch and wait after it with
+/// the driver's "launch failure" alone. Set by the ranks' communicator while it
+/// lives ([`Cuda::explained`] asks it).
+pub(super) type CollectiveFailure = Arc<Mutex<Option<Box<dyn Fn() -> Option<Error> + Send>>>>;
+
 /// The CUDA backend on one device: context and stream, the compiled kernels, the
 /// cuBLASLt handle and workspace, and the first error of queued work (sticky:
 /// kernels return nothing, the first failure is kept and reported by
@@ -32,6 +39,7 @@ pub struct Cuda {
     kernels: HashMap<&'static str, CudaFunction>,
     pub(super) blas: Blas,
     error: Mutex<Option<Error>>,
+    pub(super) collective_failure: CollectiveFailure,
     /// Work space of the kernels that need it ([`Scratch`]), grown on first use.
     pub(super) scratch: Mutex<HashMap<Scratch, DeviceBuffer>>,
     device_name: String,
@@ -125,6 +133,7 @@ impl Cuda {
             kernels,
             blas,
             error: Mutex::new(None),
+            collective_failure: CollectiveFailure::default(),
             scratch: Mutex::new(HashMap::new()),
             device_name,
             capability,
@@ -289,15 +298,30 @@ impl Cuda {
     pub fn synchronize(&self) -> Result<()> {
         let synced = self.stream.synchronize();
         self.take_error()?;
-        synced.map_err(|e| driver_error("running kernels", e))
+        synced.map_err(|e| self.wait_error("running kernels", e))
     }
 
-    /// The first error recorded since the last call (sticky until taken).
+    /// The first error recorded since the last call (sticky until taken), explained.
     pub fn take_error(&self) -> Result<()> {
         match self.error.lock().expect("error lock").take() {
-            Some(e) => Err(e),
+            Some(e) => Err(self.explained(e)),
             None => Ok(()),
         }
+    }
+
+    /// `e`, an error of queued work, or what explains it: the ranks' collectives'
+    /// failure ([`CollectiveFailure`]) when they failed.
+    fn explained(&self, e: Error) -> Error {
+        let failure = self
+            .collective_failure
+            .lock()
+            .expect("collective failure lock");
+        failure.as_ref().and_then(|failure| failure()).unwrap_or(e)
+    }
+
+    /// The error of a failed wait for queued work (`what`), explained.
+    pub(super) fn wait_error(&self, what: &str, e: DriverError) -> Error {
+        self.explained(driver_error(what, e))
     }
 
     /// Records `result`'s error unless an earlier one is pending.
