@@ -1,24 +1,18 @@
-//! `tinylm serve`: a trained model behind the OpenAI API — `POST /v1/completions`
-//! (whole, or streamed as server-sent events) and `GET /v1/models` — with a page at
-//! `/` to try it. Concurrent requests are decoded together, continuously batched
-//! on the model's own thread ([`engine`]); the HTTP side ([`routes`], axum on a
-//! small tokio runtime) only checks requests ([`api`]) and passes text on.
-
-mod api;
-mod engine;
-mod routes;
+//! `tinylm serve`: a trained model behind the OpenAI API, with its key, limits,
+//! health and metrics — the server is the `tinylm-serve` crate; this command reads
+//! its flags, opens the weights and the tokenizer, and stops it at Ctrl-C or
+//! SIGTERM.
 
 use super::flags::DeviceArgs;
 use super::tokenizer::for_model;
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Args;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicU64;
-use std::sync::{mpsc, Arc};
+use std::time::Duration;
 use tinylm::accounting::InferenceMemory;
-use tinylm::device::AnyBackend;
-use tinylm::on_backend;
 use tinylm::weights;
+use tinylm_serve::limits::{self, Limits};
+use tinylm_serve::Settings;
 
 #[derive(Args)]
 pub struct ServeArgs {
@@ -47,91 +41,99 @@ pub struct ServeArgs {
     threads: Option<usize>,
     #[command(flatten)]
     device: DeviceArgs,
+    /// Every API route asks for `Authorization: Bearer KEY` (all but `/` and
+    /// `/health`).
+    #[arg(long, env = tinylm_serve::API_KEY_ENV, hide_env_values = true)]
+    api_key: Option<String>,
+    /// Largest request body, in bytes (413 beyond).
+    #[arg(long, default_value_t = limits::DEFAULT_MAX_BODY_BYTES)]
+    max_body_bytes: usize,
+    /// Most prompt tokens of a request, all its prompts together (400 beyond)
+    /// [default: the context length times --slots].
+    #[arg(long)]
+    max_prompt_tokens: Option<usize>,
+    /// Largest `max_tokens` a request may ask for (400 beyond) [default: the
+    /// context length less one].
+    #[arg(long)]
+    max_completion_tokens: Option<usize>,
+    /// Choices that may wait for a slot; a request that would make more wait gets
+    /// a 429 with `Retry-After`.
+    #[arg(long, default_value_t = limits::DEFAULT_MAX_QUEUE)]
+    max_queue: usize,
+    /// Seconds a request may take, from its arrival to its last token (then 408,
+    /// or an error event ending its stream).
+    #[arg(long, default_value_t = limits::DEFAULT_REQUEST_TIMEOUT_S as f64)]
+    request_timeout: f64,
+    /// Seconds a connection may wait for a request, a request's body may take to
+    /// arrive, and a client may leave what it is sent unread, before it is closed.
+    #[arg(long, default_value_t = limits::DEFAULT_IDLE_TIMEOUT_S as f64)]
+    idle_timeout: f64,
+    /// Events (pieces of text) per choice held for a client that reads more slowly
+    /// than they come; beyond, its request ends and frees its slots.
+    #[arg(long, default_value_t = limits::DEFAULT_STREAM_BUFFER)]
+    stream_buffer: usize,
+    /// Seconds open requests may go on after Ctrl-C or SIGTERM before they are ended.
+    #[arg(long, default_value_t = limits::DEFAULT_SHUTDOWN_TIMEOUT_S as f64)]
+    shutdown_timeout: f64,
+}
+
+/// `value` seconds, or an error naming `flag` unless it is positive and finite.
+fn seconds(flag: &str, value: f64) -> Result<Duration> {
+    anyhow::ensure!(
+        value.is_finite() && value > 0.0 && value < 1e9,
+        "--{flag} must be a positive number of seconds, got {value}"
+    );
+    Ok(Duration::from_secs_f64(value))
+}
+
+impl ServeArgs {
+    /// The bounds the flags give for a model of `context_length`.
+    fn limits(&self, context_length: usize) -> Result<Limits> {
+        let defaults = Limits::defaults(context_length, self.slots);
+        let limits = Limits {
+            max_body_bytes: self.max_body_bytes,
+            max_prompt_tokens: self.max_prompt_tokens.unwrap_or(defaults.max_prompt_tokens),
+            max_completion_tokens: (self.max_completion_tokens)
+                .unwrap_or(defaults.max_completion_tokens),
+            max_queue: self.max_queue,
+            request_timeout: seconds("request-timeout", self.request_timeout)?,
+            idle_timeout: seconds("idle-timeout", self.idle_timeout)?,
+            stream_buffer: self.stream_buffer,
+            shutdown_timeout: seconds("shutdown-timeout", self.shutdown_timeout)?,
+        };
+        for (flag, value) in [
+            ("max-body-bytes", limits.max_body_bytes),
+            ("max-prompt-tokens", limits.max_prompt_tokens),
+            ("max-completion-tokens", limits.max_completion_tokens),
+            ("stream-buffer", limits.stream_buffer),
+        ] {
+            anyhow::ensure!(value > 0, "--{flag} must be at least 1");
+        }
+        Ok(limits)
+    }
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
     super::set_threads(args.threads)?;
+    let stop = super::stop_on_ctrl_c()?;
     let ckpt = weights::open(&args.checkpoint, None)?;
     let (tokenizer, eos) = for_model(args.tokenizer.as_deref(), &ckpt, &args.checkpoint)?;
-    let config = ckpt.config.clone();
-    anyhow::ensure!(
-        (1..=config.context_length).contains(&args.slots),
-        "--slots must be between 1 and the model's context length {}, got {}",
-        config.context_length,
-        args.slots
-    );
+    let config = &ckpt.config;
+    let limits = args.limits(config.context_length)?;
     let target = args.device.target();
-    let memory = InferenceMemory::decoding(&config, args.slots, config.context_length, target);
+    let memory = InferenceMemory::decoding(config, args.slots, config.context_length, target);
     eprintln!("{}", memory.describe(target));
-    let created = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let model = api::ServedModel {
-        name: args.name.unwrap_or_else(|| default_name(&args.checkpoint)),
-        context_length: config.context_length,
-        tokenizer: tokenizer.clone(),
-        eos,
-        created,
+    let settings = Settings {
+        name: (args.name.clone()).unwrap_or_else(|| default_name(&args.checkpoint)),
+        host: args.host.clone(),
+        port: args.port,
+        slots: args.slots,
+        device: args.device.device,
+        precision: args.device.precision,
+        api_key: args.api_key.clone(),
+        limits,
     };
-
-    // The model's thread (run on the pool's): opens the device, loads the weights,
-    // says whether that worked, then decodes until the server's end.
-    let (jobs, queue) = mpsc::channel();
-    let (ready, loaded) = mpsc::channel::<Result<()>>();
-    let (device, precision, slots) = (args.device.device, args.device.precision, args.slots);
-    std::thread::Builder::new()
-        .name("tinylm-model".into())
-        .spawn(move || -> Result<()> {
-            tinylm::kernels::cpu::on_pool(move || {
-                let backend = match AnyBackend::open_forward_only(device, precision) {
-                    Ok(backend) => backend,
-                    Err(e) => {
-                        let _ = ready.send(Err(e.into()));
-                        return Ok(());
-                    }
-                };
-                on_backend!(backend, backend => match ckpt.model(backend) {
-                    Ok(mut model) => {
-                        let _ = ready.send(Ok(()));
-                        engine::run(&mut model, &tokenizer, slots, queue)
-                    }
-                    Err(e) => {
-                        let _ = ready.send(Err(e.into()));
-                        Ok(())
-                    }
-                })
-            })
-        })
-        .context("starting the model's thread")?;
-    loaded
-        .recv()
-        .context("the model's thread stopped while loading")??;
-
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("tinylm-http")
-        .enable_io()
-        .build()
-        .context("starting the HTTP runtime")?;
-    runtime.block_on(async {
-        let address = (args.host.as_str(), args.port);
-        let listener = tokio::net::TcpListener::bind(address)
-            .await
-            .with_context(|| format!("listening on {}:{}", args.host, args.port))?;
-        let local = listener.local_addr()?;
-        eprintln!(
-            "serving {} at http://{local}/ (OpenAI API at http://{local}/v1, {slots} sequences at a time)",
-            model.name
-        );
-        let app = Arc::new(routes::App {
-            model,
-            jobs,
-            requests: AtomicU64::new(0),
-        });
-        axum::serve(listener, routes::router(app))
-            .await
-            .context("serving HTTP")
-    })
+    tinylm_serve::run(ckpt, tokenizer, eos, settings, stop)
 }
 
 /// A checkpoint file's directory name (`runs/ts/checkpoint.safetensors`: `ts`), or
