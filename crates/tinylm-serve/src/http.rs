@@ -14,6 +14,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use std::future::Future;
 use std::io;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -36,6 +37,7 @@ const SOCKET_BUFFER: usize = 64 << 10;
 /// take what was sent before.
 struct Guarded {
     io: TcpStream,
+    peer: SocketAddr,
     limit: Duration,
     /// Started when a write first waits; cleared when one goes through.
     stalled: Option<Pin<Box<Sleep>>>,
@@ -54,10 +56,15 @@ impl Guarded {
         let limit = self.limit;
         let timer = (self.stalled).get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
         match timer.as_mut().poll(cx) {
-            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "the client has not read what it was sent (--idle-timeout)",
-            ))),
+            Poll::Ready(()) => {
+                eprintln!(
+                    "{}: the client has not read what it was sent for {:.1} s (--idle-timeout); its connection is closed",
+                    self.peer,
+                    limit.as_secs_f64()
+                );
+                let message = "the client has not read what it was sent (--idle-timeout)";
+                Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, message)))
+            }
             Poll::Pending => Poll::Pending,
         }
     }
@@ -127,10 +134,10 @@ pub async fn serve(
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((tcp, _)) => {
+                Ok((tcp, peer)) => {
                     let _ = tcp.set_nodelay(true);
                     let _ = socket2::SockRef::from(&tcp).set_send_buffer_size(SOCKET_BUFFER);
-                    let io = Guarded { io: tcp, limit: limits.idle_timeout, stalled: None };
+                    let io = Guarded { io: tcp, peer, limit: limits.idle_timeout, stalled: None };
                     let service = TowerToHyperService::new(router.clone());
                     let connection = builder.serve_connection(TokioIo::new(io), service);
                     let connection = graceful.watch(connection);

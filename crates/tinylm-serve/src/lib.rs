@@ -169,12 +169,18 @@ pub fn run(
             stopping.stop();
             eprintln!("stopping: no new connections; open requests may finish");
         };
-        let server = tokio::spawn(async move {
+        let mut server = tokio::spawn(async move {
             http::serve(listener, router, &limits, stopped, move || ending.end()).await
         });
-        loaded
-            .await
-            .context("the model's thread stopped while loading")??;
+        // Stopped while loading: no need to wait for the weights.
+        tokio::select! {
+            loaded = loaded => loaded.context("the model's thread stopped while loading")??,
+            served = &mut server => {
+                served.context("the HTTP server failed")?;
+                eprintln!("stopped");
+                return Ok(());
+            }
+        }
         shared.set_ready();
         eprintln!(
             "serving {} at http://{local}/ (OpenAI API at http://{local}/v1, {slots} sequences at a time{})",

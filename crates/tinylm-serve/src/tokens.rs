@@ -11,15 +11,15 @@ use tinylm_bpe::encode::Tokenizer;
 /// given and changes nothing (tinylm's models have no beginning-of-text token).
 #[derive(Deserialize)]
 pub struct TokenizeRequest {
-    content: String,
+    pub content: String,
     #[serde(default)]
-    with_pieces: bool,
+    pub with_pieces: bool,
 }
 
 /// `{"tokens": [ids]}`.
 #[derive(Deserialize)]
 pub struct DetokenizeRequest {
-    tokens: Vec<u32>,
+    pub tokens: Vec<u32>,
 }
 
 fn parse<'a, T: Deserialize<'a>>(body: &'a [u8], what: &str) -> Result<T, ApiError> {
