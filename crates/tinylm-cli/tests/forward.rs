@@ -1,6 +1,7 @@
 //! `tinylm forward` end to end: logits, loss and gradients equal the library's f32
-//! model bit for bit (the runs pin `--precision fp32`), and bad input is a clear
-//! error with exit code 2.
+//! model bit for bit in its default precision, fp32 (PyTorch's), whatever the CPU
+//! multiplies natively; `--precision bf16` answers in bf16, within bf16's tolerance
+//! of f32; and bad input is a clear error with exit code 2.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -56,7 +57,8 @@ impl Setup {
         self.dir.path().join(name)
     }
 
-    /// Runs `tinylm forward` in fp32 with the default files, `extra` flags last.
+    /// Runs `tinylm forward` in its default precision with the default files, `extra`
+    /// flags last.
     fn run(&self, extra: &[&str]) -> Output {
         let p = |n: &str| self.path(n).to_str().unwrap().to_string();
         let mut args = vec![
@@ -69,8 +71,6 @@ impl Setup {
             p("logits.npy"),
             "--threads".into(),
             "2".into(),
-            "--precision".into(),
-            "fp32".into(),
         ];
         if !extra.contains(&"--input") {
             args.extend(["--input".into(), p("ids.npy")]);
@@ -146,6 +146,33 @@ fn logits_loss_and_gradients_match_the_library() {
     assert_eq!(tensors.len(), layout.specs.len());
     assert_eq!(layout.load_buffer(&tensors, &grads).unwrap(), model.grads());
     assert!(model.grads().iter().any(|&g| g != 0.0));
+}
+
+/// `--precision bf16` is honoured: the logits differ from f32's, by no more than
+/// bf16's tolerance (8 significant bits, 2⁻⁹ relative per rounding; the library's
+/// own bf16 check bounds the logits at 1e-2, `crates/tinylm/tests/bf16.rs`).
+#[test]
+fn bf16_on_request_is_within_bf16_tolerance_of_the_default() {
+    let s = Setup::new(config());
+    let out = s.run(&["--precision", "bf16"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (_, bf16) = read_f32(&s.path("logits.npy"));
+    let mut model = Model::from_params(s.config.clone(), s.params.clone()).unwrap();
+    let f32s = model.forward(&as_u32(&s.ids), 2, 5).unwrap().to_vec();
+    let (mut diff, mut norm) = (0f64, 0f64);
+    for (&b, &f) in bf16.iter().zip(&f32s) {
+        diff += (b as f64 - f as f64).powi(2);
+        norm += (f as f64).powi(2);
+    }
+    let error = (diff / norm).sqrt();
+    assert!(
+        error > 0.0 && error < 1e-2,
+        "bf16 logits {error:.2e} from f32's"
+    );
 }
 
 #[test]

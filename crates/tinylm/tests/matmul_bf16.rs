@@ -11,43 +11,30 @@
 //! Rounding the inputs by truncation instead errs by up to 2⁻⁷ relative per input
 //! and fails it ([`rounding_is_to_nearest_even_in_every_operand`] pins it exactly).
 
+// Each test file uses some of the shared helpers.
+#[allow(dead_code)]
+mod cpu;
+
+use cpu::expected_native_bf16;
 use half::bf16;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use std::io::Write;
-use std::sync::Once;
 use tinylm::kernels::cpu::bf16::matmul::MAX_PACKED_B;
 use tinylm::kernels::cpu::bf16::{
     matmul_bf16_forward_on, matmul_bf16_on, matmul_bf16_view, Bf16Kernel, Operand,
 };
 use tinylm::kernels::MatMul;
 
-/// The kernels this CPU runs; says so on stderr (not captured by the test harness)
-/// when the native one is not among them.
+/// The kernels this CPU runs: the portable one, and the native one where the CPU's
+/// features call for it — asserted, so that a detection that fell back to the
+/// portable kernel fails here rather than test only that one (`tests/dispatch.rs`
+/// says why the features come from outside the program).
 fn kernels() -> Vec<Bf16Kernel> {
-    match (Bf16Kernel::native_built(), Bf16Kernel::native()) {
-        (_, Some(native)) => vec![Bf16Kernel::Portable, native],
-        (Some(built), None) => {
-            note(&format!(
-                "bf16 products: the native kernel, {}, was NOT run: this CPU lacks its \
-                 instructions (the portable kernel was tested)",
-                built.name()
-            ));
-            vec![Bf16Kernel::Portable]
-        }
-        (None, None) => {
-            note("bf16 products: no native kernel in this build (the portable kernel was tested)");
-            vec![Bf16Kernel::Portable]
-        }
-    }
-}
-
-/// Writes `line` to stderr once per test run.
-fn note(line: &str) {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        let _ = writeln!(std::io::stderr(), "{line}");
-    });
+    let native = Bf16Kernel::native();
+    assert_eq!(native, expected_native_bf16(), "the native bf16 kernel");
+    std::iter::once(Bf16Kernel::Portable)
+        .chain(native)
+        .collect()
 }
 
 fn random(rng: &mut ChaCha8Rng, len: usize) -> Vec<f32> {

@@ -16,6 +16,17 @@ use tinylm::ModelConfig;
 use tinylm_bpe::npy::{self, Dtype, MappedNpy};
 
 #[derive(Args, Debug)]
+// fp32 by default, PyTorch's default: the logits and gradients of a float32 model
+// are what this command is compared with (`auto` would be bf16 on a CPU or GPU that
+// multiplies bf16 natively, a few 1e-3 away); bf16 and q8_0 on request.
+#[command(mut_arg("precision", |arg| {
+    arg.default_value("fp32").help(
+        "Arithmetic: fp32 (PyTorch's default, to compare with a float32 model), \
+         bf16 (mixed precision: bf16 products summed in f32), auto (bf16 where the CPU \
+         or GPU multiplies bf16 natively, else fp32) or q8_0 (8-bit weights, without \
+         gradients)",
+    )
+}))]
 pub struct ForwardArgs {
     /// Model configuration JSON (CS336 keys, or a run's `config.json`); needed only
     /// for a weights-only file.

@@ -1,4 +1,5 @@
-//! Helpers shared by the model test suites (`tests/model.rs`, `tests/cuda.rs`).
+//! Helpers shared by the model test suites: models of every ablation and
+//! perturbed parameters.
 
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;

@@ -140,6 +140,16 @@ impl Q8Buffer {
     }
 }
 
+/// The int8 products this CPU runs, for reports: `vpdpbusd` where it has
+/// AVX512_VNNI (with AVX512BW and F16C), else the portable loop.
+pub fn kernel_name() -> &'static str {
+    #[cfg(all(target_arch = "x86_64", feature = "avx512"))]
+    if avx512::detected() {
+        return "AVX512_VNNI (vpdpbusd)";
+    }
+    "portable (int8 values, i32 sums)"
+}
+
 /// `x` quantized into blocks of `q + 128` and their `d` (the buffer's form), on
 /// AVX-512 where the CPU has it (the same values bit for bit, several times
 /// faster: it is most of a Q8_0 model's load).
