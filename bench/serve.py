@@ -12,8 +12,10 @@ completion of a prompt of its own (a number first, so no server finds it cached)
 greedy, `ignore_eos`, MAX_TOKENS tokens. The clients read their streams whole off
 the socket, noting when the first `data:` event came. Prints each round, then the
 best of the rounds: tokens per second of wall time (all clients together), the
-median time to the first chunk at CLIENTS clients, and the ratios. Standard
-library only.
+median time to the first chunk at CLIENTS clients, and the ratios, best to best
+and each round's (on a machine that other work shares, the rounds' ratios say how
+far the noise reaches). A precision whose llama-server does not start is reported
+as not measured. Standard library only.
 """
 
 import argparse
@@ -51,7 +53,8 @@ class Running:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"{name} exited:\n" + open(self.log.name).read()[-3000:])
+                raise RuntimeError(f"{name} exited with status {self.process.returncode}:\n"
+                                   + open(self.log.name).read()[-1500:])
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
                     if r.status == 200:
@@ -178,22 +181,31 @@ def main():
                                "--precision", tinylm_precision]
                     servers.append(Running(label, command + (["--api-key", key] if key else []), port, key))
                 port = free_port()
-                servers.append(Running("llama-server", [
-                    args.llama_server, "-m", f"{gguf}-{dtype}.gguf", "--host", "127.0.0.1", "--port", str(port),
-                    "-t", str(args.threads), "-tb", str(args.threads), "-np", str(args.clients),
-                    "-c", str(int(context) * args.clients), "--no-webui"], port))
+                try:
+                    servers.append(Running("llama-server", [
+                        args.llama_server, "-m", f"{gguf}-{dtype}.gguf", "--host", "127.0.0.1", "--port", str(port),
+                        "-t", str(args.threads), "-tb", str(args.threads), "-np", str(args.clients),
+                        "-c", str(int(context) * args.clients), "--no-webui"], port))
+                except RuntimeError as e:  # a build that this CPU cannot run, say: the other precisions go on
+                    print(f"  {precision}: not measured: {e}", flush=True)
+                    summary.append(f"{name} {precision}: not measured (llama-server did not start)")
+                    continue
                 counter = [0]
                 for server in servers:  # warm-up: the first pass allocates its buffers
                     clients_at_once(server.port, [f"0. {prompt}"] * 2, 8, server.key)
                 best = {s.name: [0.0, 0.0, float("inf")] for s in servers}
+                ratios = []  # each round's tinylm ÷ llama-server: (1 client, CLIENTS clients)
                 for r in range(args.rounds):
                     order = servers[r % len(servers):] + servers[:r % len(servers)]
-                    figures = []
+                    figures, measured = [], {}
                     for server in order:
                         one, many, first = measure(server, prompt, args.clients, args.max_tokens, counter)
+                        measured[server.name] = (one, many)
                         b = best[server.name]
                         b[0], b[1], b[2] = max(b[0], one), max(b[1], many), min(b[2], first)
                         figures.append(f"{server.name} {one:.1f} / {many:.1f} tok/s, first chunk {first * 1e3:.0f} ms")
+                    t, l = measured["tinylm"], measured["llama-server"]
+                    ratios.append((t[0] / l[0], t[1] / l[1]))
                     load = " ".join(open("/proc/loadavg").read().split()[:3])
                     print(f"  {precision} round {r + 1} (load {load}): 1 / {args.clients} clients: "
                           + "; ".join(figures), flush=True)
@@ -201,7 +213,10 @@ def main():
                 line = (f"{name} {precision}: 1 client {t[0]:.1f} / {l[0]:.1f} tok/s ({t[0] / l[0]:.2f}x); "
                         f"{args.clients} clients {t[1]:.1f} / {l[1]:.1f} tok/s ({t[1] / l[1]:.2f}x); "
                         f"first chunk at {args.clients} clients {t[2] * 1e3:.0f} / {l[2] * 1e3:.0f} ms; "
-                        f"with --api-key and /metrics {k[1]:.1f} tok/s ({k[1] / t[1]:.3f} of without)")
+                        f"with --api-key and /metrics {k[1]:.1f} tok/s ({k[1] / t[1]:.3f} of without); "
+                        f"each round's ratio: 1 client {min(r[0] for r in ratios):.2f}-{max(r[0] for r in ratios):.2f}x, "
+                        f"{args.clients} clients {min(r[1] for r in ratios):.2f}-{max(r[1] for r in ratios):.2f}x "
+                        f"(median {statistics.median(r[1] for r in ratios):.2f}x)")
                 print("best: " + line, flush=True)
                 summary.append(line)
             finally:
