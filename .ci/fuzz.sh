@@ -19,8 +19,9 @@ cd "$(dirname "$0")/.."
 # sanitizers (fuzz/README.md) times about 20 s, and at least 2,000.
 declare -A RUNS=(
     [checkpoint]=10000 [encode]=2000 [gpt2_files]=20000 [hf_import]=6000
-    [npy]=100000 [pattern]=2000 [pretokenize]=2000 [sweep]=50000 [tiktoken]=25000
-    [tokenizer_json]=10000 [train_bpe]=3000 [train_config]=20000 [weights]=8000
+    [npy]=100000 [pattern]=2000 [pretokenize]=2000 [serve_request]=100000
+    [sweep]=50000 [tiktoken]=25000 [tokenizer_json]=10000 [train_bpe]=3000
+    [train_config]=20000 [weights]=8000
 )
 
 # cargo fuzz passes nightly-only compiler flags (-Zsanitizer=address and the

@@ -1,41 +1,55 @@
 #!/usr/bin/env bash
-# `tinylm serve` under load (bench/serve.py): the total tokens/s of CLIENTS
-# streaming clients at once (default 8) against one client, same requests, and
-# the time to the first streamed token on an idle server against `tinylm
-# generate`'s prompt time, in alternating rounds (ROUNDS, default 3), on two
-# models: the quickstart's (2.6M parameters, trained for MINUTES, default 0.5)
-# and a ~95M-parameter one (GPT-2 small's shape, d_ff 2,304, the quickstart's
-# 2,048-token vocabulary, context 256, one training step: its weights are all
-# but random, which costs the same time). Each model's run names the CPU and
-# the machine's load first. PRECISION (fp32, bf16 or auto, the default) is the
-# server's and `tinylm generate`'s.
+# `tinylm serve` against llama.cpp's `llama-server` on the same weights, side by side
+# in one run (bench/serve.py): f32, bf16 and q8_0, on the 134M model and the
+# quickstart's (made by bench/llama.sh, shared with bench/generate.sh), CLIENTS
+# streaming clients (default 8) and one, greedy, MAX_TOKENS tokens each (default
+# 96), THREADS threads each (default 2), best of ROUNDS alternating rounds
+# (default 3); beside them tinylm with --api-key while /metrics is read once a
+# second. The prompt of each request is a number and the start of the TinyStories
+# validation text (62 tokens, or fewer where the context would not hold them and
+# the new tokens: 24 for the quickstart's). The run names the CPU, its load and
+# the commit.
 #
-#   bench/serve.sh                       # all cores
-#   THREADS=2 CLIENTS=8 bench/serve.sh
+# llama-server is built (bench/llama.sh) from the sources that llama-cpp-python
+# ships on PyPI (the version in bench/requirements.txt), once, into WORK (default
+# target/bench-generate, shared with bench/generate.sh, with the models).
+#
+#   python3 -m venv .venv-bench && .venv-bench/bin/pip install -r bench/requirements.txt
+#   PYTHON=.venv-bench/bin/python bench/serve.sh
+#   MODELS=quickstart PRECISIONS=f32 ROUNDS=5 PYTHON=.venv-bench/bin/python bench/serve.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+DATA=${DATA:-../shared/data}
 ROUNDS=${ROUNDS:-3}
+THREADS=${THREADS:-2}
 CLIENTS=${CLIENTS:-8}
-MAX_TOKENS=${MAX_TOKENS:-64}
-MINUTES=${MINUTES:-0.5}
-THREADS=${THREADS:-0}
-PRECISION=${PRECISION:-auto}
+MAX_TOKENS=${MAX_TOKENS:-96}
+MODELS=${MODELS:-134m quickstart}
+PRECISIONS=${PRECISIONS:-f32,bf16,q8_0}
+WORK=${WORK:-target/bench-generate}
+PROMPT_TOKENS=62
 
 cargo build --release -q -p tinylm-cli
-TINYLM=${CARGO_TARGET_DIR:-target}/release/tinylm
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
+TINYLM=$(realpath "${CARGO_TARGET_DIR:-target}")/release/tinylm
+mkdir -p "$WORK"
+WORK=$(realpath "$WORK")
 
-echo "== making the models"
-"$TINYLM" quickstart --minutes "$MINUTES" --out "$TMP/qs" --threads "$THREADS" > "$TMP/qs.log" 2>&1
-"$TINYLM" train --train-data "$TMP/qs/train.npy" --tokenizer "$TMP/qs/tokenizer" \
-    --out-dir "$TMP/m95" --preset gpt2-small --d-ff 2304 --vocab-size 2048 \
-    --context-length 256 --steps 1 --eval-interval 0 --threads "$THREADS" > "$TMP/m95.log" 2>&1
+. bench/llama.sh
+llama_build llama-server
 
-for model in qs m95; do
-    checkpoint="$TMP/$model/checkpoint.safetensors"
-    python3 -c 'import json, sys; print("== model:", json.load(open(sys.argv[1]))["model"])' \
-        "$TMP/$model/config.json"
-    python3 bench/serve.py "$TINYLM" "$checkpoint" --clients "$CLIENTS" \
-        --max-tokens "$MAX_TOKENS" --rounds "$ROUNDS" --threads "$THREADS" --precision "$PRECISION"
+specs=()
+for model in $MODELS; do
+    bench_model "$model"
+    # The prompt and the new tokens fit the context (the quickstart's: 24 + 96 of 128).
+    tokens=$((MODEL_CONTEXT - MAX_TOKENS - 8 < PROMPT_TOKENS ? MODEL_CONTEXT - MAX_TOKENS - 8 : PROMPT_TOKENS))
+    prompt_of "$MODEL_TOK" "$MODEL_DIR/serve-prompt.txt" 0 "$tokens"
+    specs+=(--model "$model:$MODEL_DIR/run/checkpoint.safetensors:$MODEL_DIR/weights-bf16.safetensors:$MODEL_DIR/model:$MODEL_DIR/serve-prompt.txt:$MODEL_CONTEXT:$MODEL_DESC")
 done
+
+describe_machine
+echo "commit: $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- crates || echo ' (with changes)')"
+echo "llama-server: $("$LLAMA_BIN/llama-server" --version 2>&1 | grep -m1 version) (llama-cpp-python $llama_version's sources)"
+"$PYTHON" bench/serve.py --tinylm "$TINYLM" --llama-server "$LLAMA_BIN/llama-server" \
+    --rounds "$ROUNDS" --threads "$THREADS" --clients "$CLIENTS" --max-tokens "$MAX_TOKENS" \
+    --precisions "$PRECISIONS" "${specs[@]}"

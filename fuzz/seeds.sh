@@ -16,8 +16,8 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 # The inputs that found faults (found-*) stay; every other seed is written again.
 find "$out" -type f ! -name 'found-*' -delete 2>/dev/null || true
-mkdir -p "$out"/{checkpoint,encode,gpt2_files,hf_import,npy,pattern,pretokenize,sweep,tiktoken} \
-    "$out"/{tokenizer_json,train_bpe,train_config,weights}
+mkdir -p "$out"/{checkpoint,encode,gpt2_files,hf_import,npy,pattern,pretokenize,serve_request} \
+    "$out"/{sweep,tiktoken,tokenizer_json,train_bpe,train_config,weights}
 # What separates the files of one input (tinylm_fuzz::SEPARATOR).
 sep=$'\n#~~~#\n'
 quiet() { "$@" >/dev/null 2>&1 || { echo "failed: $*" >&2; exit 1; }; }
@@ -170,6 +170,19 @@ for piece in "$work"/piece-*; do
     done
     { printf '\x81\x0f'; cat "$piece"; } > "$out/train_bpe/$name"
 done
+# Request bodies of `tinylm serve`: completions as clients send them, every
+# parameter, token prompts, a prompt scored alone, /tokenize and /detokenize.
+serve="$out/serve_request"
+printf '{"prompt": "the theme", "max_tokens": 5}' > "$serve/completion"
+printf '%s' '{"model": "tiny", "prompt": ["the cat", "", "the"], "max_tokens": 8, "temperature": 0.8,
+ "top_p": 0.95, "top_k": 40, "n": 2, "best_of": 2, "stream": true, "stream_options": {"include_usage": true},
+ "stop": ["\n", "the"], "seed": -3, "echo": true, "logprobs": 3, "suffix": "", "logit_bias": {},
+ "presence_penalty": 0, "frequency_penalty": 0.0, "ignore_eos": true, "user": "x"}' > "$serve/completion-all"
+printf '{"prompt": [[116, 256, 257], [258, 32, 260]], "max_tokens": 3, "n": 3}' > "$serve/completion-tokens"
+printf '{"prompt": "the the", "max_tokens": 0, "echo": true, "logprobs": 20}' > "$serve/completion-score"
+printf '{"prompt": 5, "max_tokens": -1, "logprobs": true}' > "$serve/completion-wrong-types"
+printf '%s' '{"content": "the theme \u00e9\ud83d\udc4b <|endoftext|>", "with_pieces": true}' > "$serve/tokenize"
+printf '{"tokens": [116, 256, 258, 259, 195]}' > "$serve/detokenize"
 printf '\x00\x03a<|endoftext|>b<|eot|><|eot|><|eot|>c<|eot' > "$out/encode/specials"
 printf '\x00\x05ok\xff\xfe then text' > "$out/train_bpe/invalid-utf8"
 du -sh "$out"

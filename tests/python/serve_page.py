@@ -24,16 +24,21 @@ FLAGS = [
 ]
 
 
-def generate_on_page(url, prompt, screenshot=None, **settings):
+def generate_on_page(url, prompt, screenshot=None, key=None, **settings):
     """Types ``prompt`` (and ``settings``: field id → value) into the page at
-    ``url``, presses Generate and waits for the text to end. Returns what the
-    page showed: the output's text, its chunk count, how many times the browser
+    ``url`` — first the API ``key`` when given, which the page must ask for —
+    presses Generate and waits for the text to end. Returns what the page
+    showed: the output's text, its chunk count, how many times the browser
     changed the output's text on the way, and the stats line."""
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
         try:
             page = browser.new_page(viewport={"width": 900, "height": 620})
             page.goto(url)
+            if key is not None:
+                page.wait_for_selector("#keybox:not([hidden])")
+                page.fill("#key", key)
+                page.click("#savekey")
             page.wait_for_function("document.getElementById('model').textContent !== ''")
             page.fill("#prompt", prompt)
             for field, value in settings.items():

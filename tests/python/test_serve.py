@@ -141,7 +141,7 @@ def test_bad_requests_are_openai_errors(client, server):
         client.completions.create(model=server.name, prompt="x", max_tokens=3, top_p=0)
     assert e.value.param == "top_p"
     with pytest.raises(openai.BadRequestError) as e:
-        client.completions.create(model=server.name, prompt="x", max_tokens=3, logprobs=2)
+        client.completions.create(model=server.name, prompt="x", max_tokens=3, logprobs=21)
     assert e.value.param == "logprobs"
     # What no client library sends.
     status, body = raw(server, "POST", "/v1/completions", b"{not json")
@@ -153,6 +153,24 @@ def test_bad_requests_are_openai_errors(client, server):
     assert raw(server, "GET", "/v1/completions")[0] == 405
     # The server is still there.
     assert client.completions.create(model=server.name, prompt="x", max_tokens=2).choices
+
+
+def test_logprobs_come_as_openai_writes_them(client, server):
+    """The ``openai`` package reads the log-probabilities: the prompt's first token
+    has none, each other token its own and the most probable tokens' at its place."""
+    out = client.completions.create(
+        model=server.name, prompt="The dog sees", max_tokens=6, temperature=0, echo=True, logprobs=3
+    )
+    logprobs = out.choices[0].logprobs
+    assert "".join(logprobs.tokens) == out.choices[0].text
+    assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
+    for token, lp, top in zip(logprobs.tokens[1:], logprobs.token_logprobs[1:], logprobs.top_logprobs[1:]):
+        assert lp <= 0 and token in top and top[token] == lp and 3 <= len(top) <= 4
+    # Greedy: each new token is the most probable one.
+    new = len(logprobs.tokens) - out.usage.prompt_tokens
+    for token, top in zip(logprobs.tokens[-new:], logprobs.top_logprobs[-new:]):
+        assert max(top, key=top.get) == token
+    assert logprobs.text_offset == sorted(logprobs.text_offset) and logprobs.text_offset[0] == 0
 
 
 def test_clients_at_once_get_what_each_gets_alone(client, server):

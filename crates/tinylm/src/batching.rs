@@ -10,9 +10,13 @@
 //! spare cache that shares the longest start with its prompt and prefills only the
 //! rest (a client sending the same instructions, few-shot examples or conversation
 //! again and again) — the positions kept are the ones a prefill would compute.
+//!
+//! A sequence may ask for the log-probabilities of the tokens it draws
+//! ([`Request::logprobs`]): they come from the same row of logits as the draw.
 
 use crate::generate::Sampler;
 use crate::kernels::{Backend, Buffer};
+use crate::logprobs::{token_logprobs, TokenLogprobs};
 use crate::model::{KvCache, Model, NewTokens};
 use crate::{Error, Result};
 use rayon::prelude::*;
@@ -24,6 +28,9 @@ pub struct Request {
     pub max_tokens: usize,
     pub sampler: Sampler,
     pub eos: Option<u32>,
+    /// `Some(k)`: each drawn token comes with its log-probability and the `k` most
+    /// probable tokens' (among the ids `sampler` may draw).
+    pub logprobs: Option<usize>,
 }
 
 /// Why a sequence ended.
@@ -36,12 +43,14 @@ pub enum Finish {
 }
 
 /// What a step did for one sequence whose new tokens all went through its pass: the
-/// token it drew, unless it drew the end of the text, and whether it ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// token it drew, unless it drew the end of the text, and whether it ended; the
+/// token's log-probabilities when its request asked for them.
+#[derive(Clone, Debug, PartialEq)]
 pub struct Drawn {
     pub id: u64,
     pub token: Option<u32>,
     pub finish: Option<Finish>,
+    pub logprobs: Option<TokenLogprobs>,
 }
 
 struct Sequence<Buf> {
@@ -56,6 +65,7 @@ struct Sequence<Buf> {
     /// Tokens it may still draw.
     left: usize,
     eos: Option<u32>,
+    logprobs: Option<usize>,
 }
 
 /// The sequences decoded together, at most `slots` of them.
@@ -115,6 +125,7 @@ impl<Buf: Buffer> Batcher<Buf> {
             max_tokens,
             sampler,
             eos,
+            logprobs,
         } = request;
         let vocab = model.config().vocab_size;
         if self.is_full() {
@@ -166,6 +177,7 @@ impl<Buf: Buffer> Batcher<Buf> {
             sampler,
             left: max_tokens,
             eos,
+            logprobs,
         });
         Ok(reused)
     }
@@ -236,14 +248,18 @@ impl<Buf: Buffer> Batcher<Buf> {
                         id: s.id,
                         token: None,
                         finish: Some(Finish::EndOfText),
+                        logprobs: None,
                     });
                 }
                 s.left -= 1;
                 s.feed.push(token);
+                let logprobs =
+                    (s.logprobs).map(|k| token_logprobs(s.sampler.candidates(logits), token, k));
                 Some(Drawn {
                     id: s.id,
                     token: Some(token),
                     finish: (s.left == 0).then_some(Finish::Length),
+                    logprobs,
                 })
             })
             .collect();

@@ -159,9 +159,15 @@ impl Sampler {
         (1.0 / kept) as f32
     }
 
+    /// The logits `(V,)` of the ids it may draw: those below its
+    /// [`Sampler::vocabulary`].
+    pub fn candidates<'l>(&self, logits: &'l [f32]) -> &'l [f32] {
+        &logits[..logits.len().min(self.vocabulary)]
+    }
+
     /// Picks the next token from logits `(V,)`.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
-        let logits = &logits[..logits.len().min(self.vocabulary)];
+        let logits = self.candidates(logits);
         if self.temperature == 0.0 {
             return argmax(logits);
         }

@@ -14,6 +14,7 @@ pub mod export;
 pub mod files;
 pub mod generate;
 pub mod kernels;
+pub mod logprobs;
 pub mod model;
 pub mod optim;
 pub mod params;

@@ -12,6 +12,7 @@ use std::ops::ControlFlow;
 use tinylm::batching::{Batcher, Drawn, Finish, Request};
 use tinylm::generate::{generate, Sampler};
 use tinylm::kernels::HostBuf;
+use tinylm::logprobs::token_logprobs;
 use tinylm::{Model, ModelConfig};
 
 fn config() -> ModelConfig {
@@ -73,6 +74,7 @@ fn batched_sequences_draw_what_each_draws_alone() {
                 max_tokens: max,
                 sampler: sampler(k),
                 eos: Some(eos),
+                logprobs: None,
             };
             batcher.add(&model, k as u64, request).unwrap();
         }
@@ -80,7 +82,10 @@ fn batched_sequences_draw_what_each_draws_alone() {
         if batcher.is_empty() && step > 9 {
             break;
         }
-        for Drawn { id, token, finish } in batcher.step(&mut model).unwrap() {
+        for Drawn {
+            id, token, finish, ..
+        } in batcher.step(&mut model).unwrap()
+        {
             assert!(
                 !ended.contains_key(&id),
                 "sequence {id} drew after it ended"
@@ -117,6 +122,7 @@ fn a_removed_sequence_frees_its_slot_and_bad_requests_are_refused() {
         max_tokens,
         sampler: Sampler::greedy(),
         eos: None,
+        logprobs: None,
     };
     let mut batcher = Batcher::new(&model, 2).unwrap();
     batcher.add(&model, 1, request(4, 30)).unwrap();
@@ -188,6 +194,7 @@ fn run_together(
             max_tokens: 8,
             sampler: sampler(k),
             eos: None,
+            logprobs: None,
         };
         found.push(batcher.add(model, id, request).unwrap());
     }
@@ -233,4 +240,51 @@ fn a_prompt_found_in_an_ended_sequence_s_cache_is_not_prefilled_again() {
         (a.len() + 3, alone(&mut model, &a_more, 4)),
     ];
     assert_eq!(second, want);
+}
+
+#[test]
+fn drawn_tokens_carry_the_log_probabilities_of_the_full_forward_pass() {
+    let c = config();
+    let mut model = Model::new(c.clone(), 5).unwrap();
+    let prompt = ids(6, c.vocab_size, 4);
+    let mut batcher = Batcher::new(&model, 2).unwrap();
+    // Beside another sequence, restricted to the first 50 ids as a smaller
+    // tokenizer restricts a model's draws.
+    let request = |logprobs| Request {
+        prompt: prompt.clone(),
+        max_tokens: 5,
+        sampler: Sampler::new(0.9, 1.0, None, 3).unwrap().vocabulary(50),
+        eos: None,
+        logprobs,
+    };
+    batcher.add(&model, 0, request(Some(4))).unwrap();
+    batcher.add(&model, 1, request(None)).unwrap();
+    let mut drawn = Vec::new();
+    while !batcher.is_empty() {
+        for d in batcher.step(&mut model).unwrap() {
+            assert_eq!(d.logprobs.is_some(), d.id == 0);
+            if d.id == 0 {
+                drawn.push(d.logprobs.unwrap());
+            }
+        }
+    }
+    assert_eq!(drawn.len(), 5);
+    let mut text = prompt.clone();
+    for got in drawn {
+        let t = text.len();
+        let logits = model.forward(&text, 1, t).unwrap();
+        let last = &logits[(t - 1) * c.vocab_size..][..50];
+        let want = token_logprobs(last, got.token, 4);
+        assert!(
+            (got.logprob - want.logprob).abs() < 1e-4,
+            "{got:?} {want:?}"
+        );
+        assert_eq!(got.top.len(), 4);
+        for (g, w) in got.top.iter().zip(&want.top) {
+            assert_eq!(g.0, w.0);
+            assert!((g.1 - w.1).abs() < 1e-4, "{got:?} {want:?}");
+        }
+        assert!(got.top.iter().all(|&(id, _)| id < 50));
+        text.push(got.token);
+    }
 }

@@ -1,16 +1,15 @@
-//! The OpenAI completions API as tinylm serves it: the request (`POST
-//! /v1/completions`) checked into [`Choice`]s for the engine, the JSON of the
-//! responses and stream chunks, and errors as OpenAI writes them
-//! (`{"error": {"message", "type", "param", "code"}}` with a 4xx or 5xx status).
+//! The body of `POST /v1/completions` as tinylm takes it: OpenAI's parameters,
+//! parsed and checked against the model and the server's [`Limits`] into a
+//! [`Completion`] — its prompts as token ids and one [`Choice`] for the engine per
+//! continuation — or refused with an [`ApiError`] naming the parameter at fault.
 
-use super::engine::{FinishReason, Job};
+use crate::error::ApiError;
+use crate::limits::Limits;
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
-use std::sync::Arc;
 use tinylm::generate::Sampler;
 use tinylm_bpe::encode::Tokenizer;
 
@@ -19,6 +18,8 @@ pub const DEFAULT_MAX_TOKENS: usize = 16;
 /// OpenAI's limits on `n` and on the number of stop strings.
 const MAX_CHOICES: usize = 128;
 const MAX_STOPS: usize = 4;
+/// The most alternatives `logprobs` may ask for at each position.
+pub const MAX_LOGPROBS: usize = 20;
 
 /// The served model, as the API describes it.
 pub struct ServedModel {
@@ -30,74 +31,6 @@ pub struct ServedModel {
     pub eos: u32,
     /// When the server started (Unix seconds): the model's `created`.
     pub created: u64,
-}
-
-/// An error as the OpenAI API returns it.
-#[derive(Debug)]
-pub struct ApiError {
-    status: StatusCode,
-    message: String,
-    kind: &'static str,
-    param: Option<&'static str>,
-    code: Option<&'static str>,
-}
-
-impl ApiError {
-    /// A bad request (400), naming the parameter at fault.
-    pub fn invalid(param: Option<&'static str>, message: impl Into<String>) -> Self {
-        ApiError {
-            status: StatusCode::BAD_REQUEST,
-            message: message.into(),
-            kind: "invalid_request_error",
-            param,
-            code: None,
-        }
-    }
-
-    /// A path or method the API does not have.
-    pub fn not_found(status: StatusCode, message: impl Into<String>) -> Self {
-        ApiError {
-            status,
-            message: message.into(),
-            kind: "invalid_request_error",
-            param: None,
-            code: None,
-        }
-    }
-
-    /// The server failed (500): decoding failed, or the model's thread stopped.
-    pub fn server(message: impl Into<String>) -> Self {
-        ApiError {
-            status: StatusCode::INTERNAL_SERVER_ERROR,
-            message: message.into(),
-            kind: "server_error",
-            param: None,
-            code: None,
-        }
-    }
-
-    fn with_code(self, code: &'static str) -> Self {
-        ApiError {
-            code: Some(code),
-            ..self
-        }
-    }
-
-    /// The `{"error": …}` object.
-    pub fn body(&self) -> Value {
-        json!({"error": {
-            "message": self.message,
-            "type": self.kind,
-            "param": self.param,
-            "code": self.code,
-        }})
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        (self.status, axum::Json(self.body())).into_response()
-    }
 }
 
 /// `prompt`: a string, a list of strings, a list of token ids or a list of lists.
@@ -167,13 +100,30 @@ pub struct Completion {
     pub stream: bool,
     pub include_usage: bool,
     pub echo: bool,
-    max_tokens: usize,
+    /// New tokens of each choice at most; 0 only with `echo` (the prompt scored).
+    pub max_tokens: usize,
+    /// Alternatives at each position, when log-probabilities are asked for.
+    pub logprobs: Option<usize>,
     temperature: f32,
     top_p: f32,
     top_k: Option<usize>,
     seed: u64,
     ignore_eos: bool,
     stop: Vec<String>,
+}
+
+/// What the engine decodes for one choice.
+pub struct Choice {
+    pub prompt: Vec<u32>,
+    pub max_tokens: usize,
+    pub sampler: Sampler,
+    /// Where the text ends (none with `ignore_eos`).
+    pub eos: Option<u32>,
+    pub stop: Vec<String>,
+    /// The prompt's text, which the choice's text starts with (`echo`).
+    pub echo: Option<String>,
+    /// `logprobs`: alternatives at each position.
+    pub logprobs: Option<usize>,
 }
 
 impl CompletionRequest {
@@ -187,9 +137,9 @@ impl CompletionRequest {
         })
     }
 
-    /// Checks every parameter against `model`: a 404 for another model, a 400
-    /// naming the parameter for anything else.
-    pub fn check(self, model: &ServedModel) -> Result<Completion, ApiError> {
+    /// Checks every parameter against `model` and `limits`: a 404 for another
+    /// model, a 400 naming the parameter for anything else.
+    pub fn check(self, model: &ServedModel, limits: &Limits) -> Result<Completion, ApiError> {
         if let Some(name) = self.model.filter(|name| *name != model.name) {
             let message = format!(
                 "The model `{name}` does not exist: this server serves `{}`",
@@ -201,9 +151,18 @@ impl CompletionRequest {
         let unsupported = |param, what: &str| {
             ApiError::invalid(Some(param), format!("{param} is not supported ({what})"))
         };
-        if self.logprobs.is_some_and(|l| !l.is_null()) {
-            return Err(unsupported("logprobs", "leave it out or null"));
-        }
+        let logprobs = match self.logprobs {
+            None | Some(Value::Null) => None,
+            Some(value) => match value.as_u64() {
+                Some(k) if k as usize <= MAX_LOGPROBS => Some(k as usize),
+                _ => {
+                    let message = format!(
+                        "logprobs must be an integer between 0 and {MAX_LOGPROBS}, got {value}"
+                    );
+                    return Err(ApiError::invalid(Some("logprobs"), message));
+                }
+            },
+        };
         if self.suffix.is_some_and(|s| !s.is_empty()) {
             return Err(unsupported("suffix", "the model only continues text"));
         }
@@ -248,16 +207,26 @@ impl CompletionRequest {
             let message = format!("stop takes at most {MAX_STOPS} strings, got {}", stop.len());
             return Err(ApiError::invalid(Some("stop"), message));
         }
+        let echo = self.echo.unwrap_or(false);
         let ctx = model.context_length;
         let max_tokens = self.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
-        if max_tokens == 0 || max_tokens >= ctx {
+        let least = usize::from(!echo);
+        if max_tokens < least || max_tokens >= ctx {
             let message = format!(
-                "max_tokens must be between 1 and {} (the context length {ctx} less one prompt token), got {max_tokens}",
-                ctx - 1
+                "max_tokens must be between {least} and {} (the context length {ctx} less one prompt token{}), got {max_tokens}",
+                ctx - 1,
+                if echo { "" } else { "; 0 only with echo" },
             );
             return Err(ApiError::invalid(Some("max_tokens"), message));
         }
-        let prompts = prompt_ids(self.prompt, model)?;
+        if max_tokens > limits.max_completion_tokens {
+            let message = format!(
+                "max_tokens must be at most {} on this server (--max-completion-tokens), got {max_tokens}",
+                limits.max_completion_tokens
+            );
+            return Err(ApiError::invalid(Some("max_tokens"), message));
+        }
+        let prompts = prompt_ids(self.prompt, model, limits.max_prompt_tokens)?;
         for (i, prompt) in prompts.iter().enumerate() {
             let (p, total) = (prompt.ids.len(), prompt.ids.len() + max_tokens);
             if total > ctx {
@@ -277,8 +246,9 @@ impl CompletionRequest {
             n,
             stream: self.stream.unwrap_or(false),
             include_usage: self.stream_options.is_some_and(|o| o.include_usage),
-            echo: self.echo.unwrap_or(false),
+            echo,
             max_tokens,
+            logprobs,
             temperature,
             top_p,
             top_k: self.top_k,
@@ -293,8 +263,14 @@ impl CompletionRequest {
 }
 
 /// The prompts' ids (an empty text starts a new document, from `<|endoftext|>`)
-/// and texts; token ids must be ones the tokenizer can write.
-fn prompt_ids(prompt: Option<Prompt>, model: &ServedModel) -> Result<Vec<PromptIds>, ApiError> {
+/// and texts; token ids must be ones the tokenizer can write, and all the prompts
+/// together at most `max_tokens` tokens (counted as they are encoded, so a long
+/// list is refused without encoding all of it).
+fn prompt_ids(
+    prompt: Option<Prompt>,
+    model: &ServedModel,
+    max_tokens: usize,
+) -> Result<Vec<PromptIds>, ApiError> {
     let tokenizer = &model.tokenizer;
     let from_text = |text: String| PromptIds {
         ids: match text.is_empty() {
@@ -319,12 +295,33 @@ fn prompt_ids(prompt: Option<Prompt>, model: &ServedModel) -> Result<Vec<PromptI
         let text = String::from_utf8_lossy(&bytes).into_owned();
         Ok(PromptIds { ids, text })
     };
-    let prompts = match prompt.unwrap_or(Prompt::Text(String::new())) {
-        Prompt::Text(text) => vec![from_text(text)],
-        Prompt::Texts(texts) => texts.into_iter().map(from_text).collect(),
-        Prompt::Tokens(ids) => vec![from_ids(ids)?],
-        Prompt::TokenLists(lists) => lists.into_iter().map(from_ids).collect::<Result<_, _>>()?,
+    let mut prompts = Vec::new();
+    let mut tokens = 0;
+    let mut push = |prompt: PromptIds| {
+        tokens += prompt.ids.len();
+        if tokens > max_tokens {
+            let message = format!(
+                "the prompts have more than {max_tokens} tokens, this server's limit for a request (--max-prompt-tokens)"
+            );
+            return Err(ApiError::invalid(Some("prompt"), message).with_code("prompt_too_long"));
+        }
+        prompts.push(prompt);
+        Ok(())
     };
+    match prompt.unwrap_or(Prompt::Text(String::new())) {
+        Prompt::Text(text) => push(from_text(text))?,
+        Prompt::Texts(texts) => {
+            for text in texts {
+                push(from_text(text))?;
+            }
+        }
+        Prompt::Tokens(ids) => push(from_ids(ids)?)?,
+        Prompt::TokenLists(lists) => {
+            for ids in lists {
+                push(from_ids(ids)?)?;
+            }
+        }
+    }
     if prompts.is_empty() {
         return Err(ApiError::invalid(
             Some("prompt"),
@@ -341,29 +338,21 @@ impl Completion {
         self.prompts.len() * self.n
     }
 
-    /// The engine's job for choice `index` of request `request`, its events sent to
-    /// `events`.
-    pub fn job(
-        &self,
-        request: &Arc<str>,
-        index: usize,
-        model: &ServedModel,
-        events: super::engine::Events,
-    ) -> Job {
+    /// What the engine decodes for choice `index`.
+    pub fn choice(&self, index: usize, model: &ServedModel) -> Choice {
         let prompt = &self.prompts[index / self.n];
         let seed = self.seed.wrapping_add(index as u64);
         let sampler = Sampler::new(self.temperature, self.top_p, self.top_k, seed)
             .expect("parameters checked")
             .vocabulary(model.tokenizer.vocab_size());
-        Job {
-            request: request.clone(),
+        Choice {
             prompt: prompt.ids.clone(),
             max_tokens: self.max_tokens,
             sampler,
             eos: (!self.ignore_eos).then_some(model.eos),
             stop: self.stop.clone(),
-            choice: index,
-            events,
+            echo: self.echo.then(|| prompt.text.clone()),
+            logprobs: self.logprobs,
         }
     }
 
@@ -371,96 +360,4 @@ impl Completion {
     pub fn prompt_tokens(&self) -> usize {
         self.prompts.iter().map(|p| p.ids.len()).sum()
     }
-
-    /// The text a choice starts with: its prompt when `echo`.
-    pub fn echoed(&self, index: usize) -> &str {
-        match self.echo {
-            true => &self.prompts[index / self.n].text,
-            false => "",
-        }
-    }
-}
-
-/// What every response and chunk of one request carries.
-pub struct Header {
-    pub id: String,
-    pub created: u64,
-    pub model: String,
-}
-
-impl Header {
-    /// A response or chunk with these choices (and `usage` when given).
-    fn object(&self, choices: Value, usage: Option<Value>) -> Value {
-        let mut object = json!({
-            "id": self.id,
-            "object": "text_completion",
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-        });
-        if let Some(usage) = usage {
-            object["usage"] = usage;
-        }
-        object
-    }
-
-    /// A stream chunk: `text` of choice `index`, with its finish reason at the end;
-    /// `"usage": null` when the client asked for the usage chunk.
-    pub fn chunk(
-        &self,
-        index: usize,
-        text: &str,
-        finish: Option<FinishReason>,
-        with_usage: bool,
-    ) -> Value {
-        let choice = choice(index, text, finish);
-        self.object(json!([choice]), with_usage.then_some(Value::Null))
-    }
-
-    /// The stream's last chunk when the client asked for usage: no choices.
-    pub fn usage_chunk(&self, usage: Value) -> Value {
-        self.object(json!([]), Some(usage))
-    }
-
-    /// The whole response: each choice's text and finish reason, in order.
-    pub fn response(&self, choices: &[(String, FinishReason)], usage: Value) -> Value {
-        let choices = (choices.iter().enumerate())
-            .map(|(index, (text, finish))| choice(index, text, Some(*finish)))
-            .collect();
-        self.object(Value::Array(choices), Some(usage))
-    }
-}
-
-fn choice(index: usize, text: &str, finish: Option<FinishReason>) -> Value {
-    json!({
-        "text": text,
-        "index": index,
-        "logprobs": null,
-        "finish_reason": finish.map(FinishReason::as_str),
-    })
-}
-
-/// The `usage` object: `cached_tokens` of the prompt's were found in the KV cache
-/// of an earlier request.
-pub fn usage(prompt_tokens: usize, completion_tokens: usize, cached_tokens: usize) -> Value {
-    json!({
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached_tokens},
-    })
-}
-
-/// `GET /v1/models`: the one model.
-pub fn models(model: &ServedModel) -> Value {
-    json!({
-        "object": "list",
-        "data": [{
-            "id": model.name,
-            "object": "model",
-            "created": model.created,
-            "owned_by": "tinylm",
-            "context_length": model.context_length,
-        }],
-    })
 }
