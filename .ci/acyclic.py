@@ -197,19 +197,21 @@ def cpp_graph(dirs):
     `x.h` are unit `x`; an edge for an include of another unit's header, a call of a
     function another unit declares (`name(`, not after `.` or `->`) and any use of a
     type it declares, unless the unit declares that name itself."""
-    files = sorted(p for d in dirs for p in Path(d).rglob("*") if p.suffix in (".c", ".cpp", ".h", ".cu", ".cuh"))
+    suffixes = (".c", ".cpp", ".h", ".cu", ".cuh")
+    files = sorted(p for d in dirs for p in Path(d).rglob("*") if p.suffix in suffixes)
     unit = lambda p: str(p.with_suffix(""))
     texts = {p: cpp_code(p) for p in files}
     declared = {p: cpp_declarations(texts[p]) for p in files}
-    own, owners = defaultdict(set), {0: {}, 1: {}}
-    for kind in (0, 1):
+    functions, types = 0, 1  # the two halves of what cpp_declarations returns
+    own, owners = defaultdict(set), {functions: {}, types: {}}
+    for kind in (functions, types):
         seen = defaultdict(set)
         for p in files:
             for name, visible in declared[p][kind].items():
                 own[unit(p)].add(name)
                 if visible:
                     # A name a header declares is its unit's, whoever defines it.
-                    seen[name].add((p.suffix != ".h", unit(p)))
+                    seen[name].add((p.suffix not in (".h", ".cuh"), unit(p)))
         # The one unit that declares it (in a header, if any does); none if several.
         for name, units in seen.items():
             in_headers = {u for cpp, u in units if not cpp}
@@ -231,7 +233,7 @@ def cpp_graph(dirs):
             for m in CPP_NAME.finditer(line):
                 member, name = m.groups()
                 call = line[m.end():].lstrip().startswith("(")
-                there = owners[1].get(name) or (call and owners[0].get(name))
+                there = owners[types].get(name) or (call and owners[functions].get(name))
                 if not member and there and there != here and name not in own[here]:
                     edge(there, f"{p}:{number} {name}")
     return graph, why
