@@ -166,11 +166,13 @@ impl Backend<f32> for Cuda {
         let waited = stats.host.copied.synchronize();
         self.take_error()?;
         waited.map_err(|e| self.wait_error("running the training step", e))?;
+        // `as_slice` waits for the copy's own event: queued work that failed since
+        // (another rank's collective) is explained like the wait above.
         let bytes = stats
             .host
             .memory
             .as_slice()
-            .map_err(|e| driver_error("reading the step statistics", e))?;
+            .map_err(|e| self.wait_error("reading the step statistics", e))?;
         let ready = Instant::now();
         let loss = f32::from_ne_bytes(bytes[0..4].try_into().expect("4 bytes"));
         let sum_squares = f64::from_ne_bytes(bytes[8..16].try_into().expect("8 bytes"));
@@ -212,7 +214,7 @@ impl Backend<f32> for Cuda {
             .staging
             .memory
             .as_mut_slice()
-            .map_err(|e| driver_error("writing token ids to pinned memory", e))?[..src.len()];
+            .map_err(|e| self.wait_error("writing token ids to pinned memory", e))?[..src.len()];
         staged.copy_from_slice(src);
         self.bind();
         // SAFETY: `target` holds `src.len()` u32 of a live buffer; `staged` is pinned
@@ -244,7 +246,7 @@ impl Backend<f32> for Cuda {
     fn staged<'a>(&self, staging: &'a mut PinnedHostSlice<f32>) -> Result<&'a mut [f32]> {
         staging
             .as_mut_slice()
-            .map_err(|e| driver_error("reading pinned staging memory", e))
+            .map_err(|e| self.wait_error("reading pinned staging memory", e))
     }
 
     fn sync(&self) -> Result<()> {
