@@ -696,19 +696,26 @@ pub fn train_from_counts(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::files::END_OF_TEXT;
 
     #[test]
     fn real_text_has_cuts_everywhere() {
         let text = "Hello, world. Ça va? 中文，很好。 42x\n".repeat(100);
         let gpt2 = Pattern::Gpt2;
-        let ranges = chunks(text.as_bytes(), &[b"<|endoftext|>"], &gpt2, 16, &|_, _| {});
+        let ranges = chunks(
+            text.as_bytes(),
+            &[END_OF_TEXT.as_bytes()],
+            &gpt2,
+            16,
+            &|_, _| {},
+        );
         assert!(ranges.len() > text.len() / 40, "{} chunks", ranges.len());
         assert!(ranges.windows(2).all(|r| r[0].1 == r[1].0));
         assert_eq!((ranges[0].0, ranges.last().unwrap().1), (0, text.len()));
         // Inside a special token is never a cut; its start is.
         let text = "abc<|endoftext|>def";
         let cuts: Vec<usize> = (1..text.len())
-            .filter(|&q| is_cut(text.as_bytes(), q, &[b"<|endoftext|>"], &gpt2))
+            .filter(|&q| is_cut(text.as_bytes(), q, &[END_OF_TEXT.as_bytes()], &gpt2))
             .collect();
         assert_eq!(cuts, [3]);
     }

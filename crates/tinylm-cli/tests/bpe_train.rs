@@ -118,7 +118,7 @@ fn bad_input_exits_2_with_a_clear_error() {
         &["corpus.txt"],
     );
     assert_fails(
-        &train(&input, &out, "300", &["--threads", "0"]),
+        &train(&input, &out, "300", &["--threads", "two"]),
         &["--threads"],
     );
     assert_fails(&train(&input, &out, "many", &[]), &["many"]);

@@ -10,7 +10,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
-use tinylm::generate::Sampler;
+use tinylm::generate::{Sampler, Sampling};
 use tinylm_bpe::encode::Tokenizer;
 
 /// OpenAI's default `max_tokens` for completions.
@@ -185,12 +185,12 @@ impl CompletionRequest {
         if self.best_of.is_some_and(|b| b != n) {
             return Err(unsupported("best_of", "leave it out or equal to n"));
         }
-        let temperature = self.temperature.unwrap_or(1.0);
+        let temperature = self.temperature.unwrap_or(Sampling::UNCHANGED.temperature);
         if !(0.0..=2.0).contains(&temperature) {
             let message = format!("temperature must be between 0 and 2, got {temperature}");
             return Err(ApiError::invalid(Some("temperature"), message));
         }
-        let top_p = self.top_p.unwrap_or(1.0);
+        let top_p = self.top_p.unwrap_or(Sampling::UNCHANGED.top_p);
         if !(top_p > 0.0 && top_p <= 1.0) {
             let message = format!("top_p must be greater than 0 and at most 1, got {top_p}");
             return Err(ApiError::invalid(Some("top_p"), message));

@@ -12,6 +12,30 @@ use rand_chacha::ChaCha8Rng;
 use std::ops::ControlFlow;
 use tinylm_bpe::encode::Tokenizer;
 
+/// Sampling settings: the temperature and nucleus a sampler starts from when its
+/// caller names none.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sampling {
+    pub temperature: f32,
+    pub top_p: f32,
+}
+
+impl Sampling {
+    /// `tinylm generate`'s, the quickstart's samples' and an exported model's
+    /// `generation_config.json`: a little sharper than the model's distribution, the
+    /// least probable 5% of it cut.
+    pub const DEFAULT: Sampling = Sampling {
+        temperature: 0.8,
+        top_p: 0.95,
+    };
+    /// The model's distribution unchanged: OpenAI's completions API (`tinylm serve`)
+    /// and the Python package's `Model.generate`.
+    pub const UNCHANGED: Sampling = Sampling {
+        temperature: 1.0,
+        top_p: 1.0,
+    };
+}
+
 /// Turns next-token logits `(V,)` into a token id.
 ///
 /// `temperature == 0` is greedy (argmax, ties to the lowest id). Otherwise the

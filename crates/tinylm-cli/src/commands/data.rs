@@ -14,9 +14,9 @@ use flate2::read::MultiGzDecoder;
 use hf_hub::api::sync::{ApiBuilder, ApiError, ApiRepo};
 use hf_hub::{Cache, Repo, RepoType};
 use indicatif::{ProgressBar, ProgressStyle};
+use tinylm_bpe::files::END_OF_TEXT;
 
 use super::bpe;
-use super::tokenizer::END_OF_TEXT;
 
 #[derive(Args)]
 pub struct DataArgs {

@@ -1,6 +1,7 @@
 //! `tinylm eval`: validation loss and perplexity of a checkpoint on a token file.
 
-use anyhow::{Context, Result};
+use super::flags::{DeviceArgs, ThreadsArg};
+use anyhow::Result;
 use clap::Args;
 use std::path::PathBuf;
 use tinylm::data::TokenDataset;
@@ -25,19 +26,15 @@ pub struct EvalArgs {
     /// Evaluate at most this many batches, 0 for the whole file.
     #[arg(long, default_value_t = 0)]
     max_batches: usize,
-    /// Worker threads, 0 for one per core.
-    #[arg(long, default_value_t = 0)]
-    threads: usize,
     #[command(flatten)]
-    device: super::flags::DeviceArgs,
+    threads: ThreadsArg,
+    #[command(flatten)]
+    device: DeviceArgs,
 }
 
 pub fn run(args: EvalArgs) -> Result<()> {
     anyhow::ensure!(args.batch_size > 0, "--batch-size must be positive");
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(args.threads)
-        .build_global()
-        .context("starting the thread pool")?;
+    args.threads.apply()?;
     let ckpt = weights::open(&args.checkpoint, None)?;
     let data = TokenDataset::open(&args.data, ckpt.config.vocab_size)?;
     let t = ckpt.config.context_length;

@@ -1,5 +1,5 @@
-//! Flags several commands share — the model ([`ModelArgs`]) and the device
-//! ([`DeviceArgs`]) — and what keeps a flag and the configuration key it sets one
+//! Flags several commands share — the model ([`ModelArgs`]), the device
+//! ([`DeviceArgs`]) and the worker threads ([`ThreadsArg`]) — and what keeps a flag and the configuration key it sets one
 //! thing: the flag is the key's spelling ([`flag`]), its value is read off the
 //! parsed flags by the key ([`flag_values`]), its help shows the default the
 //! configuration gives the key ([`show_defaults`]), and it takes the values a
@@ -16,6 +16,37 @@ use tinylm::config::{Ffn, Norm, Positional};
 use tinylm::device::Device;
 use tinylm::kernels::Precision;
 use tinylm::ModelConfig;
+
+/// `--threads`, one flag with one meaning for every command that works on the CPU:
+/// the size of rayon's pool, per rank under `mpirun`; 0 or left out, one thread per
+/// core. (`tinylm train` spells it as its configuration's key `threads`, with the
+/// same meaning.)
+#[derive(Args, Clone, Copy, Debug, Default)]
+pub struct ThreadsArg {
+    /// Worker threads; 0 or left out: one per core (under mpirun: per rank).
+    #[arg(id = "threads", long = "threads", value_name = "N")]
+    count: Option<usize>,
+}
+
+impl ThreadsArg {
+    /// The threads asked for, 0 for one per core (the library's convention).
+    pub fn count(self) -> usize {
+        self.count.unwrap_or(0)
+    }
+
+    /// Sizes rayon's global pool, which every parallel loop of the command then
+    /// shares: call it before any of them runs. One per core is rayon's own default,
+    /// so then it leaves the pool alone (a command another runs may call it too).
+    pub fn apply(self) -> Result<()> {
+        if self.count() == 0 {
+            return Ok(());
+        }
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(self.count())
+            .build_global()
+            .context("starting the thread pool")
+    }
+}
 
 /// `--device` and `--precision`, for the commands that run a model.
 #[derive(Args, Clone, Copy, Debug)]

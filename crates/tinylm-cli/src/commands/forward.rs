@@ -2,6 +2,7 @@
 //! token ids, in files NumPy and PyTorch read — to check tinylm against another
 //! implementation of the same model.
 
+use super::flags::{DeviceArgs, ThreadsArg};
 use anyhow::{bail, Result};
 use clap::Args;
 use std::collections::BTreeMap;
@@ -48,15 +49,14 @@ pub struct ForwardArgs {
     /// Where to write the loss's gradient of every parameter, by name (safetensors).
     #[arg(long, requires = "targets")]
     grads_out: Option<PathBuf>,
-    /// Worker threads (default: all cores).
-    #[arg(long)]
-    threads: Option<usize>,
     #[command(flatten)]
-    device: super::flags::DeviceArgs,
+    threads: ThreadsArg,
+    #[command(flatten)]
+    device: DeviceArgs,
 }
 
 pub fn run(args: ForwardArgs) -> Result<()> {
-    super::set_threads(args.threads)?;
+    args.threads.apply()?;
     let given = args
         .config
         .as_deref()

@@ -2,6 +2,7 @@
 //! stdout as it is produced.
 
 use super::continuation::{is_broken_pipe, write_continuation, Continuation};
+use super::flags::{DeviceArgs, ThreadsArg};
 use super::tokenizer::for_model;
 use anyhow::Result;
 use clap::Args;
@@ -9,7 +10,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use tinylm::accounting::InferenceMemory;
 use tinylm::device::AnyBackend;
-use tinylm::generate::Sampler;
+use tinylm::generate::{Sampler, Sampling};
 use tinylm::on_backend;
 use tinylm::weights;
 
@@ -30,11 +31,11 @@ pub struct GenerateArgs {
     #[arg(long, default_value_t = 256)]
     max_tokens: usize,
     /// Softmax temperature; 0 is greedy (always the most probable token).
-    #[arg(long, default_value_t = 0.8)]
+    #[arg(long, default_value_t = Sampling::DEFAULT.temperature)]
     temperature: f32,
     /// Nucleus sampling: keep the smallest set of most probable tokens whose
     /// probabilities sum to at least this (1 keeps all).
-    #[arg(long, default_value_t = 0.95)]
+    #[arg(long, default_value_t = Sampling::DEFAULT.top_p)]
     top_p: f32,
     /// Keep only the K most probable tokens (before top-p).
     #[arg(long)]
@@ -42,15 +43,14 @@ pub struct GenerateArgs {
     /// Seed of the sampler.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Worker threads [default: all cores].
-    #[arg(long)]
-    threads: Option<usize>,
+    #[command(flatten)]
+    threads: ThreadsArg,
     /// At the end, print to stderr where the time went: the load (thread pool,
     /// tokenizer, weights), the prompt and the generation, with their tokens/s.
     #[arg(long)]
     verbose: bool,
     #[command(flatten)]
-    device: super::flags::DeviceArgs,
+    device: DeviceArgs,
 }
 
 /// When loading started and ended, and how long its parts took.
@@ -67,7 +67,7 @@ struct Load {
 
 pub fn run(args: GenerateArgs) -> Result<()> {
     let start = Instant::now();
-    super::set_threads(args.threads)?;
+    args.threads.apply()?;
     let threads = Instant::now();
     tinylm::kernels::cpu::on_pool(move || generate(args, start, threads))
 }

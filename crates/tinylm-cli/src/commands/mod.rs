@@ -38,16 +38,3 @@ pub fn stop_on_ctrl_c() -> anyhow::Result<&'static std::sync::atomic::AtomicBool
     .context("installing the Ctrl-C handler")?;
     Ok(&STOP)
 }
-
-/// Sizes rayon's global pool for the command: `Some(n)` threads (n ≥ 1), else one per core.
-pub fn set_threads(threads: Option<usize>) -> anyhow::Result<()> {
-    use anyhow::Context;
-    if let Some(n) = threads {
-        anyhow::ensure!(n > 0, "--threads must be at least 1");
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(n)
-            .build_global()
-            .context("starting the thread pool")?;
-    }
-    Ok(())
-}

@@ -9,8 +9,8 @@
 //! the run, training ends and the schedule reaches its end when the budget does.
 
 use super::continuation::write_continuation;
-use super::flags::DeviceArgs;
-use super::tokenizer::{load_with_end_of_text, END_OF_TEXT};
+use super::flags::{DeviceArgs, ThreadsArg};
+use super::tokenizer::load_with_end_of_text;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -22,12 +22,13 @@ use tinylm::data::TokenDataset;
 use tinylm::device::{resolve, AnyBackend, Device};
 use tinylm::distributed::World;
 use tinylm::files::write_bytes;
-use tinylm::generate::Sampler;
+use tinylm::generate::{Sampler, Sampling};
 use tinylm::kernels::{Backend, BatchPart, Precision};
 use tinylm::on_backend;
 use tinylm::train::{evaluate, train, Schedule, TrainConfig, TrainSummary};
 use tinylm::{Model, ModelConfig};
 use tinylm_bpe::encode::Tokenizer;
+use tinylm_bpe::files::END_OF_TEXT;
 use tinylm_bpe::npy::{Dtype, NpyWriter};
 use tinylm_bpe::train::{count_pretokens, train_from_counts, TrainOptions};
 
@@ -55,9 +56,8 @@ pub struct QuickstartArgs {
     /// Seed of the initial weights, the batch order and the samples.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Worker threads [default: all cores].
-    #[arg(long, default_value_t = 0)]
-    threads: usize,
+    #[command(flatten)]
+    threads: ThreadsArg,
     /// Also write the step-0 weights to `init.safetensors` (to start another
     /// implementation from the same point, as bench/train_compare.sh does).
     #[arg(long)]
@@ -126,10 +126,7 @@ pub fn run(args: QuickstartArgs) -> Result<()> {
         );
     }
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(args.threads)
-        .build()
-        .context("starting the thread pool")?;
+    args.threads.apply()?;
     let settings = Settings {
         corpus: args.corpus,
         out,
@@ -143,7 +140,7 @@ pub fn run(args: QuickstartArgs) -> Result<()> {
         device,
         precision: args.device.precision.for_training()?,
     };
-    pool.install(|| quickstart(&settings))
+    tinylm::kernels::cpu::on_pool(|| quickstart(&settings))
 }
 
 struct Settings {
@@ -428,13 +425,17 @@ fn evaluate_and_sample<B: Backend<f32>>(
         summary.checkpoint.display()
     );
 
-    stage(6, "samples (temperature 0.8, top-p 0.95)");
+    let Sampling { temperature, top_p } = Sampling::DEFAULT;
+    stage(
+        6,
+        &format!("samples (temperature {temperature}, top-p {top_p})"),
+    );
     let failed = |e: anyhow::Error| tinylm::Error::Invalid(format!("{e:#}"));
     let (tokenizer, eos) = load_with_end_of_text(tokenizer_dir).map_err(failed)?;
     let mut samples = String::new();
     let stdout = std::io::stdout();
     for (i, prompt) in PROMPTS.iter().enumerate() {
-        let mut sampler = Sampler::new(0.8, 0.95, None, s.seed + i as u64)?;
+        let mut sampler = Sampler::new(temperature, top_p, None, s.seed + i as u64)?;
         println!("--- sample {} ---", i + 1);
         let text = write_continuation(
             &mut model,

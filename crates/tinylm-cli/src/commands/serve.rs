@@ -3,7 +3,7 @@
 //! its flags, opens the weights and the tokenizer, and stops it at Ctrl-C or
 //! SIGTERM.
 
-use super::flags::DeviceArgs;
+use super::flags::{DeviceArgs, ThreadsArg};
 use super::tokenizer::for_model;
 use anyhow::Result;
 use clap::Args;
@@ -36,9 +36,8 @@ pub struct ServeArgs {
     /// Sequences decoded together; further requests wait for a free slot.
     #[arg(long, default_value_t = 8)]
     slots: usize,
-    /// Worker threads of the model [default: all cores].
-    #[arg(long)]
-    threads: Option<usize>,
+    #[command(flatten)]
+    threads: ThreadsArg,
     #[command(flatten)]
     device: DeviceArgs,
     /// Every API route asks for `Authorization: Bearer KEY` (all but `/` and
@@ -114,7 +113,7 @@ impl ServeArgs {
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
-    super::set_threads(args.threads)?;
+    args.threads.apply()?;
     let stop = super::stop_on_ctrl_c()?;
     let ckpt = weights::open(&args.checkpoint, None)?;
     let (tokenizer, eos) = for_model(args.tokenizer.as_deref(), &ckpt, &args.checkpoint)?;

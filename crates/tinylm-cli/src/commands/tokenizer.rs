@@ -5,10 +5,7 @@ use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 use tinylm::weights::OpenedWeights;
 use tinylm_bpe::encode::Tokenizer;
-use tinylm_bpe::files::Bpe;
-
-/// The special token that ends a document; generation stops there.
-pub const END_OF_TEXT: &str = "<|endoftext|>";
+use tinylm_bpe::files::{Bpe, END_OF_TEXT};
 
 /// `--tokenizer`, or else the tokenizer the weights record; an error when neither.
 pub fn tokenizer_dir(

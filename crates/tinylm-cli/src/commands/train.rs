@@ -114,7 +114,7 @@ struct TrainFlags {
     /// Seed of the initial weights and the batch order.
     #[arg(long)]
     seed: Option<u64>,
-    /// Worker threads, 0 for one per core.
+    /// Worker threads; 0: one per core (under mpirun: per rank).
     #[arg(long)]
     threads: Option<usize>,
     /// Validate every N steps, 0 for only at the end.

@@ -13,6 +13,7 @@
 use super::{check_fits, check_llama, is_rope_projection, permute_rope_rows, rename, Naming};
 use crate::config::RMS_NORM_EPS;
 use crate::files::write_dir;
+use crate::generate::Sampling;
 use crate::params::{layout_for_file, load_safetensors, save_safetensors, ParamLayout};
 use crate::{Error, ModelConfig, Result};
 use serde_json::{json, Map, Value};
@@ -116,15 +117,15 @@ fn tokenizer_config_json(c: &ModelConfig, t: &Bpe) -> Value {
     })
 }
 
-/// `tinylm generate`'s defaults: sampling at temperature 0.8, top-p 0.95.
+/// `tinylm generate`'s sampling defaults ([`Sampling::DEFAULT`]).
 fn generation_config_json(eot: Option<u32>) -> Value {
     json!({
         "bos_token_id": eot,
         "eos_token_id": eot,
         "pad_token_id": eot,
         "do_sample": true,
-        "temperature": 0.8,
-        "top_p": 0.95,
+        "temperature": Sampling::DEFAULT.temperature,
+        "top_p": Sampling::DEFAULT.top_p,
     })
 }
 

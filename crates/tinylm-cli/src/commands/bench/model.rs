@@ -6,9 +6,10 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use tinylm::kernels::{AdamWParams, Backend, BatchPart, Collective};
 use tinylm::optim::AdamW;
+use tinylm::train::TrainConfig;
 use tinylm::{Model, ModelConfig, Result as LmResult};
 
-use crate::commands::flags::{show_defaults, ModelArgs};
+use crate::commands::flags::{show_defaults, ModelArgs, ThreadsArg};
 
 /// The model and the threads of a bench command; `--config` is the old spelling of
 /// `--model-config`.
@@ -18,9 +19,8 @@ use crate::commands::flags::{show_defaults, ModelArgs};
 pub struct BenchModel {
     #[command(flatten)]
     model: ModelArgs,
-    /// Worker threads (per rank).
-    #[arg(long, default_value_t = 2)]
-    threads: usize,
+    #[command(flatten)]
+    threads: ThreadsArg,
 }
 
 /// The sequences of a step.
@@ -56,16 +56,10 @@ impl BenchModel {
         self.model.apply(base).context("model configuration")
     }
 
-    /// Runs `work` on a pool of `--threads` threads.
+    /// Runs `work` on a thread of a pool of `--threads` threads.
     pub fn on_threads<R: Send>(&self, work: impl FnOnce() -> Result<R> + Send) -> Result<R> {
-        if self.threads == 0 {
-            bail!("--threads must be at least 1");
-        }
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(self.threads)
-            .build()
-            .context("cannot start the thread pool")?
-            .install(work)
+        self.threads.apply()?;
+        tinylm::kernels::cpu::on_pool(work)
     }
 }
 
@@ -96,8 +90,8 @@ pub struct Step<'a> {
 
 impl Step<'_> {
     /// The training loop's step — forward, backward, the gradient summed over
-    /// `ranks`, AdamW clipped to norm 1 — until its statistics reach the host; its
-    /// loss.
+    /// `ranks`, AdamW at training's default peak learning rate and clipping norm —
+    /// until its statistics reach the host; its loss.
     pub fn run<B: Backend<f32>>(
         &self,
         model: &mut Model<f32, B>,
@@ -106,16 +100,13 @@ impl Step<'_> {
     ) -> LmResult<f64> {
         let part = BatchPart::whole(self.rows);
         model.accumulate_gradient(self.ids, self.targets, self.b, self.t, part)?;
-        model.optimizer_step(opt, 1e-3, Some(1.0), ranks)?;
+        let training = TrainConfig::default();
+        model.optimizer_step(opt, training.lr_max, Some(training.grad_clip), ranks)?;
         Ok(model.step_stats()?.loss)
     }
 }
 
-/// The AdamW settings of the timed steps (TinyStories training's).
+/// The AdamW settings of the timed steps: training's defaults (TinyStories').
 pub fn adamw() -> AdamWParams {
-    AdamWParams {
-        beta2: 0.95,
-        weight_decay: 0.1,
-        ..AdamWParams::default()
-    }
+    TrainConfig::default().adamw()
 }

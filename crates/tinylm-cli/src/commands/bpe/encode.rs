@@ -12,6 +12,7 @@ use tinylm_bpe::encode::{Tokenizer, Utf8Chunks};
 use tinylm_bpe::npy::{Dtype, NpyWriter};
 
 use super::source::TokenizerArgs;
+use crate::commands::flags::ThreadsArg;
 
 #[derive(Args)]
 pub struct EncodeArgs {
@@ -23,9 +24,8 @@ pub struct EncodeArgs {
     /// Output `.npy` (uint16 when the vocabulary has at most 65,536 tokens, else uint32).
     #[arg(long)]
     out: PathBuf,
-    /// Worker threads (default: all cores).
-    #[arg(long, default_value_t = 0)]
-    threads: usize,
+    #[command(flatten)]
+    threads: ThreadsArg,
     /// Read the input as a stream in bounded memory, on one thread, instead of mapping it.
     #[arg(long, conflicts_with = "threads")]
     stream: bool,
@@ -39,7 +39,7 @@ impl EncodeArgs {
             tokenizer: TokenizerArgs::dir(tokenizer),
             input: input.to_path_buf(),
             out: out.to_path_buf(),
-            threads: 0,
+            threads: ThreadsArg::default(),
             stream: false,
         }
     }
@@ -60,9 +60,10 @@ pub fn run(args: EncodeArgs) -> anyhow::Result<()> {
     let (bytes, tokens) = if args.stream {
         encode_stream(&tokenizer, &args, &bar)?
     } else {
-        let summary = tokenizer.encode_file(&args.input, &args.out, args.threads, |done| {
-            bar.set_position(done as u64)
-        })?;
+        let summary =
+            tokenizer.encode_file(&args.input, &args.out, args.threads.count(), |done| {
+                bar.set_position(done as u64)
+            })?;
         (summary.bytes, summary.tokens)
     };
     bar.finish_and_clear();

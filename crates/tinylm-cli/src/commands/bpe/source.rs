@@ -6,12 +6,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use clap::Args;
-use tinylm_bpe::files::{hf, tiktoken, Bpe};
+use tinylm_bpe::files::{hf, tiktoken, Bpe, END_OF_TEXT};
 use tinylm_bpe::pretokenize::Pattern;
 
 use super::train::parse_pattern;
-
-const ENDOFTEXT: &str = "<|endoftext|>";
 
 #[derive(Args, Default)]
 pub struct TokenizerArgs {
@@ -110,7 +108,7 @@ impl TokenizerArgs {
                 bpe.specials.push(id as u32);
             }
         } else if bpe.specials.is_empty() {
-            if let Some(id) = bpe.vocab.iter().position(|t| t == ENDOFTEXT.as_bytes()) {
+            if let Some(id) = bpe.vocab.iter().position(|t| t == END_OF_TEXT.as_bytes()) {
                 bpe.specials.push(id as u32);
             }
         }

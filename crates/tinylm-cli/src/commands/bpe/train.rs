@@ -5,12 +5,14 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Instant;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use clap::Args;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use tinylm_bpe::files::{save_tokenizer, Bpe};
 use tinylm_bpe::pretokenize::Pattern;
 use tinylm_bpe::train::{train_bpe_with, Progress, TrainOptions};
+
+use crate::commands::flags::ThreadsArg;
 
 #[derive(Args)]
 pub struct TrainArgs {
@@ -30,9 +32,8 @@ pub struct TrainArgs {
     /// Replace invalid UTF-8 in the input by U+FFFD instead of failing.
     #[arg(long)]
     lossy: bool,
-    /// Worker threads for pre-tokenization (default: all cores).
-    #[arg(long)]
-    threads: Option<usize>,
+    #[command(flatten)]
+    threads: ThreadsArg,
     /// Split pattern: `gpt2` (CS336's), `gpt4` (cl100k), `o200k`, or a regex.
     #[arg(long, default_value = "gpt2", value_parser = parse_pattern)]
     pattern: Pattern,
@@ -47,7 +48,7 @@ impl TrainArgs {
             special_tokens: vec![special.to_string()],
             out: out.to_path_buf(),
             lossy: false,
-            threads: None,
+            threads: ThreadsArg::default(),
             pattern: Pattern::Gpt2,
         }
     }
@@ -91,16 +92,8 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         lossy_utf8: args.lossy,
         progress: Some(&report),
     };
-    let train = || train_bpe_with(&args.input, args.vocab_size, &args.special_tokens, options);
-    let trained = match args.threads {
-        Some(0) => bail!("--threads must be at least 1"),
-        Some(n) => rayon::ThreadPoolBuilder::new()
-            .num_threads(n)
-            .build()
-            .context("cannot start the thread pool")?
-            .install(train),
-        None => train(),
-    };
+    args.threads.apply()?;
+    let trained = train_bpe_with(&args.input, args.vocab_size, &args.special_tokens, options);
     let (vocab, merges) = trained.map_err(|e| {
         let hint = if e.to_string().contains("invalid UTF-8") {
             " (pass --lossy to replace it with U+FFFD)"
