@@ -23,7 +23,7 @@ fn preset_file_and_flags_agree() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("xl.json");
     std::fs::write(&path, tinylm::ModelConfig::gpt2_xl().to_json()).unwrap();
-    let (_, file, _) = info(&["--config", path.to_str().unwrap()]);
+    let (_, file, _) = info(&["--model-config", path.to_str().unwrap()]);
     assert_eq!(file, preset);
     let shape = [
         "--vocab-size",

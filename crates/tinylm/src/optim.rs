@@ -7,10 +7,9 @@
 //! ([`sum_squares_of`]), both bit-identical whatever the number of threads; a model
 //! runs them through its backend ([`Backend::adamw`](crate::kernels::Backend::adamw)).
 
-use crate::kernels::cpu::adamw::adamw_step;
 use crate::kernels::cpu::global_norm::sum_squares_of;
 use crate::kernels::cpu::simd::CHUNK;
-use crate::kernels::{clip_scale, AdamWParams, CLIP_EPS};
+use crate::kernels::{clip_scale, AdamWParams};
 use rayon::prelude::*;
 use std::ops::Range;
 
@@ -37,22 +36,6 @@ impl AdamW {
             v: vec![0.0; n],
             step: 0,
         }
-    }
-
-    /// One update of a host buffer with learning rate `lr`; gradients are
-    /// multiplied by `grad_scale` first (the clipping factor of [`clip_scale`]).
-    pub fn update(&mut self, params: &mut [f32], grads: &[f32], lr: f64, grad_scale: f32) {
-        self.step += 1;
-        adamw_step(
-            params,
-            grads,
-            &mut self.m,
-            &mut self.v,
-            self.step,
-            lr,
-            &self.hp,
-            grad_scale,
-        );
     }
 }
 
@@ -107,12 +90,6 @@ pub fn clip_grad_norm_arrays(grads: &mut [&mut [f32]], max: f64, eps: f64) -> f6
             .for_each(|c| c.iter_mut().for_each(|x| *x *= s));
     }
     norm
-}
-
-/// Global-norm clipping of one flat gradient buffer (SPEC ε = 1e-6); returns the
-/// norm before clipping.
-pub fn clip_grad_norm(grads: &mut [f32], max: f64) -> f64 {
-    clip_grad_norm_arrays(&mut [grads], max, CLIP_EPS)
 }
 
 #[cfg(test)]

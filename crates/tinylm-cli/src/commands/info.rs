@@ -27,9 +27,8 @@ const SHAPE_KEYS: [&str; 6] = [
     "d_ff",
 ];
 
-/// The flags of `tinylm info`; `--config` is the old spelling of `--model-config`.
+/// The flags of `tinylm info`.
 #[derive(Args, Debug)]
-#[command(mut_arg("model_config", |arg| arg.alias("config")))]
 pub struct InfoArgs {
     #[command(flatten)]
     model: ModelArgs,

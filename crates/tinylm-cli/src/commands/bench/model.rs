@@ -11,11 +11,9 @@ use tinylm::{Model, ModelConfig, Result as LmResult};
 
 use crate::commands::flags::{show_defaults, ModelArgs, ThreadsArg};
 
-/// The model and the threads of a bench command; `--config` is the old spelling of
-/// `--model-config`.
+/// The model and the threads of a bench command.
 #[derive(Args, Debug)]
 #[command(mut_args = show_defaults(&benchmark_model()))]
-#[command(mut_arg("model_config", |arg| arg.alias("config")))]
 pub struct BenchModel {
     #[command(flatten)]
     model: ModelArgs,

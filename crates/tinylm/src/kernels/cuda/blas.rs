@@ -17,25 +17,6 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 
-/// A batch of equal products at constant element strides between entries.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Batch {
-    pub count: usize,
-    pub stride_a: usize,
-    pub stride_b: usize,
-    pub stride_out: usize,
-}
-
-impl Batch {
-    /// One product.
-    pub const ONE: Batch = Batch {
-        count: 1,
-        stride_a: 0,
-        stride_b: 0,
-        stride_out: 0,
-    };
-}
-
 /// The cuBLASLt handle, its workspace and the algorithm chosen for each shape.
 pub struct Blas {
     handle: sys::cublasLtHandle_t,
@@ -48,15 +29,9 @@ pub struct Blas {
 unsafe impl Send for Blas {}
 unsafe impl Sync for Blas {}
 
-/// `(m, k, n, a_transposed, b_transposed)`, the batch, operand and output types,
-/// and the alignments of `b`, `a`, `out` (cuBLAS's A, B, C = D).
-type Key = (
-    (usize, usize, usize, bool, bool),
-    Batch,
-    DType,
-    DType,
-    [u32; 3],
-);
+/// `(m, k, n, a_transposed, b_transposed)`, the operand and output types, and the
+/// alignments of `b`, `a`, `out` (cuBLAS's A, B, C = D).
+type Key = ((usize, usize, usize, bool, bool), DType, DType, [u32; 3]);
 
 /// The largest power of two (at most 256) dividing a device address: cuBLASLt
 /// picks only algorithms that work at that alignment (its default assumes 256).
@@ -87,34 +62,10 @@ fn data_type(dtype: DType) -> sys::cudaDataType {
 struct Layout(sys::cublasLtMatrixLayout_t);
 
 impl Layout {
-    fn new(dtype: DType, rows: usize, cols: usize, batch: usize, stride: usize) -> Result<Self> {
-        let handle =
-            lt::create_matrix_layout(data_type(dtype), rows as u64, cols as u64, rows as i64)
-                .map_err(|e| blas_error("creating a layout", e))?;
-        let layout = Layout(handle);
-        if batch > 1 {
-            let count = batch as i32;
-            let stride = stride as i64;
-            // SAFETY: attribute values of the documented types and sizes.
-            unsafe {
-                lt::set_matrix_layout_attribute(
-                    handle,
-                    sys::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
-                    (&count as *const i32).cast(),
-                    4,
-                )
-                .and_then(|()| {
-                    lt::set_matrix_layout_attribute(
-                        handle,
-                        sys::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
-                        (&stride as *const i64).cast(),
-                        8,
-                    )
-                })
-                .map_err(|e| blas_error("setting a batch", e))?;
-            }
-        }
-        Ok(layout)
+    fn new(dtype: DType, rows: usize, cols: usize) -> Result<Self> {
+        lt::create_matrix_layout(data_type(dtype), rows as u64, cols as u64, rows as i64)
+            .map(Layout)
+            .map_err(|e| blas_error("creating a layout", e))
     }
 }
 
@@ -183,10 +134,8 @@ impl Blas {
         self.workspace.len() as u64
     }
 
-    /// Queues `out (+)= alpha · a · b` for each of `batch.count` entries (see
-    /// [`Cuda::matmul_batched`](super::context::Cuda::matmul_batched)) on `stream`,
-    /// choosing the algorithm for the shape, types and alignments once.
-    #[allow(clippy::too_many_arguments)]
+    /// Queues `out (+)= a · b` (see [`Cuda::matmul`](super::context::Cuda::matmul))
+    /// on `stream`, choosing the algorithm for the shape, types and alignments once.
     pub fn matmul(
         &self,
         stream: &Arc<CudaStream>,
@@ -194,23 +143,20 @@ impl Blas {
         a: Dev,
         b: Dev,
         shape: MatMul,
-        batch: Batch,
-        alpha: f32,
     ) -> Result<()> {
         let MatMul { m, k, n, .. } = shape;
         let (transa, transb) = (shape.b_transposed, shape.a_transposed);
         // cuBLAS's A is our b, stored (k, n) col-major as (n, k), or (k, n) when transposed.
         let (a_rows, a_cols) = if transa { (k, n) } else { (n, k) };
         let (b_rows, b_cols) = if transb { (m, k) } else { (k, m) };
-        let layout_a = Layout::new(b.dtype, a_rows, a_cols, batch.count, batch.stride_b)?;
-        let layout_b = Layout::new(a.dtype, b_rows, b_cols, batch.count, batch.stride_a)?;
-        let layout_c = Layout::new(out.dtype, n, m, batch.count, batch.stride_out)?;
+        let layout_a = Layout::new(b.dtype, a_rows, a_cols)?;
+        let layout_b = Layout::new(a.dtype, b_rows, b_cols)?;
+        let layout_c = Layout::new(out.dtype, n, m)?;
         let desc = Desc::new(transa, transb)?;
         let blas = self;
         let aligned = [alignment(b.ptr), alignment(a.ptr), alignment(out.ptr)];
         let key = (
             (m, k, n, shape.a_transposed, shape.b_transposed),
-            batch,
             a.dtype,
             out.dtype,
             aligned,
@@ -273,13 +219,13 @@ impl Blas {
                 // SAFETY: created above.
                 let _ = unsafe { lt::destroy_matmul_pref(pref) };
                 let algo = heuristic
-                    .map_err(|e| blas_error(&format!("no algorithm for {shape:?} x {batch:?}"), e))?
+                    .map_err(|e| blas_error(&format!("no algorithm for {shape:?}"), e))?
                     .algo;
                 blas.algos.lock().expect("algo cache").insert(key, algo);
                 algo
             }
         };
-        let beta: f32 = if shape.accumulate { 1.0 } else { 0.0 };
+        let (alpha, beta): (f32, f32) = (1.0, if shape.accumulate { 1.0 } else { 0.0 });
         let (workspace, _sync) = blas.workspace.device_ptr(stream);
         // SAFETY: the pointers address live buffers at least as large as the layouts
         // (asserted by the caller); C and D are the same matrix.
@@ -303,6 +249,6 @@ impl Blas {
                 stream.cu_stream() as sys::cudaStream_t,
             )
         }
-        .map_err(|e| blas_error(&format!("{shape:?} x {batch:?}"), e))
+        .map_err(|e| blas_error(&format!("{shape:?}"), e))
     }
 }
