@@ -1,14 +1,15 @@
 //! Weights-only safetensors with a model config (`forward --config C.json`; the
 //! input's two parts): `ModelConfig::from_json_file`, `weights::open` and `load`,
-//! and `params::load_safetensors`, which reads any safetensors file's tensors. A
+//! and `safetensors_io::load_safetensors`, which reads any safetensors file's tensors. A
 //! refusal names the file at fault; reading allocates at most 16 bytes per input
 //! byte beyond 1 MiB (values are read as f32); accepted tensors written back by
-//! `params::save_safetensors` read back the same, bit for bit.
+//! `safetensors_io::save_safetensors` read back the same, bit for bit.
 
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tinylm::params::{load_safetensors, save_safetensors, ParamLayout};
+use tinylm::params::ParamLayout;
+use tinylm::safetensors_io::{load_safetensors, save_safetensors};
 use tinylm::{weights, ModelConfig};
 use tinylm_fuzz::{parts, refused, refused_naming, same_bits, scratch, within, write, Bound};
 

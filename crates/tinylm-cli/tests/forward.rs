@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use tinylm::model::Model;
-use tinylm::params::{load_safetensors, save_safetensors, ParamLayout};
+use tinylm::params::ParamLayout;
+use tinylm::safetensors_io::{load_safetensors, save_safetensors};
 use tinylm::ModelConfig;
 use tinylm_bpe::npy::{self, MappedNpy};
 

@@ -1,5 +1,5 @@
 //! `tinylm.checkpoint`: model and optimizer state dicts and the iteration in one
-//! safetensors file (`tinylm::params::{save,load}_safetensors`).
+//! safetensors file (`tinylm::safetensors_io::{save,load}_safetensors`).
 //!
 //! Model tensors keep their names, optimizer tensors get the prefix `optim.` (so a
 //! training checkpoint's `optim.m.<name>` / `optim.v.<name>` moments load as
@@ -13,7 +13,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use tinylm::params::{load_safetensors, save_safetensors};
+use tinylm::safetensors_io::{load_safetensors, save_safetensors};
 
 const OPTIM: &str = "optim.";
 const ITERATION: &str = "iteration";

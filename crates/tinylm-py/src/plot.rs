@@ -4,7 +4,7 @@
 use crate::errors::{detached, invalid, model_error};
 use pyo3::prelude::*;
 use std::path::PathBuf;
-use tinylm::plot::{find_runs, write_comparison, CompareOptions, XAxis};
+use tinylm::compare::{find_runs, write_comparison, CompareOptions, XAxis};
 
 /// Draws the runs of `runs` (a run or sweep directory, or a list of them) to `out`
 /// (`.svg` or `.png`) against `x` (`step`, `tokens` or `wall`); returns `out`.

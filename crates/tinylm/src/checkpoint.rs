@@ -20,7 +20,8 @@ use crate::kernels::cpu::mixed::store;
 use crate::kernels::{AdamWParams, Backend, Buffer, Stored};
 use crate::model::Model;
 use crate::optim::AdamW;
-use crate::params::{write_safetensors, FileBuffer, ParamLayout, SafetensorsFile, TensorData};
+use crate::params::ParamLayout;
+use crate::safetensors_io::{write_safetensors, FileBuffer, SafetensorsFile, TensorData};
 use crate::{buffers, Error, ModelConfig, Result};
 use half::bf16;
 use serde::de::DeserializeOwned;
@@ -514,7 +515,7 @@ mod tests {
         let layout = ParamLayout::new(&config);
         let mut tensors = layout.tensors(trained.params());
         tensors.reverse();
-        crate::params::save_safetensors(&reversed, &tensors, &BTreeMap::new()).unwrap();
+        crate::safetensors_io::save_safetensors(&reversed, &tensors, &BTreeMap::new()).unwrap();
 
         let mut mapped = CheckpointFile::open(&ours).unwrap().model(Cpu).unwrap();
         let read = crate::weights::open(&reversed, Some(&config))
@@ -584,7 +585,7 @@ mod tests {
         for (name, values) in [("f32 rev", trained.params()), ("bf16 rev", &rounded[..])] {
             let mut tensors = layout.tensors(values);
             tensors.reverse();
-            crate::params::save_safetensors(&path(name), &tensors, &none).unwrap();
+            crate::safetensors_io::save_safetensors(&path(name), &tensors, &none).unwrap();
         }
         let ids: Vec<u32> = (0..16).map(|i| (i * 7 % 64) as u32).collect();
         // (The logits of two sequences, the file the parameters' values lie in.)
@@ -744,7 +745,7 @@ mod tests {
         // The query projection flattened.
         tensors[2].1 = vec![16 * 16];
         tensors.push(("extra.bias".to_string(), vec![1], &params[..1]));
-        crate::params::save_safetensors(&path, &tensors, &meta).unwrap();
+        crate::safetensors_io::save_safetensors(&path, &tensors, &meta).unwrap();
         let err = CheckpointFile::open(&path).err().unwrap().to_string();
         let name = &layout.specs[2].name;
         assert!(!err.contains('\n'), "{err}");
@@ -758,7 +759,7 @@ mod tests {
         // The weights right, the second moment missing.
         tensors[2].1 = layout.specs[2].shape.clone();
         tensors.pop();
-        crate::params::save_safetensors(&path, &tensors, &meta).unwrap();
+        crate::safetensors_io::save_safetensors(&path, &tensors, &meta).unwrap();
         let err = CheckpointFile::open(&path).err().unwrap().to_string();
         assert!(
             err.contains("bad.safetensors")

@@ -3,7 +3,7 @@
 //! arrays (the Python API).
 //!
 //! The per-element work is the kernel layer's: the AdamW update
-//! ([`adamw_step`]) and the sum of squares
+//! ([`adamw_step`](crate::kernels::cpu::adamw::adamw_step)) and the sum of squares
 //! ([`sum_squares_of`]), both bit-identical whatever the number of threads; a model
 //! runs them through its backend ([`Backend::adamw`](crate::kernels::Backend::adamw)).
 

@@ -10,7 +10,8 @@ use crate::checkpoint::{model_from, Load};
 use crate::export::hf;
 use crate::kernels::Backend;
 use crate::model::Model;
-use crate::params::{FileBuffer, ParamLayout, SafetensorsFile};
+use crate::params::ParamLayout;
+use crate::safetensors_io::{FileBuffer, SafetensorsFile};
 use crate::{Error, ModelConfig, Result};
 use std::path::{Path, PathBuf};
 

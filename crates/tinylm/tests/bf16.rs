@@ -231,7 +231,7 @@ fn forward_only_models_read_the_same_weights_into_their_copy_alone() {
         tinylm::checkpoint::save(&mapped, &c, &params, None, &Default::default()).unwrap();
         let mut tensors = layout.tensors(&params);
         tensors.reverse();
-        tinylm::params::save_safetensors(&read, &tensors, &Default::default()).unwrap();
+        tinylm::safetensors_io::save_safetensors(&read, &tensors, &Default::default()).unwrap();
         let (ids, _) = batch(&c);
         for path in [&mapped, &read] {
             let opened = tinylm::weights::open(path, Some(&c)).unwrap();

@@ -4,7 +4,8 @@ use std::collections::BTreeMap;
 use tinylm::checkpoint::{self, check_same_config};
 use tinylm::kernels::AdamWParams;
 use tinylm::optim::AdamW;
-use tinylm::params::{save_safetensors, ParamLayout};
+use tinylm::params::ParamLayout;
+use tinylm::safetensors_io::save_safetensors;
 use tinylm::ModelConfig;
 
 fn small() -> ModelConfig {
@@ -41,7 +42,7 @@ fn round_trip_restores_weights_moments_and_metadata() {
     assert_eq!(ckpt.optimizer, Some(opt));
     assert_eq!(ckpt.meta::<u64>("step", &path).unwrap(), 17);
     // Weights under the SPEC names, moments under optim.m./optim.v.
-    let (tensors, _) = tinylm::params::load_safetensors(&path).unwrap();
+    let (tensors, _) = tinylm::safetensors_io::load_safetensors(&path).unwrap();
     assert!(tensors.contains_key("layers.1.ffn.w3.weight"));
     assert!(tensors.contains_key("optim.m.lm_head.weight"));
     assert!(tensors.contains_key("optim.v.token_embeddings.weight"));

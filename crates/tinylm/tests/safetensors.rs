@@ -6,7 +6,8 @@
 //! saved by `safetensors.torch.save_file` as float32 and as bfloat16.
 
 use std::path::Path;
-use tinylm::params::{load_safetensors, ParamLayout};
+use tinylm::params::ParamLayout;
+use tinylm::safetensors_io::load_safetensors;
 use tinylm::ModelConfig;
 
 fn fixture_config() -> ModelConfig {

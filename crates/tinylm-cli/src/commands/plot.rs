@@ -3,7 +3,7 @@
 use anyhow::Result;
 use clap::Args;
 use std::path::PathBuf;
-use tinylm::plot::{find_runs, write_comparison, CompareOptions, XAxis};
+use tinylm::compare::{find_runs, write_comparison, CompareOptions, XAxis};
 
 #[derive(Args, Debug)]
 pub struct PlotArgs {

@@ -14,7 +14,8 @@ use super::{check_fits, check_llama, is_rope_projection, permute_rope_rows, rena
 use crate::config::RMS_NORM_EPS;
 use crate::files::write_dir;
 use crate::generate::Sampling;
-use crate::params::{layout_for_file, load_safetensors, save_safetensors, ParamLayout};
+use crate::params::{layout_for_file, ParamLayout};
+use crate::safetensors_io::{load_safetensors, save_safetensors};
 use crate::{Error, ModelConfig, Result};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;

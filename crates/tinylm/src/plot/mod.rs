@@ -1,5 +1,7 @@
-//! Loss plots as SVG or PNG: one run's curves ([`write_loss_plot`], which training
-//! redraws) and the comparison of many runs ([`write_comparison`], `tinylm plot`).
+//! Figures as SVG or PNG, the drawing that a run's loss plot
+//! ([`crate::train::write_loss_plot`], which training redraws) and the comparison of
+//! many runs ([`crate::compare`], `tinylm plot`) share: a [`Figure`] written by its
+//! path's extension, the palette, the font.
 //!
 //! Text is drawn with DejaVu Sans, embedded in the binary and registered with
 //! plotters before any drawing, so no system font is needed. The format follows the
@@ -7,11 +9,8 @@
 //! and renamed.
 
 mod bitmap;
-mod compare;
 mod figure;
 mod font;
-mod run;
 
-pub use compare::{find_runs, write_comparison, CompareOptions, XAxis};
-pub use figure::PALETTE;
-pub use run::write_loss_plot;
+pub use figure::{write_figure, DrawResult, Figure, PALETTE};
+pub use font::FONT;

@@ -13,9 +13,9 @@ mod plan;
 
 pub use plan::{config_key, points, Axis, AxisValue, Point, Variant};
 
+use crate::compare::{write_comparison, CompareOptions, XAxis};
 use crate::distributed::World;
 use crate::files::write_bytes;
-use crate::plot::{write_comparison, CompareOptions, XAxis};
 use crate::train::{self, Progress, RunDir, RunSummary, Status, TrainConfig};
 use crate::{Error, Result};
 use std::path::{Path, PathBuf};
@@ -251,7 +251,7 @@ fn start_of(point: &Point) -> Result<Start> {
     }
     let checkpoint = dir.join(train::CHECKPOINT_FILE);
     if checkpoint.is_file() {
-        let metadata = crate::params::load_safetensors_metadata(&checkpoint)?;
+        let metadata = crate::safetensors_io::load_safetensors_metadata(&checkpoint)?;
         let step = crate::checkpoint::meta(&metadata, "step", &checkpoint)?;
         return Ok(Start::Resume(step));
     }

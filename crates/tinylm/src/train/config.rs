@@ -456,7 +456,7 @@ pub fn read_config_file(path: &Path) -> Result<Value> {
 /// The training configuration a checkpoint recorded; for a checkpoint without one,
 /// the defaults with the checkpoint's model.
 pub(super) fn recorded_config(path: &Path) -> Result<TrainConfig> {
-    let metadata = crate::params::load_safetensors_metadata(path)?;
+    let metadata = crate::safetensors_io::load_safetensors_metadata(path)?;
     let mut config = match metadata.get("train_config") {
         Some(_) => checkpoint::meta(&metadata, "train_config", path)?,
         None => TrainConfig {

@@ -34,16 +34,17 @@
 
 mod config;
 mod log;
+mod loss_plot;
 mod run_dir;
 pub mod tensorboard;
 
-pub use crate::plot::write_loss_plot;
 pub(crate) use config::differences;
 pub use config::{
     read_config_file, resolve_config, BatchSplit, ConfigChange, ResolvedConfig, Schedule,
     TrainConfig, MAX_STEP_SCALE,
 };
 pub use log::{LogRecord, Progress};
+pub use loss_plot::write_loss_plot;
 pub use run_dir::{
     Divergence, RunDir, RunSummary, Status, CHECKPOINT_FILE, CONFIG_FILE, LOG_FILE, PLOT_FILE,
     SUMMARY_FILE, TENSORBOARD_DIR,

@@ -84,7 +84,7 @@ impl<T: bytemuck::Pod> HostBuf<T> {
         };
         // A hint, where the kernel takes it: pages the cache does not hold yet come
         // in 2 MiB at a time, and the mapping maps whole 2 MiB pages of the cache
-        // where it has them (as for a file tinylm wrote, `params::write_safetensors`):
+        // where it has them (as for a file tinylm wrote, `safetensors_io::write_safetensors`):
         // a decoding step that streams every weight then misses the TLB 512 times
         // less (on a 512 MiB model a mapping of 4 KiB pages decoded 10% slower
         // than memory of its own). The page tables fill at the first touches (the

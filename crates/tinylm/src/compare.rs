@@ -3,8 +3,7 @@
 //! panels), and below them a legend naming each run by the configuration keys whose
 //! values differ between the runs.
 
-use super::figure::{write_figure, DrawResult, Figure, PALETTE};
-use super::font::FONT;
+use crate::plot::{write_figure, DrawResult, Figure, FONT, PALETTE};
 use crate::train::{LogRecord, RunDir, Status, LOG_FILE};
 use crate::{Error, Result};
 use plotters::coord::ranged1d::{KeyPointHint, NoDefaultFormatting, ValueFormatter};
@@ -788,7 +787,7 @@ mod tests {
             .map(|s| record(s, 1.0 / s as f64, Some(0.5)))
             .collect();
         for name in ["loss.svg", "loss.png"] {
-            crate::plot::write_loss_plot(&tmp.path().join(name), &records).unwrap();
+            crate::train::write_loss_plot(&tmp.path().join(name), &records).unwrap();
         }
         let svg = std::fs::read_to_string(tmp.path().join("loss.svg")).unwrap();
         assert!(svg.starts_with("<svg") && svg.contains("loss vs step"));

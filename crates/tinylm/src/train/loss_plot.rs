@@ -1,9 +1,8 @@
 //! One run's loss curves: train and validation loss against steps (left panel) and
 //! against wall-clock seconds (right panel).
 
-use super::figure::{write_figure, DrawResult, Figure, PALETTE};
-use super::font::FONT;
-use crate::train::LogRecord;
+use super::LogRecord;
+use crate::plot::{write_figure, DrawResult, Figure, FONT, PALETTE};
 use crate::Result;
 use plotters::coord::Shift;
 use plotters::prelude::*;
