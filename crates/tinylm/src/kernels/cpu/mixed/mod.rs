@@ -24,19 +24,24 @@ use super::bf16::{
 };
 use super::linear::View;
 use super::memory::{with_scratch, zeroed, HostBuf, WRITE_CHUNK};
-use super::simd::CHUNK;
 use super::{adamw, embedding, q8, rmsnorm, swiglu, Cpu};
 use crate::config::RMS_NORM_EPS;
 use crate::distributed::World;
 use crate::kernels::float::Element;
 use crate::kernels::{
-    AdamWStep, Allocation, Allocator, AttentionKeeps, AttnShape, Backend, BatchPart, BufKind,
-    Buffer, Collective, HostWrite, MatMul, ParamRead, Role, Span, SpanMut, StepStats, Stored,
+    AdamWStep, Allocator, AttentionKeeps, AttnShape, Backend, BatchPart, BufKind, Buffer,
+    Collective, HostWrite, MatMul, ParamRead, Role, Span, SpanMut, StepStats, Stored,
 };
 use crate::Result;
 use half::bf16;
 use rayon::prelude::*;
 use std::ops::Range;
+
+mod buf;
+
+pub(crate) use buf::store;
+use buf::{f32s, f32s_mut, load, operand, out, values_ref, Operand, Out, ParamCopy, ValuesRef};
+pub use buf::{MixedBuf, Values};
 
 /// The CPU backend under bf16 mixed precision, on one bf16 kernel — or, to
 /// generate with 8-bit weights, with the weights' copy in Q8_0 blocks.
@@ -216,165 +221,6 @@ impl<E: Bf16Operand> HeadProduct<f32, E> for CpuMixed {
 impl Default for CpuMixed {
     fn default() -> Self {
         CpuMixed::new()
-    }
-}
-
-/// A buffer of [`CpuMixed`]: its values, `f32` or bf16 as its [`BufKind`] says,
-/// and for the parameters their copy, the products' operand.
-pub struct MixedBuf {
-    values: Values,
-    /// The parameters' values rounded to bf16 or quantized, refreshed by every
-    /// write (upload, AdamW, a gather over ranks); none for every other buffer.
-    copy: ParamCopy,
-}
-
-/// A [`MixedBuf`]'s copy of its values.
-enum ParamCopy {
-    None,
-    Bf16(Vec<bf16>),
-    /// (Boxed: every buffer's struct stays the size of a bf16 copy's.)
-    Q8(Box<q8::Q8Buffer>),
-}
-
-/// A [`MixedBuf`]'s values: `f32`, or bf16 — activations that only products read,
-/// a KV cache, and the parameters of a forward-only model mapped from a bf16 file
-/// (the very values it multiplies; [`CpuMixed::map_params`]).
-pub enum Values {
-    F32(HostBuf<f32>),
-    Bf16(HostBuf<bf16>),
-}
-
-impl Buffer for MixedBuf {
-    fn len(&self) -> usize {
-        match &self.values {
-            Values::F32(v) => v.len(),
-            Values::Bf16(v) => v.len(),
-        }
-    }
-}
-
-/// The values and, for parameters, their copy.
-impl Allocation for MixedBuf {
-    fn bytes(&self) -> u64 {
-        let values = match &self.values {
-            Values::F32(v) => v.bytes(),
-            Values::Bf16(v) => v.bytes(),
-        };
-        values
-            + match &self.copy {
-                ParamCopy::None => 0,
-                ParamCopy::Bf16(copy) => copy.bytes(),
-                ParamCopy::Q8(copy) => copy.bytes(),
-            }
-    }
-}
-
-/// Values `start..start + len` of a buffer as a kernel reads or writes them.
-fn f32s<'a>(span: Span<'a, MixedBuf>) -> Span<'a, HostBuf<f32>> {
-    match &span.buf.values {
-        Values::F32(buf) => Span {
-            buf,
-            start: span.start,
-            len: span.len,
-        },
-        Values::Bf16(_) => panic!("an f32 kernel was given a bf16 buffer"),
-    }
-}
-
-fn f32s_mut<'a>(span: SpanMut<'a, MixedBuf>) -> SpanMut<'a, HostBuf<f32>> {
-    match &mut span.buf.values {
-        Values::F32(buf) => SpanMut {
-            buf,
-            start: span.start,
-            len: span.len,
-        },
-        Values::Bf16(_) => panic!("an f32 kernel was given a bf16 buffer"),
-    }
-}
-
-/// Values `start..start + len` of a buffer as they are stored: the parameters' of
-/// a forward-only model mapped from a bf16 file are bf16 (read as such by the
-/// embedding and RMSNorm kernels).
-enum ValuesRef<'a> {
-    F32(&'a [f32]),
-    Bf16(&'a [bf16]),
-}
-
-fn values_ref<'a>(span: Span<'a, MixedBuf>) -> ValuesRef<'a> {
-    let range = span.start..span.start + span.len;
-    match &span.buf.values {
-        Values::F32(v) => ValuesRef::F32(&v[range]),
-        Values::Bf16(v) => ValuesRef::Bf16(&v[range]),
-    }
-}
-
-/// A buffer's values to write, in the type it stores.
-enum Out<'a> {
-    F32(&'a mut [f32]),
-    Bf16(&'a mut [bf16]),
-}
-
-fn out<'a>(span: SpanMut<'a, MixedBuf>) -> Out<'a> {
-    let range = span.start..span.start + span.len;
-    match &mut span.buf.values {
-        Values::F32(v) => Out::F32(&mut v[range]),
-        Values::Bf16(v) => Out::Bf16(&mut v[range]),
-    }
-}
-
-/// A matrix product's operand: the parameters' copy, else the values.
-enum Operand<'a> {
-    F32(&'a [f32]),
-    Bf16(&'a [bf16]),
-    /// Q8_0 blocks from value `start` on.
-    Q8(&'a q8::Q8Buffer, usize),
-}
-
-fn operand<'a>(span: Span<'a, MixedBuf>) -> Operand<'a> {
-    let range = span.start..span.start + span.len;
-    match (&span.buf.copy, &span.buf.values) {
-        (ParamCopy::Bf16(copy), _) => Operand::Bf16(&copy[range]),
-        (ParamCopy::Q8(copy), _) => Operand::Q8(copy, span.start),
-        (ParamCopy::None, Values::F32(v)) => Operand::F32(&v[range]),
-        (ParamCopy::None, Values::Bf16(v)) => Operand::Bf16(&v[range]),
-    }
-}
-
-/// `dst = src` stored as `T` ([`Element::store_slice`]: in vectors), in parallel chunks.
-pub(crate) fn store<T: Element<f32>>(dst: &mut [T], src: &[f32]) {
-    assert_eq!(dst.len(), src.len(), "copy size");
-    (dst.par_chunks_mut(CHUNK).zip(src.par_chunks(CHUNK)))
-        .for_each(|(dst, src)| T::store_slice(dst, src));
-}
-
-/// `dst = src`'s values, in parallel chunks.
-fn load<T: Element<f32>>(dst: &mut [f32], src: &[T]) {
-    assert_eq!(dst.len(), src.len(), "copy size");
-    (dst.par_chunks_mut(CHUNK).zip(src.par_chunks(CHUNK)))
-        .for_each(|(dst, src)| dst.iter_mut().zip(src).for_each(|(d, &s)| *d = s.load()));
-}
-
-impl MixedBuf {
-    /// Where its values lie (for tests of what a model maps).
-    #[cfg(test)]
-    pub(crate) fn values_addr(&self) -> usize {
-        match &self.values {
-            Values::F32(v) => v.as_ptr() as usize,
-            Values::Bf16(v) => v.as_ptr() as usize,
-        }
-    }
-
-    /// Rounds (or quantizes) parameters `start..start + len` into their copy
-    /// (none for other buffers).
-    fn refresh_copy(&mut self, start: usize, len: usize) {
-        let range = start..start + len;
-        match (&mut self.copy, &self.values) {
-            (ParamCopy::Bf16(copy), Values::F32(values)) => {
-                store(&mut copy[range.clone()], &values[range])
-            }
-            (ParamCopy::Q8(copy), Values::F32(values)) => copy.refresh(values, range),
-            _ => {}
-        }
     }
 }
 
