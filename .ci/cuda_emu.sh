@@ -12,7 +12,7 @@
 #   5. checks that the memory accounting counts every buffer and work space the
 #      backend allocates, and the device's whole memory (crates/tinylm/tests/accounting.rs);
 #   6. runs the unit tests behind the `cuda` and `nccl` features, then the numeric
-#      suite crates/tinylm/tests/cuda.rs with its assertions as on a GPU, and prints
+#      suite crates/tinylm/tests/cuda/ with its assertions as on a GPU, and prints
 #      how many kernels and cuBLASLt products the emulator executed;
 #   7. runs crates/tinylm/tests/nccl.rs: the training step's NCCL calls through the
 #      emulated libnccl.so.2 on one rank.
@@ -133,7 +133,7 @@ echo "== cuda-emu: the unit tests behind the cuda and nccl features (src/kernels
 cargo test --release -p tinylm --features nccl --lib kernels::cuda:: 2>&1 | tee "$work/unit.out"
 grep -Eq "^test result: ok\. [1-9][0-9]* passed" "$work/unit.out"
 
-echo "== cuda-emu: the numeric suite (crates/tinylm/tests/cuda.rs)"
+echo "== cuda-emu: the numeric suite (crates/tinylm/tests/cuda/)"
 start=$(date +%s)
 cargo test --release -p tinylm --features nccl --test cuda 2>&1 | tee "$work/suite.out"
 grep -q "^test result: ok" "$work/suite.out"
