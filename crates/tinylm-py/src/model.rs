@@ -8,7 +8,7 @@ use std::ops::ControlFlow;
 use std::path::PathBuf;
 use tinylm::checkpoint::CheckpointFile;
 use tinylm::device::{resolve, resolve_precision, Device};
-use tinylm::generate::{generate, Sampler, Sampling};
+use tinylm::generate::{generate, Sampler};
 use tinylm::kernels::Precision;
 use tinylm::kernels::{Backend, Cpu, CpuMixed};
 use tinylm::params::ParamLayout;
@@ -324,8 +324,10 @@ impl TransformerLM {
 
     /// Continues `prompt_ids` with at most `max_new_tokens` tokens sampled with
     /// `temperature` (0: greedy) and nucleus `top_p`, stopping at `eos_id`; returns
-    /// the new tokens only.
-    #[pyo3(signature = (prompt_ids, max_new_tokens, temperature = Sampling::UNCHANGED.temperature, top_p = Sampling::UNCHANGED.top_p, seed = None, eos_id = None))]
+    /// the new tokens only. The defaults are
+    /// [`Sampling::UNCHANGED`](tinylm::generate::Sampling::UNCHANGED)'s, written as
+    /// literals: Python reads a signature's defaults only as literals (the stubs too).
+    #[pyo3(signature = (prompt_ids, max_new_tokens, temperature = 1.0, top_p = 1.0, seed = None, eos_id = None))]
     #[allow(clippy::too_many_arguments)]
     fn generate(
         &mut self,

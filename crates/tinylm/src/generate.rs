@@ -29,7 +29,7 @@ impl Sampling {
         top_p: 0.95,
     };
     /// The model's distribution unchanged: OpenAI's completions API (`tinylm serve`)
-    /// and the Python package's `Model.generate`.
+    /// and the Python package's `Model.generate` (whose signature spells it out).
     pub const UNCHANGED: Sampling = Sampling {
         temperature: 1.0,
         top_p: 1.0,
