@@ -46,7 +46,8 @@ fn training_config(dir: &Path, steps: u64) -> TrainConfig {
     }
 }
 
-fn train_losses(cfg: &TrainConfig) -> Vec<f64> {
+/// Trains `cfg`; its log's records.
+fn train_log(cfg: &TrainConfig) -> Vec<LogRecord> {
     train(
         cfg,
         &World::single(),
@@ -57,7 +58,13 @@ fn train_losses(cfg: &TrainConfig) -> Vec<f64> {
     std::fs::read_to_string(cfg.out_dir.join("log.jsonl"))
         .unwrap()
         .lines()
-        .map(|l| serde_json::from_str::<LogRecord>(l).unwrap())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn train_losses(cfg: &TrainConfig) -> Vec<f64> {
+    train_log(cfg)
+        .into_iter()
         .filter(|r| r.train_loss.is_finite())
         .map(|r| r.train_loss)
         .collect()
@@ -116,28 +123,14 @@ fn a_clipped_run_on_the_gpu_tracks_the_cpu_run_step_by_step_in_fp32() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = training_config(dir.path(), 30);
     cfg.grad_clip = 0.05;
-    let log = |cfg: &TrainConfig| -> Vec<LogRecord> {
-        train(
-            cfg,
-            &World::single(),
-            &AtomicBool::new(false),
-            &mut |_: &Progress| {},
-        )
-        .unwrap();
-        std::fs::read_to_string(cfg.out_dir.join("log.jsonl"))
-            .unwrap()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
-    };
     cfg.out_dir = dir.path().join("cpu");
-    let on_cpu = log(&cfg);
+    let on_cpu = train_log(&cfg);
     assert_eq!(on_cpu.len(), 30);
     assert!(on_cpu.iter().all(|r| r.grad_norm > 2.0 * cfg.grad_clip));
     cfg.out_dir = dir.path().join("gpu");
     cfg.device = Device::Cuda(0);
     cfg.precision = Precision::Fp32;
-    let on_gpu = log(&cfg);
+    let on_gpu = train_log(&cfg);
     assert_eq!(on_gpu.len(), 30);
     for (g, c) in on_gpu.iter().zip(&on_cpu) {
         assert_eq!((g.step, g.tokens, g.lr), (c.step, c.tokens, c.lr));
