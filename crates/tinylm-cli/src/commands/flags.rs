@@ -1,6 +1,7 @@
 //! Flags several commands share — the model ([`ModelArgs`]), the device
-//! ([`DeviceArgs`]) and the worker threads ([`ThreadsArg`]) — and what keeps a flag and the configuration key it sets one
-//! thing: the flag is the key's spelling ([`flag`]), its value is read off the
+//! ([`DeviceArgs`]) and the worker threads ([`ThreadsArg`]) — and what keeps a flag
+//! and the configuration key it sets one thing: the flag is the key's spelling
+//! ([`flag`]), its value is read off the
 //! parsed flags by the key ([`flag_values`]), its help shows the default the
 //! configuration gives the key ([`show_defaults`]), and it takes the values a
 //! configuration file spells ([`parse_spelling`]).

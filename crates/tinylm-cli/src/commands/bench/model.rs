@@ -4,7 +4,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use tinylm::kernels::{AdamWParams, Backend, BatchPart, Collective};
+use tinylm::kernels::{Backend, BatchPart, Collective};
 use tinylm::optim::AdamW;
 use tinylm::train::TrainConfig;
 use tinylm::{Model, ModelConfig, Result as LmResult};
@@ -84,6 +84,9 @@ pub struct Step<'a> {
     pub t: usize,
     /// Positions of the whole step's batch, over all ranks.
     pub rows: usize,
+    /// Whose AdamW settings, peak learning rate and clipping norm the step takes:
+    /// training's defaults (TinyStories').
+    pub training: TrainConfig,
 }
 
 impl Step<'_> {
@@ -98,13 +101,8 @@ impl Step<'_> {
     ) -> LmResult<f64> {
         let part = BatchPart::whole(self.rows);
         model.accumulate_gradient(self.ids, self.targets, self.b, self.t, part)?;
-        let training = TrainConfig::default();
+        let training = &self.training;
         model.optimizer_step(opt, training.lr_max, Some(training.grad_clip), ranks)?;
         Ok(model.step_stats()?.loss)
     }
-}
-
-/// The AdamW settings of the timed steps: training's defaults (TinyStories').
-pub fn adamw() -> AdamWParams {
-    TrainConfig::default().adamw()
 }

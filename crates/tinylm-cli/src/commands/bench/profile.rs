@@ -6,7 +6,7 @@ use tinylm::kernels::profile::Kind;
 use tinylm::kernels::{Backend, Profiled};
 use tinylm::{Model, ModelConfig, Result};
 
-use super::model::{adamw, Step};
+use super::model::Step;
 
 /// Steps the profile times (after one untimed).
 const PROFILED_STEPS: usize = 5;
@@ -22,7 +22,7 @@ pub fn profile<B: Backend<f32>>(
     step: &Step,
 ) -> Result<()> {
     let mut model = Model::with_backend(c.clone(), params, Profiled::new(backend))?;
-    let mut opt = model.new_adamw(adamw())?;
+    let mut opt = model.new_adamw(step.training.adamw())?;
     let mut total = 0.0;
     for i in 0..=PROFILED_STEPS {
         if i == 1 {

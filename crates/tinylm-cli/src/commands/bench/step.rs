@@ -19,11 +19,12 @@ use tinylm::distributed::{Reduce, World};
 use tinylm::kernels::cpu::bf16::Bf16Kernel;
 use tinylm::kernels::cpu::linear::matmul_isa;
 use tinylm::kernels::{Backend, Precision};
+use tinylm::train::TrainConfig;
 use tinylm::{on_backend, Model, Result as LmResult};
 
 use super::allreduce::{bandwidths, time_all_reduce};
 use super::matmul::PeakProducts;
-use super::model::{adamw, BenchModel, Step, StepBatch};
+use super::model::{BenchModel, Step, StepBatch};
 use super::profile::{cpu_seconds, profile};
 use crate::commands::flags::DeviceArgs;
 use crate::commands::ranks::as_rank;
@@ -85,6 +86,7 @@ fn bench(args: &BenchArgs, c: &ModelConfig, b: usize, t: usize, world: &World) -
         b: share,
         t,
         rows: n,
+        training: TrainConfig::default(),
     };
     let precision = resolve_precision(device, args.device.precision.for_training()?);
     if root {
@@ -219,7 +221,7 @@ fn timed_steps<B: Backend<f32>>(
     };
     let ranks = ranks.as_deref();
     let mut model = Model::init_with_backend(c.clone(), 0, backend)?;
-    let mut opt = model.new_adamw(adamw())?;
+    let mut opt = model.new_adamw(step.training.adamw())?;
     for _ in 0..2 {
         step.run(&mut model, &mut opt, ranks)?;
     }
