@@ -151,7 +151,12 @@ export TINYLM_CUDA_CACHE=${TINYLM_CUDA_CACHE:-/tmp/tinylm-ptx} PYTHONUNBUFFERED=
     echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
 } | tee "$LOG/correct.log"
 
-MODEL=${MODEL:-bench/configs/tinystories.json}
+# The model's configuration file (PyTorch reads it too): MODEL, by default the
+# TinyStories preset's as tinylm writes it.
+if [ -z "${MODEL:-}" ]; then
+    MODEL=$LOG/tinystories.json
+    "$BIN/tinylm" info --preset tinystories --print-config >"$MODEL"
+fi
 echo "== 1. correct"
 part correct 90 "$BIN/test-cuda_nvrtc"
 part correct 150 "$BIN/test-cuda" --test-threads 1

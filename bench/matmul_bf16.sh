@@ -3,8 +3,8 @@
 # products (`tinylm bench-matmul`: every product of a training step, f32 and bf16
 # alternating inside the process) against PyTorch's `torch.matmul` on bf16 tensors
 # (oneDNN; bench/torch_matmul.py, the same shapes and transposes), 2 threads, for the
-# benchmark model (bench/configs/bench-small.json, batch 16 x 128) and the TinyStories
-# model (bench/configs/tinystories.json, batch 8 x 256). tinylm and PyTorch alternate
+# benchmark model (--preset bench-small, batch 16 x 128) and the TinyStories
+# model (--preset tinystories, batch 8 x 256). tinylm and PyTorch alternate
 # for ROUNDS rounds (default 3) of REPEAT timed calls per product (default 10); each
 # figure is the best over all of them. The CPU and each side's instruction set first;
 # then per model a table of GFLOP/s and the step's products as a whole (each product
@@ -34,7 +34,7 @@ for round in $(seq "$ROUNDS"); do
     echo "round $round/$ROUNDS ..."
     for model in $MODELS; do
         name=${model%%:*}
-        "$TINYLM" bench-matmul --model-config "bench/configs/$name.json" --batch-size "${model##*:}" \
+        "$TINYLM" bench-matmul --preset "$name" --batch-size "${model##*:}" \
             --threads "$THREADS" --rounds "$REPEAT" > "$TMP/$name.tinylm.$round"
         "$PYTHON" bench/torch_matmul.py "$TMP/$name.tinylm.$round" --threads "$THREADS" \
             --repeat "$REPEAT" > "$TMP/$name.torch.$round"

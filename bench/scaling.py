@@ -21,7 +21,7 @@ step. Every constant below is an assumption or a measurement, and says which.
 import argparse
 import math
 
-# Measured: `tinylm bench --model-config bench/configs/tinystories.json --batch-size 8
+# Measured: `tinylm bench --preset tinystories --batch-size 8
 # --threads 2` on a 2-core Intel Xeon (family 6, model 167, AVX-512): 300 GFLOP/s,
 # 150 GFLOP/s per core.
 CPU_GFLOPS_PER_CORE = 150.0

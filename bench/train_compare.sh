@@ -11,7 +11,8 @@
 #
 # CORPUS overrides the corpus (default ../shared/data/tinystories_combined.txt);
 # VARIANTS the PyTorch variants (default "eager compile"); QUICKSTART_ARGS extra
-# quickstart flags (e.g. "--model-config bench/configs/bench-small.json --vocab-size 4096").
+# quickstart flags (e.g. "--model-config bench-small.json --vocab-size 4096", the file
+# written by `tinylm info --preset bench-small --print-config`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}

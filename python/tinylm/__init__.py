@@ -7,7 +7,8 @@ re-exports it:
 - ``tinylm.train_bpe``, ``tinylm.Tokenizer``, ``tinylm.pretokenize``: the tokenizer;
 - ``tinylm.nn``: the layer functions (NumPy in, float32 NumPy out);
 - ``tinylm.optim``, ``tinylm.data``, ``tinylm.checkpoint``: training pieces;
-- ``tinylm.TransformerLM``, ``tinylm.train``: the model and the training loop;
+- ``tinylm.TransformerLM``, ``tinylm.train``: the model and the training loop
+  (``tinylm.preset_config``: a named model's configuration);
 - ``tinylm.sweep``, ``tinylm.plot``: many runs, and their losses on one plot;
 - ``tinylm.tinystories``: the TinyStories sample inside tinylm, a corpus to start with.
 """
@@ -18,6 +19,7 @@ from tinylm._tinylm import (
     TransformerLM,
     __version__,
     plot,
+    preset_config,
     pretokenize,
     sweep,
     tinystories,
@@ -34,6 +36,7 @@ __all__ = [
     "nn",
     "optim",
     "plot",
+    "preset_config",
     "pretokenize",
     "sweep",
     "tinystories",

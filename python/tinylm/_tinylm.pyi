@@ -212,6 +212,11 @@ class TransformerLM:
         (0 = greedy) with nucleus ``top_p``, stopping before ``eos_id`` or after
         ``max_new_tokens``; the model sees at most ``context_length`` tokens."""
 
+def preset_config(name: str) -> dict[str, Any]:
+    """The configuration of a named model (``tinystories``, ``bench-small``,
+    ``gpt2-small``, ``gpt2-medium``, ``gpt2-large``, ``gpt2-xl``) for
+    ``TransformerLM`` or ``train``'s ``model``."""
+
 def train(config: dict[str, Any] | str | os.PathLike[str]) -> pathlib.Path:
     """Runs the training loop (AdamW, cosine schedule, clipping, validation, JSONL
     log, loss plots, checkpoints) as ``config`` says — a dict with the training keys

@@ -190,3 +190,13 @@ def test_device_argument():
         assert "CUDA" in str(e) or "cuda" in str(e), e
         return
     np.testing.assert_allclose(gpu.forward(ids), cpu.forward(ids), rtol=1e-4, atol=1e-5)
+
+
+def test_preset_config_is_the_engines_table():
+    tiny = tinylm.preset_config("tinystories")
+    assert (tiny["vocab_size"], tiny["d_model"], tiny["num_layers"], tiny["d_ff"]) == (10_000, 512, 4, 1344)
+    small = tinylm.preset_config("bench-small")
+    model = tinylm.TransformerLM({**small, "vocab_size": 50, "context_length": 8})
+    assert model.config["d_model"] == 256
+    with pytest.raises(ValueError, match="unknown preset 'nope'.*bench-small"):
+        tinylm.preset_config("nope")

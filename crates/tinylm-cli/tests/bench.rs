@@ -133,17 +133,17 @@ fn bench_matmul_times_every_product_of_the_step_in_f32_and_bf16() {
         text.contains("AVX512_BF16") || text.contains("portable"),
         "{text}"
     );
-    // Five weight matrices × three products (forward, input and weight gradient)
-    // over 2 x 16 positions, each with its count per step and positive f32 and bf16
-    // GFLOP/s.
+    // Six weight matrices (SwiGLU's w1 and w3 apart) × three products (forward,
+    // input and weight gradient) over 2 x 16 positions, each with its count per step
+    // and positive f32 and bf16 GFLOP/s.
     let rows: Vec<&str> = (text.lines())
         .filter(|l| l.starts_with("  ") && l.contains(" x ") && l.contains('·'))
         .collect();
-    assert_eq!(rows.len(), 15, "{text}");
+    assert_eq!(rows.len(), 18, "{text}");
     for form in ["x·Wᵀ", "dy·W", "dyᵀ·x"] {
         assert_eq!(
             rows.iter().filter(|r| r.contains(form)).count(),
-            5,
+            6,
             "{form} in\n{text}"
         );
     }

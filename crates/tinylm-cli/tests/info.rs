@@ -22,7 +22,10 @@ fn preset_file_and_flags_agree() {
     );
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("xl.json");
-    std::fs::write(&path, tinylm::ModelConfig::gpt2_xl().to_json()).unwrap();
+    let (code, printed, _) = info(&["--preset", "gpt2-xl", "--print-config"]);
+    assert_eq!(code, Some(0));
+    assert_eq!(printed.trim_end(), tinylm::ModelConfig::gpt2_xl().to_json());
+    std::fs::write(&path, printed).unwrap();
     let (_, file, _) = info(&["--model-config", path.to_str().unwrap()]);
     assert_eq!(file, preset);
     let shape = [
@@ -64,7 +67,7 @@ fn bad_input_is_a_clear_error() {
             &["--preset", "tinystories", "--seq-len", "257"],
             "--seq-len 257 exceeds the context length 256",
         ),
-        (&["--preset", "gpt9"], "unknown preset 'gpt9'"),
+        (&["--preset", "gpt9"], "invalid value 'gpt9' for '--preset"),
     ];
     for (args, message) in cases {
         let (code, _, stderr) = info(args);

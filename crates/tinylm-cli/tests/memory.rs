@@ -19,8 +19,9 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
-use tinylm::accounting::{InferenceMemory, RunShape, Target};
-use tinylm::kernels::Precision;
+use tinylm::accounting::{InferenceMemory, RunShape};
+use tinylm::device::{backend_kind, Device};
+use tinylm::kernels::{BackendKind, Precision};
 use tinylm::ModelConfig;
 use tinylm_bpe::npy;
 
@@ -168,10 +169,10 @@ impl Training {
         config: &ModelConfig,
         batch: usize,
         micro: usize,
-        target: Target,
+        target: BackendKind,
     ) -> u64 {
         let shape = RunShape {
-            target,
+            backend: target,
             ranks: 1,
             sharded: false,
             seq_len: config.context_length,
@@ -189,10 +190,8 @@ fn training_evaluation_checkpoint_and_resume_stay_within_the_memory_model() {
     let config = measured_model();
     let (batch, micro) = (4, 2);
     let data = Training::new(config.vocab_size);
-    for (precision, target) in [
-        (Precision::Fp32, Target::Cpu),
-        (Precision::Bf16, Target::CpuBf16),
-    ] {
+    for precision in [Precision::Fp32, Precision::Bf16] {
+        let target = cpu_backend(precision);
         let one = ModelConfig {
             num_layers: 1,
             ..config.clone()
@@ -342,13 +341,9 @@ const STORY: &str = "Once upon a time there was a little dog. The dog liked to r
     was a little cat. The cat liked to sit in the sun. One day the cat saw a bird in the tree. \
     She looked at the bird and the bird sang a song. The cat was happy and went home to sleep.";
 
-/// Where a forward-only model of `precision` keeps its buffers.
-fn inference_target(precision: Precision) -> Target {
-    match precision {
-        Precision::Bf16 => Target::CpuBf16,
-        Precision::Q8_0 => Target::CpuQ8,
-        _ => Target::Cpu,
-    }
+/// The backend a model of `precision` runs on on the CPU, as the commands choose it.
+fn cpu_backend(precision: Precision) -> BackendKind {
+    backend_kind(Device::Cpu, precision).unwrap()
 }
 
 #[test]
@@ -375,8 +370,7 @@ fn generation_and_serving_stay_within_the_inference_accounting() {
         files.checkpoint("one", &one),
     );
     let decoding = |c: &ModelConfig, sequences: usize, precision: Precision| {
-        InferenceMemory::decoding(c, sequences, c.context_length, inference_target(precision))
-            .total()
+        InferenceMemory::decoding(c, sequences, c.context_length, cpu_backend(precision)).total()
     };
     let slots = 4;
     for precision in [Precision::Fp32, Precision::Bf16, Precision::Q8_0] {

@@ -32,6 +32,7 @@ fn _tinylm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<tokenizer::Tokenizer>()?;
     m.add_class::<tokenizer::EncodeIterable>()?;
     m.add_class::<model::TransformerLM>()?;
+    m.add_function(wrap_pyfunction!(model::preset_config, m)?)?;
     m.add_function(wrap_pyfunction!(train::train, m)?)?;
     m.add_function(wrap_pyfunction!(sweep::sweep, m)?)?;
     m.add_function(wrap_pyfunction!(plot::plot, m)?)?;

@@ -7,12 +7,12 @@ use pyo3::types::{IntoPyDict, PyDict, PyType};
 use std::ops::ControlFlow;
 use std::path::PathBuf;
 use tinylm::checkpoint::CheckpointFile;
-use tinylm::device::{resolve, resolve_precision, Device};
+use tinylm::device::{resolve, AnyBackend, Device};
 use tinylm::generate::{generate, Sampler};
 use tinylm::kernels::Precision;
-use tinylm::kernels::{Backend, Cpu, CpuMixed};
+use tinylm::kernels::{Backend, CpuMixed};
 use tinylm::params::ParamLayout;
-use tinylm::{Model, ModelConfig};
+use tinylm::{on_backend, Model, ModelConfig};
 
 /// Python's `str`, to turn paths into JSON strings.
 fn builtins_str(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
@@ -119,13 +119,33 @@ pub struct TransformerLM {
     model: Engine,
 }
 
-/// The model on the CPU (in f32 or in bf16 mixed precision) or, in builds with the
-/// cargo feature `cuda`, on a GPU.
+/// The model on the backend [`AnyBackend::open`] chose (the CPU in f32 or in bf16
+/// mixed precision or, in builds with the cargo feature `cuda`, a GPU), held
+/// between calls.
 enum Engine {
     Cpu(Box<Model>),
     CpuMixed(Box<Model<f32, CpuMixed>>),
     #[cfg(feature = "cuda")]
     Cuda(Box<Model<f32, tinylm::kernels::cuda::Cuda>>),
+}
+
+impl From<Model> for Engine {
+    fn from(model: Model) -> Self {
+        Engine::Cpu(Box::new(model))
+    }
+}
+
+impl From<Model<f32, CpuMixed>> for Engine {
+    fn from(model: Model<f32, CpuMixed>) -> Self {
+        Engine::CpuMixed(Box::new(model))
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl From<Model<f32, tinylm::kernels::cuda::Cuda>> for Engine {
+    fn from(model: Model<f32, tinylm::kernels::cuda::Cuda>) -> Self {
+        Engine::Cuda(Box::new(model))
+    }
 }
 
 /// `$body` with `$m` bound to the model, whichever backend runs it.
@@ -174,21 +194,14 @@ impl Engine {
             (None, Device::Cpu) => Precision::Fp32,
             (None, _) => Precision::Auto,
         };
-        match device {
-            Device::Cpu => match resolve_precision(device, precision) {
-                Precision::Bf16 => Ok(Engine::CpuMixed(Box::new(source.model(CpuMixed::new())?))),
-                _ => Ok(Engine::Cpu(Box::new(source.model(Cpu)?))),
-            },
-            #[cfg(feature = "cuda")]
-            Device::Cuda(n) => {
-                let cuda = tinylm::kernels::cuda::Cuda::new(n, precision).map_err(model_error)?;
-                Ok(Engine::Cuda(Box::new(source.model(cuda)?)))
-            }
-            other => Err(invalid(format!(
-                "device {other} ({precision}): this tinylm was built without CUDA support; \
+        if matches!(device, Device::Cuda(_)) && !cfg!(feature = "cuda") {
+            return Err(invalid(format!(
+                "device {device} ({precision}): this tinylm was built without CUDA support; \
                  build the package with the cargo feature `cuda` (maturin build --features cuda)"
-            ))),
+            )));
         }
+        let backend = AnyBackend::open(device, precision).map_err(model_error)?;
+        on_backend!(backend, backend => source.model(backend).map(Engine::from))
     }
 
     fn config(&self) -> &ModelConfig {
@@ -214,6 +227,13 @@ impl TransformerLM {
         let b = ids.len() / t.max(1);
         Ok((shape, ids, b, t))
     }
+}
+
+/// The configuration of a named model (`tinystories`, `bench-small`, `gpt2-small`,
+/// … : the engine's table of presets) as a dict for [`TransformerLM`] or `train`.
+#[pyfunction]
+pub fn preset_config<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
+    to_py_json(py, &ModelConfig::preset(name).map_err(model_error)?)
 }
 
 #[pymethods]

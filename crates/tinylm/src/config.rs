@@ -217,7 +217,21 @@ impl ModelConfig {
         }
     }
 
-    /// A named preset: `tinystories`, `gpt2-small`, `gpt2-medium`, `gpt2-large`, `gpt2-xl`.
+    /// The named models, in one table that `--preset` of every command, `tinylm
+    /// bench`'s default model and the Python package's `preset_config` read.
+    pub const PRESETS: [&'static str; 6] = [
+        "tinystories",
+        "bench-small",
+        "gpt2-small",
+        "gpt2-medium",
+        "gpt2-large",
+        "gpt2-xl",
+    ];
+
+    /// A named model of [`ModelConfig::PRESETS`]: the CS336 TinyStories model; the
+    /// benchmark model `bench-small` (its shape at a quarter of the width, a
+    /// vocabulary of 4,096 and a context of 128); GPT-2's four shapes with the CS336
+    /// architecture.
     pub fn preset(name: &str) -> Result<Self> {
         let gpt2 = |num_layers, d_model, num_heads| ModelConfig {
             num_layers,
@@ -228,13 +242,22 @@ impl ModelConfig {
         };
         Ok(match name {
             "tinystories" => Self::tinystories(),
+            "bench-small" => ModelConfig {
+                vocab_size: 4096,
+                context_length: 128,
+                d_model: 256,
+                num_heads: 8,
+                d_ff: 704,
+                ..Self::tinystories()
+            },
             "gpt2-small" => gpt2(12, 768, 12),
             "gpt2-medium" => gpt2(24, 1024, 16),
             "gpt2-large" => gpt2(36, 1280, 20),
             "gpt2-xl" => Self::gpt2_xl(),
             other => {
                 return Err(Error::Config(format!(
-                    "unknown preset '{other}' (known: tinystories, gpt2-small, gpt2-medium, gpt2-large, gpt2-xl)"
+                    "unknown preset '{other}' (known: {})",
+                    Self::PRESETS.join(", ")
                 )))
             }
         })
@@ -430,6 +453,16 @@ mod tests {
         c.d_model = 4096;
         c.num_heads = 32;
         assert!(c.validate().unwrap_err().to_string().contains("parameters"));
+    }
+
+    #[test]
+    fn every_preset_in_the_table_is_a_valid_model() {
+        for name in ModelConfig::PRESETS {
+            let c = ModelConfig::preset(name).unwrap();
+            c.validate().unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
+        let err = ModelConfig::preset("nope").unwrap_err().to_string();
+        assert!(err.contains(&ModelConfig::PRESETS.join(", ")), "{err}");
     }
 
     /// `d_model = 2^63` overflowed the 128-bit bound of the parameter count (a

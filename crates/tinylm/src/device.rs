@@ -1,5 +1,7 @@
 //! Where a model runs: `cpu`, `cuda`, `cuda:N` or `auto`, and in which precision
-//! (`auto`: bf16 where the hardware multiplies bf16 natively, [`resolve_precision`]).
+//! (`auto`: bf16 where the hardware multiplies bf16 natively). [`backend_kind`] is
+//! the one place that says which [`BackendKind`] a device and a precision name on
+//! this machine: the CLI, the Python package and the accounting all ask it.
 //!
 //! Every command that runs a model is written once, generic over the
 //! [`Backend`](crate::kernels::Backend): [`AnyBackend::open`] opens the backend a
@@ -10,7 +12,7 @@
 
 use crate::distributed::World;
 use crate::kernels::cpu::bf16::Bf16Kernel;
-use crate::kernels::{Cpu, CpuMixed, Precision};
+use crate::kernels::{BackendKind, Cpu, CpuMixed, Precision};
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -84,18 +86,18 @@ pub enum AnyBackend {
 }
 
 impl AnyBackend {
-    /// The backend `device` names, in `precision` (`auto` resolved as
-    /// [`resolve_precision`] says).
+    /// The backend `device` names, in `precision` (the [`backend_kind`] they name).
     pub fn open(device: Device, precision: Precision) -> Result<Self> {
-        match resolve(device)? {
-            Device::Cpu => Ok(match resolve_precision(Device::Cpu, precision) {
-                Precision::Bf16 => AnyBackend::CpuMixed(CpuMixed::new()),
-                Precision::Q8_0 => AnyBackend::CpuMixed(CpuMixed::q8()),
-                _ => AnyBackend::Cpu(Cpu),
-            }),
-            Device::Cuda(ordinal) => open_cuda(ordinal, precision),
-            Device::Auto => unreachable!("resolved above"),
-        }
+        let device = resolve(device)?;
+        Ok(match backend_kind(device, precision)? {
+            BackendKind::Cpu => AnyBackend::Cpu(Cpu),
+            BackendKind::CpuBf16 => AnyBackend::CpuMixed(CpuMixed::new()),
+            BackendKind::CpuQ8 => AnyBackend::CpuMixed(CpuMixed::q8()),
+            BackendKind::Cuda(precision) => match device {
+                Device::Cuda(ordinal) => open_cuda(ordinal, precision)?,
+                _ => unreachable!("a GPU's kind is a GPU device's"),
+            },
+        })
     }
 
     /// [`AnyBackend::open`] for models that only run forward (generation,
@@ -109,16 +111,50 @@ impl AnyBackend {
     }
 }
 
-/// The precision `asked` means on `device`: `bf16` or `fp32` as asked; `auto` on a
-/// CPU is bf16 where the CPU multiplies bf16 natively (AVX512_BF16, Arm BF16,
-/// [`Bf16Kernel::native`]) and fp32 elsewhere, and on a GPU bf16 from compute
-/// capability 8.0 (the GPU's backend decides, knowing the GPU).
-pub fn resolve_precision(device: Device, asked: Precision) -> Precision {
-    match (device, asked) {
-        (Device::Cpu, Precision::Auto) if Bf16Kernel::native().is_some() => Precision::Bf16,
-        (Device::Cpu, Precision::Auto) => Precision::Fp32,
-        (_, asked) => asked,
+/// The backend that `device` and `precision` name on this machine — the one place
+/// that decides it. `auto` on a CPU is bf16 where the CPU multiplies bf16 natively
+/// (AVX512_BF16, Arm BF16, [`Bf16Kernel::native`]) and fp32 elsewhere; on a GPU bf16
+/// from compute capability 8.0, asking the GPU where this build and machine have
+/// one, else bf16 (what a memory estimate for a GPU elsewhere assumes). `q8_0` runs
+/// on the CPU only. A `cuda` device counts as a GPU in any build (the accounting's
+/// estimates); opening one checks that it exists.
+pub fn backend_kind(device: Device, precision: Precision) -> Result<BackendKind> {
+    let device = match device {
+        Device::Auto => resolve(Device::Auto)?,
+        device => device,
+    };
+    Ok(match (device, precision) {
+        (Device::Cuda(_), Precision::Q8_0) => {
+            return Err(Error::Device(
+                "q8_0 weights run on the CPU: use --device cpu (or bf16 on the GPU)".into(),
+            ))
+        }
+        (Device::Cuda(ordinal), Precision::Auto) => BackendKind::Cuda(gpu_auto(ordinal)),
+        (Device::Cuda(_), precision) => BackendKind::Cuda(precision),
+        (_, Precision::Auto) if Bf16Kernel::native().is_some() => BackendKind::CpuBf16,
+        (_, Precision::Bf16) => BackendKind::CpuBf16,
+        (_, Precision::Q8_0) => BackendKind::CpuQ8,
+        (_, Precision::Auto | Precision::Fp32) => BackendKind::Cpu,
+    })
+}
+
+/// What `auto` is on GPU `ordinal`: bf16 from compute capability 8.0, else fp32;
+/// bf16 where the GPU cannot be asked.
+#[cfg(feature = "cuda")]
+fn gpu_auto(ordinal: usize) -> Precision {
+    use crate::kernels::cuda::Cuda;
+    let capability = Cuda::is_available()
+        .then(|| Cuda::compute_capability(ordinal).ok())
+        .flatten();
+    match capability {
+        Some((major, _)) if major < 8 => Precision::Fp32,
+        _ => Precision::Bf16,
     }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn gpu_auto(_ordinal: usize) -> Precision {
+    Precision::Bf16
 }
 
 /// What `asked` means on `device` (resolved), in words for a run's first line and
@@ -126,8 +162,11 @@ pub fn resolve_precision(device: Device, asked: Precision) -> Precision {
 /// (vdpbf16ps))", "fp32 (auto: this CPU has no native bf16 products)".
 pub fn describe_precision(device: Device, asked: Precision) -> String {
     let auto = asked == Precision::Auto;
-    match (device, resolve_precision(device, asked)) {
-        (Device::Cpu, Precision::Bf16) => {
+    let Ok(kind) = backend_kind(device, asked) else {
+        return asked.to_string();
+    };
+    match (kind, kind.precision()) {
+        (BackendKind::CpuBf16, _) => {
             let kernel = Bf16Kernel::best();
             match (auto, Bf16Kernel::native().is_some()) {
                 (true, _) => format!(
@@ -141,10 +180,10 @@ pub fn describe_precision(device: Device, asked: Precision) -> String {
                 ),
             }
         }
-        (Device::Cpu, _) if auto => "fp32 (auto: this CPU has no native bf16 products)".into(),
-        (_, Precision::Auto) => "auto (bf16 on a GPU of compute capability 8.0 or newer, \
-                                 else fp32)"
-            .into(),
+        (BackendKind::Cpu, _) if auto => "fp32 (auto: this CPU has no native bf16 products)".into(),
+        (BackendKind::Cuda(_), precision) if auto => format!(
+            "{precision} (auto: bf16 on a GPU of compute capability 8.0 or newer, else fp32)"
+        ),
         (_, precision) => precision.to_string(),
     }
 }

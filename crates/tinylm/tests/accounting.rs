@@ -19,8 +19,9 @@ use common::ablations;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Mutex;
-use tinylm::accounting::{step_buffers, Entry, Memory, Part, Planner, Target};
+use tinylm::accounting::{step_buffers, Entry, Memory, Part, Planner};
 use tinylm::config::{Ffn, ModelConfig, Norm, Positional};
+use tinylm::kernels::BackendKind;
 use tinylm::kernels::{Backend, BatchPart, Cpu, CpuMixed};
 use tinylm::optim::AdamW;
 use tinylm::Model;
@@ -145,10 +146,10 @@ fn step_parts(entries: &[Entry]) -> i64 {
 
 /// Every buffer `backend` (a CPU backend, whose buffers `target` sizes) allocates
 /// for a step is the one accounted, in every ablation.
-fn cpu_buffers_are_accounted<B: Backend<f32>>(backend: &B, target: Target) {
+fn cpu_buffers_are_accounted<B: Backend<f32>>(backend: &B, target: BackendKind) {
     for c in ablations(config) {
         for (b, t) in [(1, 1), (2, 7), (3, 64)] {
-            let planned = step_buffers(&Planner { target }, &c, b, t).unwrap();
+            let planned = step_buffers(&Planner { backend: target }, &c, b, t).unwrap();
             let allocated = step_buffers::<f32, _>(backend, &c, b, t).unwrap();
             assert_same(
                 &allocated,
@@ -164,18 +165,21 @@ fn cpu_buffers_are_accounted<B: Backend<f32>>(backend: &B, target: Target) {
 #[test]
 fn every_buffer_the_cpu_allocates_is_accounted_in_every_ablation() {
     let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    cpu_buffers_are_accounted(&Cpu, Target::Cpu);
+    cpu_buffers_are_accounted(&Cpu, BackendKind::Cpu);
     // bf16 mixed precision: the product-only activations in bf16, the parameters
     // with their bf16 copy.
-    cpu_buffers_are_accounted(&CpuMixed::new(), Target::CpuBf16);
+    cpu_buffers_are_accounted(&CpuMixed::new(), BackendKind::CpuBf16);
     // Generation's 8-bit weights: the parameters with their Q8_0 copy, every
     // activation f32.
-    cpu_buffers_are_accounted(&CpuMixed::q8(), Target::CpuQ8);
+    cpu_buffers_are_accounted(&CpuMixed::q8(), BackendKind::CpuQ8);
 }
 
 /// A training step on `backend` (a CPU backend, whose buffers `target` sizes) holds
 /// exactly the accounted bytes, in every ablation.
-fn cpu_step_holds_the_accounted_bytes<B: Backend<f32> + Copy + Send>(backend: B, target: Target) {
+fn cpu_step_holds_the_accounted_bytes<B: Backend<f32> + Copy + Send>(
+    backend: B,
+    target: BackendKind,
+) {
     // Every buffer of a step of 8 x 64 tokens holds at least 2 KiB (the norms'
     // 1/rms and the token ids: 512 f32 or u32; bf16 activations of d_model 32).
     let (b, t) = (8, 64);
@@ -203,7 +207,7 @@ fn cpu_step_holds_the_accounted_bytes<B: Backend<f32> + Copy + Send>(backend: B,
             })
             .min()
             .expect("three steps");
-        let planned = step_buffers(&Planner { target }, &c, b, t).unwrap();
+        let planned = step_buffers(&Planner { backend: target }, &c, b, t).unwrap();
         assert_eq!(held, step_parts(&planned), "{target:?}, {c:?}");
     }
 }
@@ -211,8 +215,8 @@ fn cpu_step_holds_the_accounted_bytes<B: Backend<f32> + Copy + Send>(backend: B,
 #[test]
 fn a_training_step_on_the_cpu_holds_the_accounted_bytes_in_every_ablation() {
     let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    cpu_step_holds_the_accounted_bytes(Cpu, Target::Cpu);
-    cpu_step_holds_the_accounted_bytes(CpuMixed::new(), Target::CpuBf16);
+    cpu_step_holds_the_accounted_bytes(Cpu, BackendKind::Cpu);
+    cpu_step_holds_the_accounted_bytes(CpuMixed::new(), BackendKind::CpuBf16);
 }
 
 /// A real GPU's driver hands out memory in pages of this many bytes at most: each
@@ -232,7 +236,7 @@ fn every_buffer_and_the_whole_memory_of_a_gpu_step_are_accounted_in_every_ablati
     };
     let (b, t) = (3, 16);
     for precision in [Precision::Fp32, Precision::Bf16] {
-        let target = Target::Cuda(precision);
+        let target = BackendKind::Cuda(precision);
         // The device's context and kernels, loaded before the first measurement, so
         // that what a step adds is its buffers alone.
         let context = Cuda::new(0, precision).unwrap();
@@ -241,7 +245,7 @@ fn every_buffer_and_the_whole_memory_of_a_gpu_step_are_accounted_in_every_ablati
             let what = format!("{c:?} in {precision}");
             let before = device_used();
             let cuda = Cuda::new(0, precision).unwrap();
-            let planned = step_buffers(&Planner { target }, &c, b, t).unwrap();
+            let planned = step_buffers(&Planner { backend: target }, &c, b, t).unwrap();
             let allocated = step_buffers(&cuda, &c, b, t).unwrap();
             assert_same(&allocated, &planned, &what);
             let mut model = Model::init_with_backend(c.clone(), 0, cuda).unwrap();

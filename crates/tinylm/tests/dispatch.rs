@@ -11,7 +11,7 @@
 mod cpu;
 
 use cpu::{cpu_has, expected_native_bf16};
-use tinylm::device::{resolve_precision, Device};
+use tinylm::device::{backend_kind, Device};
 use tinylm::kernels::cpu::bf16::Bf16Kernel;
 use tinylm::kernels::cpu::linear::matmul_isa;
 use tinylm::kernels::cpu::q8;
@@ -42,7 +42,9 @@ fn bf16_products_run_the_native_kernel_where_the_cpu_has_one() {
     eprintln!("bf16 products: {}", Bf16Kernel::best().name());
     assert_eq!(Bf16Kernel::native(), want);
     assert_eq!(Bf16Kernel::best(), want.unwrap_or(Bf16Kernel::Portable));
-    let auto = resolve_precision(Device::Cpu, Precision::Auto);
+    let auto = backend_kind(Device::Cpu, Precision::Auto)
+        .unwrap()
+        .precision();
     let want = match want {
         Some(_) => Precision::Bf16,
         None => Precision::Fp32,

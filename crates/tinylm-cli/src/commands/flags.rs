@@ -7,15 +7,15 @@
 //! configuration file spells ([`parse_spelling`]).
 
 use anyhow::{bail, Context, Result};
+use clap::builder::PossibleValuesParser;
 use clap::{Arg, Args};
 use serde::{de::DeserializeOwned, Serialize};
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use tinylm::accounting::Target;
 use tinylm::config::{Ffn, Norm, Positional};
-use tinylm::device::Device;
-use tinylm::kernels::Precision;
+use tinylm::device::{self, Device};
+use tinylm::kernels::{BackendKind, Precision};
 use tinylm::ModelConfig;
 
 /// `--threads`, one flag with one meaning for every command that works on the CPU:
@@ -64,9 +64,11 @@ pub struct DeviceArgs {
 }
 
 impl DeviceArgs {
-    /// Where the model's buffers live, for the memory it reports.
-    pub fn target(&self) -> Target {
-        Target::of(self.device, self.precision).unwrap_or_default()
+    /// The backend these name ([`device::backend_kind`]), for the memory a
+    /// command reports (the CPU's where they name none: the command's own opening
+    /// of the backend says why).
+    pub fn backend_kind(&self) -> BackendKind {
+        device::backend_kind(self.device, self.precision).unwrap_or_default()
     }
 }
 
@@ -80,9 +82,8 @@ pub struct ModelArgs {
     #[arg(long, conflicts_with = "preset")]
     #[serde(skip)]
     pub model_config: Option<PathBuf>,
-    /// Named model: tinystories, gpt2-small, gpt2-medium, gpt2-large or gpt2-xl; the
-    /// shape flags override it.
-    #[arg(long)]
+    /// Named model (`bench-small` is `tinylm bench`'s); the shape flags override it.
+    #[arg(long, value_parser = PossibleValuesParser::new(ModelConfig::PRESETS))]
     #[serde(skip)]
     pub preset: Option<String>,
     /// Vocabulary size: token ids lie in 0..vocab_size.

@@ -86,10 +86,10 @@ pub fn run(args: ForwardArgs) -> Result<()> {
         None => None,
     };
 
-    let target = args.device.target();
-    let mut said = InferenceMemory::forward(&config, b, t, target).describe(target);
+    let backend = args.device.backend_kind();
+    let mut said = InferenceMemory::forward(&config, b, t, backend).describe(backend);
     if args.grads_out.is_some() && targets.is_some() {
-        let step = Memory::new(&config, b, t, target);
+        let step = Memory::new(&config, b, t, backend);
         said += &format!(
             "; the backward pass adds {} (gradients and its scratch)",
             byte_size(step.bytes(Part::Gradients) + step.bytes(Part::BackwardScratch))

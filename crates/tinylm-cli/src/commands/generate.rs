@@ -83,11 +83,11 @@ fn generate(args: GenerateArgs, start: Instant, threads: Instant) -> Result<()> 
     let sampler = Sampler::new(args.temperature, args.top_p, args.top_k, args.seed)?;
     let ckpt = weights::open(&args.checkpoint, None)?;
     let header = Instant::now();
-    let target = args.device.target();
+    let backend = args.device.backend_kind();
     eprintln!(
         "{}",
-        InferenceMemory::decoding(&ckpt.config, 1, ckpt.config.context_length, target)
-            .describe(target)
+        InferenceMemory::decoding(&ckpt.config, 1, ckpt.config.context_length, backend)
+            .describe(backend)
     );
     let backend = AnyBackend::open_forward_only(args.device.device, args.device.precision)?;
     let written = on_backend!(backend, backend => {

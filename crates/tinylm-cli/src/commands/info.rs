@@ -66,6 +66,10 @@ pub struct InfoArgs {
     /// micro-batch for --batch-size.
     #[arg(long, alias = "fit-memory", value_parser = parse_byte_size)]
     memory: Option<u64>,
+    /// Print the model's configuration as JSON (a `--model-config` file: `tinylm
+    /// info --preset tinystories --print-config > model.json`) and nothing else.
+    #[arg(long)]
+    print_config: bool,
 }
 
 /// The model of `--model-config` or `--preset`, else of the shape flags alone
@@ -95,6 +99,10 @@ fn model(args: &ModelArgs) -> Result<ModelConfig> {
 
 pub fn run(args: InfoArgs) -> Result<()> {
     let c = model(&args.model).context("model configuration")?;
+    if args.print_config {
+        println!("{}", c.to_json());
+        return Ok(());
+    }
     let (b, t) = (args.batch_size, args.seq_len.unwrap_or(c.context_length));
     if b == 0 || t == 0 {
         bail!("--batch-size and --seq-len must be positive");
@@ -263,7 +271,8 @@ fn flops_report(c: &ModelConfig, b: usize, t: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tinylm::accounting::{Memory, Target};
+    use tinylm::accounting::Memory;
+    use tinylm::kernels::BackendKind;
 
     #[test]
     fn gpt2_xl_report_has_the_reference_numbers() {
@@ -273,7 +282,7 @@ mod tests {
             micro: 1,
             zero: 0,
         };
-        let step = Memory::new(&c, 1, 1024, Target::Cpu);
+        let step = Memory::new(&c, 1, 1024, BackendKind::Cpu);
         let text =
             model_report(&c) + &step_report(1, 1024, &step, &single) + &flops_report(&c, 1, 1024);
         for part in [

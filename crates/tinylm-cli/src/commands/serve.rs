@@ -119,9 +119,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let (tokenizer, eos) = for_model(args.tokenizer.as_deref(), &ckpt, &args.checkpoint)?;
     let config = &ckpt.config;
     let limits = args.limits(config.context_length)?;
-    let target = args.device.target();
-    let memory = InferenceMemory::decoding(config, args.slots, config.context_length, target);
-    eprintln!("{}", memory.describe(target));
+    let backend = args.device.backend_kind();
+    let memory = InferenceMemory::decoding(config, args.slots, config.context_length, backend);
+    eprintln!("{}", memory.describe(backend));
     let settings = Settings {
         name: (args.name.clone()).unwrap_or_else(|| default_name(&args.checkpoint)),
         host: args.host.clone(),

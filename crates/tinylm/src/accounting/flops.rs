@@ -1,6 +1,7 @@
 //! Parameters by component (counted in `config.rs`, whose validation limits them)
-//! and the FLOPs of every matrix product of a forward pass
-//! (SPEC §2).
+//! and the FLOPs of every matrix product of a forward pass (SPEC §2): the weight
+//! matrices the model multiplies by ([`Linear`], the list its passes take their
+//! products from) and attention's two products per head.
 //!
 //! FLOPs count each `(m×k)(k×n)` product as `2mkn`. Attention scores are counted
 //! in full (`QKᵀ` is `T×T` per head although the causal mask discards half), the
@@ -8,9 +9,10 @@
 //! training step is about 3× the forward pass: the backward pass computes two
 //! matmuls (input and weight gradients) per forward one.
 
+use crate::config::ModelConfig;
 pub use crate::config::ParamCounts;
-use crate::config::{Ffn, ModelConfig};
 use crate::kernels::MatMul;
+use crate::model::products::Linear;
 
 /// One matrix product of the forward pass: `count` independent products of `shape`
 /// per occurrence, occurring `copies` times (once per block, or once).
@@ -36,42 +38,35 @@ impl Product {
 }
 
 /// Every matrix product of a forward pass over `batch_size` sequences of `seq_len`
-/// tokens, block products first (in execution order), then `lm_head`.
+/// tokens in the order the model runs them: a block's (its weight matrices over
+/// all `B·T` rows, attention's per head after the fused `qkv_proj`), then
+/// `lm_head`.
 pub fn forward_matmuls(c: &ModelConfig, batch_size: usize, seq_len: usize) -> Vec<Product> {
     let (b, t) = (batch_size, seq_len);
-    let (d, f, h, v) = (c.d_model, c.d_ff, c.num_heads, c.vocab_size);
-    let (dk, layers) = (c.head_dim(), c.num_layers as u64);
-    // Linear `y = x Wᵀ` over all B·T positions.
-    let linear = |name, d_in, d_out, copies| Product {
-        name,
-        shape: MatMul::linear(b * t, d_in, d_out),
-        count: 1,
-        copies,
-    };
+    let dk = c.head_dim();
     let per_head = |name, shape| Product {
         name,
         shape,
-        count: (b * h) as u64,
-        copies: layers,
+        count: (b * c.num_heads) as u64,
+        copies: c.num_layers as u64,
     };
     let q_kt = MatMul {
         b_transposed: true,
         ..MatMul::plain(t, dk, t)
     };
-    let mut out = vec![
-        linear("q_proj", d, d, layers),
-        linear("k_proj", d, d, layers),
-        linear("v_proj", d, d, layers),
-        per_head("Q Kᵀ", q_kt),
-        per_head("attention · V", MatMul::plain(t, t, dk)),
-        linear("output_proj", d, d, layers),
-        linear("ffn.w1", d, f, layers),
-    ];
-    if c.ffn == Ffn::Swiglu {
-        out.push(linear("ffn.w3", d, f, layers));
+    let mut out = Vec::new();
+    for linear in Linear::all(c) {
+        out.push(Product {
+            name: linear.name(),
+            shape: linear.forward(c, b * t),
+            count: 1,
+            copies: linear.copies(c) as u64,
+        });
+        if linear == Linear::Qkv {
+            out.push(per_head("Q Kᵀ", q_kt));
+            out.push(per_head("attention · V", MatMul::plain(t, t, dk)));
+        }
     }
-    out.push(linear("ffn.w2", f, d, layers));
-    out.push(linear("lm_head", d, v, 1));
     out
 }
 
@@ -94,7 +89,7 @@ pub fn training_flops(c: &ModelConfig, batch_size: usize, seq_len: usize) -> u64
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{Norm, Positional};
+    use crate::config::{Ffn, Norm, Positional};
     use crate::params::ParamLayout;
 
     #[test]

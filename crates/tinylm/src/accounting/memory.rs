@@ -1,6 +1,6 @@
 //! Memory accounting: every buffer a training step, a forward pass or generation
 //! allocates, counted by running the model's own declarations ([`crate::buffers`])
-//! with a [`Planner`] — an allocator that sizes each buffer on a [`Target`] without
+//! with a [`Planner`] — an allocator that sizes each buffer on a [`BackendKind`] without
 //! allocating it — while a [`Recorder`] notes each one's [`Role`] and bytes; then
 //! the GPU kernels' work space ([`crate::kernels::workspace`]), the collectives'
 //! scratch, and what a run holds in host memory beside the step ([`RunMemory`]).
@@ -10,80 +10,17 @@
 
 use crate::buffers::{self, Activations, DecodeActivations, GradActivations, PassShape};
 use crate::config::{ModelConfig, Norm};
-use crate::device::{resolve, resolve_precision, Device};
+use crate::device::backend_kind;
 use crate::distributed::MPI_CHUNK;
 use crate::kernels::workspace::{
     Scratch, ScratchType, CUBLASLT_WORKSPACE, NORM_BLOCKS, ROW_BLOCKS,
 };
-use crate::kernels::{
-    Allocation, Allocator, AttentionKeeps, BufKind, Buffer, Float, Precision, Role, STATS_BYTES,
-};
+use crate::kernels::{Allocation, Allocator, BackendKind, BufKind, Buffer, Float, Role};
 use crate::params::ParamLayout;
 use crate::text::byte_size;
 use crate::train::TrainConfig;
 use crate::Result;
 use std::cell::{Cell, RefCell};
-
-/// Where a model's buffers live, which sets the width of its values.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Target {
-    /// Host memory, f32 throughout.
-    #[default]
-    Cpu,
-    /// Host memory under bf16 mixed precision: the activations only products read
-    /// ([`BufKind::Operands`]) in bf16, the parameters f32 with a bf16 copy, the
-    /// rest f32.
-    CpuBf16,
-    /// Host memory for generation with 8-bit weights (`q8_0`): the parameters f32
-    /// with a copy in Q8_0 blocks, every activation f32.
-    CpuQ8,
-    /// A GPU's memory: activations in the precision's width (2 bytes under bf16),
-    /// parameters, gradients, moments and normalization statistics f32, and under
-    /// bf16 a bf16 copy of the parameters for the matrix products.
-    Cuda(Precision),
-}
-
-impl Target {
-    /// Where a run on `device` in `precision` keeps its buffers: `cuda` counts a
-    /// GPU's memory in any build (`auto` precision as bf16); `auto` is what this
-    /// machine has.
-    pub fn of(device: Device, precision: Precision) -> Result<Self> {
-        let device = match device {
-            Device::Auto => resolve(Device::Auto)?,
-            device => device,
-        };
-        Ok(match (device, resolve_precision(device, precision)) {
-            (Device::Cuda(_), Precision::Fp32) => Target::Cuda(Precision::Fp32),
-            (Device::Cuda(_), _) => Target::Cuda(Precision::Bf16),
-            (_, Precision::Bf16) => Target::CpuBf16,
-            (_, Precision::Q8_0) => Target::CpuQ8,
-            _ => Target::Cpu,
-        })
-    }
-
-    /// Whether the buffers are a GPU's (else host memory).
-    pub fn on_gpu(self) -> bool {
-        matches!(self, Target::Cuda(_))
-    }
-
-    /// What it computes in, for reports: "f32 on the CPU", "bf16 on a GPU".
-    pub fn describe(self) -> String {
-        match self {
-            Target::Cpu => "f32 on the CPU".to_string(),
-            Target::CpuBf16 => "bf16 mixed precision on the CPU".to_string(),
-            Target::CpuQ8 => "q8_0 weights on the CPU".to_string(),
-            Target::Cuda(p) => format!("{p} on a GPU"),
-        }
-    }
-
-    /// Bytes of one activation value.
-    pub fn activation_bytes(self) -> u64 {
-        match self {
-            Target::Cuda(Precision::Bf16) => 2,
-            _ => 4,
-        }
-    }
-}
 
 /// Which part of a model's memory a buffer belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -135,13 +72,11 @@ impl Allocation for Planned {
 }
 
 /// An allocator that allocates nothing: each buffer is the size it takes on
-/// `target` — the CPU's f32; on a GPU the type its kind and the precision say
-/// (activations in the precision's width, parameters f32 with a bf16 copy under
-/// bf16, the rest f32), token ids u32, step statistics [`STATS_BYTES`] of device
-/// memory (none on the CPU, which holds them inline).
+/// `backend` ([`BackendKind::storage`], the table the backends allocate by),
+/// token ids u32, step statistics [`BackendKind::stats_bytes`].
 #[derive(Clone, Copy, Debug)]
 pub struct Planner {
-    pub target: Target,
+    pub backend: BackendKind,
 }
 
 impl Allocator<f32> for Planner {
@@ -150,22 +85,7 @@ impl Allocator<f32> for Planner {
     type Stats = Planned;
 
     fn alloc(&self, _role: Role, len: usize, kind: BufKind) -> Result<Planned> {
-        let width = match (self.target, kind) {
-            (Target::CpuQ8, BufKind::Params) => {
-                let bytes = 4 * len as u64 + crate::kernels::cpu::q8::Q8Buffer::bytes_of(len);
-                return Ok(Planned { len, bytes });
-            }
-            (Target::CpuBf16 | Target::CpuQ8, BufKind::Cache) => 2,
-            (Target::Cpu | Target::CpuQ8, _) | (_, BufKind::Full) => 4,
-            (Target::CpuBf16, BufKind::Activations) => 4,
-            (Target::CpuBf16, BufKind::Operands) => 2,
-            (Target::CpuBf16 | Target::Cuda(Precision::Bf16), BufKind::Params) => 4 + 2,
-            (Target::Cuda(_), BufKind::Params) => 4,
-            (Target::Cuda(_), BufKind::Activations | BufKind::Operands | BufKind::Cache) => {
-                self.target.activation_bytes()
-            }
-        };
-        let bytes = width * len as u64;
+        let bytes = self.backend.storage(kind).bytes(len);
         Ok(Planned { len, bytes })
     }
 
@@ -175,18 +95,12 @@ impl Allocator<f32> for Planner {
     }
 
     fn alloc_stats(&self, _role: Role) -> Result<Planned> {
-        let bytes = match self.target.on_gpu() {
-            false => 0,
-            true => STATS_BYTES as u64,
-        };
+        let bytes = self.backend.stats_bytes();
         Ok(Planned { len: 0, bytes })
     }
 
-    fn attention_keeps(&self) -> AttentionKeeps {
-        match self.target.on_gpu() {
-            false => AttentionKeeps::Probabilities,
-            true => AttentionKeeps::LogSumExp,
-        }
+    fn kind(&self) -> BackendKind {
+        self.backend
     }
 }
 
@@ -246,8 +160,8 @@ impl<F: Float, A: Allocator<F>> Allocator<F> for Recorder<'_, A> {
         self.note(role, self.inner.alloc_stats(role))
     }
 
-    fn attention_keeps(&self) -> AttentionKeeps {
-        self.inner.attention_keeps()
+    fn kind(&self) -> BackendKind {
+        self.inner.kind()
     }
 }
 
@@ -284,8 +198,8 @@ pub fn step_buffers<F: Float, A: Allocator<F>>(
 /// their loss unless decoding, and for training steps (`train`) their backward pass
 /// and update too: each [`Scratch`] buffer they take, at its largest, and
 /// cuBLASLt's.
-fn workspace(c: &ModelConfig, pass: PassShape, train: bool, target: Target) -> Vec<Entry> {
-    if !target.on_gpu() {
+fn workspace(c: &ModelConfig, pass: PassShape, train: bool, backend: BackendKind) -> Vec<Entry> {
+    if !backend.on_gpu() {
         return Vec::new();
     }
     let PassShape { b, t, decode, .. } = pass;
@@ -327,13 +241,13 @@ fn part_bytes(entries: &[Entry], part: Part) -> u64 {
         .sum()
 }
 
-/// Memory in bytes for training with AdamW, on one [`Target`]: every buffer of the
+/// Memory in bytes for training with AdamW, on one [`BackendKind`]: every buffer of the
 /// step ([`step_buffers`] by the [`Planner`]), the kernels' work space, and with
 /// several ranks the collectives' scratch. Evaluation runs in batches of the step's
 /// (micro-)batch and reuses these buffers.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Memory {
-    pub target: Target,
+    pub backend: BackendKind,
     /// Every buffer, in the order the model allocates them.
     pub buffers: Vec<Entry>,
     /// The scratch of the CPU's MPI collectives, with several ranks.
@@ -344,14 +258,14 @@ pub struct Memory {
 
 impl Memory {
     /// Memory for a training step on `batch_size` sequences of `seq_len` tokens
-    /// on `target`.
-    pub fn new(c: &ModelConfig, batch_size: usize, seq_len: usize, target: Target) -> Self {
+    /// on `backend`.
+    pub fn new(c: &ModelConfig, batch_size: usize, seq_len: usize, backend: BackendKind) -> Self {
         let (b, t) = (batch_size, seq_len);
         let mut buffers =
-            step_buffers(&Planner { target }, c, b, t).expect("planning allocates nothing");
-        buffers.extend(workspace(c, PassShape::full(b, t), true, target));
+            step_buffers(&Planner { backend }, c, b, t).expect("planning allocates nothing");
+        buffers.extend(workspace(c, PassShape::full(b, t), true, backend));
         Memory {
-            target,
+            backend,
             buffers,
             collective: 0,
             parameters: ParamLayout::new(c).total,
@@ -367,7 +281,7 @@ impl Memory {
             let shard = self.parameters.div_ceil(ranks);
             if sharded {
                 let planner = Planner {
-                    target: self.target,
+                    backend: self.backend,
                 };
                 let r = Recorder::new(&planner);
                 buffers::moments(r.part(Part::Moments), shard).expect("planning allocates nothing");
@@ -377,7 +291,7 @@ impl Memory {
                 self.buffers.retain(|e| e.part != Part::Moments);
                 self.buffers.splice(at..at, r.entries());
             }
-            if !self.target.on_gpu() {
+            if !self.backend.on_gpu() {
                 let scratch = if sharded {
                     shard
                 } else {
@@ -400,7 +314,7 @@ impl Memory {
 }
 
 /// The peak memory of a training run, per rank: a step's buffers on their
-/// [`Target`] and what the run holds in host memory beside them. Evaluation adds
+/// [`BackendKind`] and what the run holds in host memory beside them. Evaluation adds
 /// nothing (it runs in batches of the step's micro-batch, in its buffers), nor do
 /// checkpoints on the CPU (written from the buffers, read back into them).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -432,7 +346,7 @@ impl RunMemory {
         token_files: u64,
     ) -> Self {
         let ids = |rows: usize| 2 * 4 * (rows * seq_len) as u64;
-        let on_gpu = step.target.on_gpu();
+        let on_gpu = step.backend.on_gpu();
         // A checkpoint's tensors pass through staging where parameters are not
         // written in place: a GPU's.
         let staged = on_gpu;
@@ -455,10 +369,10 @@ impl RunMemory {
         self.batch + self.checkpoint_staging
     }
 
-    /// The memory the run must have on its target: on the CPU the step's buffers
+    /// The memory the run must have on its device: on the CPU the step's buffers
     /// and the host extras; on a GPU the step's buffers (device memory).
     pub fn required(&self) -> u64 {
-        match self.step.target.on_gpu() {
+        match self.step.backend.on_gpu() {
             false => self.step.total() + self.host_extra(),
             true => self.step.total(),
         }
@@ -472,7 +386,7 @@ impl RunMemory {
 }
 
 /// Memory of a model that only runs forward (generation, a forward pass,
-/// evaluation), on one [`Target`]: it holds no gradient or optimizer state.
+/// evaluation), on one [`BackendKind`]: it holds no gradient or optimizer state.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InferenceMemory {
     /// The model's buffers, the pass's (and generation's KV cache) and the kernels'
@@ -485,15 +399,20 @@ pub struct InferenceMemory {
 
 impl InferenceMemory {
     /// A forward pass over `batch_size` sequences of `seq_len` tokens.
-    pub fn forward(c: &ModelConfig, batch_size: usize, seq_len: usize, target: Target) -> Self {
+    pub fn forward(
+        c: &ModelConfig,
+        batch_size: usize,
+        seq_len: usize,
+        backend: BackendKind,
+    ) -> Self {
         let (b, t) = (batch_size, seq_len);
-        let planner = Planner { target };
+        let planner = Planner { backend };
         let r = Recorder::new(&planner);
         model_buffers(&r, c).expect("planning allocates nothing");
         Activations::new(r.part(Part::Activations), c, PassShape::full(b, t))
             .expect("planning allocates nothing");
         let mut buffers = r.entries();
-        buffers.extend(workspace(c, PassShape::full(b, t), false, target));
+        buffers.extend(workspace(c, PassShape::full(b, t), false, backend));
         InferenceMemory {
             buffers,
             host_logits: 4 * (b * t * c.vocab_size) as u64,
@@ -504,8 +423,8 @@ impl InferenceMemory {
     /// slots): a KV cache of the whole context for each, and the buffers of a
     /// decoding pass of at most `rows` new positions (a whole prompt at most:
     /// `context_length`).
-    pub fn decoding(c: &ModelConfig, sequences: usize, rows: usize, target: Target) -> Self {
-        let planner = Planner { target };
+    pub fn decoding(c: &ModelConfig, sequences: usize, rows: usize, backend: BackendKind) -> Self {
+        let planner = Planner { backend };
         let r = Recorder::new(&planner);
         model_buffers(&r, c).expect("planning allocates nothing");
         DecodeActivations::new(r.part(Part::Activations), c, rows, sequences)
@@ -515,7 +434,7 @@ impl InferenceMemory {
         }
         let mut buffers = r.entries();
         let pass = PassShape::decode(rows, c.context_length);
-        buffers.extend(workspace(c, pass, false, target));
+        buffers.extend(workspace(c, pass, false, backend));
         InferenceMemory {
             buffers,
             host_logits: 4 * (sequences * c.vocab_size) as u64,
@@ -543,14 +462,14 @@ impl InferenceMemory {
         self.buffers.iter().map(|e| e.bytes).sum::<u64>() + self.host_logits
     }
 
-    /// One line saying what the model holds on `target` (`tinylm generate`,
+    /// One line saying what the model holds on `backend` (`tinylm generate`,
     /// `tinylm forward`).
-    pub fn describe(&self, target: Target) -> String {
-        let place = match target {
-            Target::Cpu => "host memory".to_string(),
-            Target::CpuBf16 => "host memory (bf16)".to_string(),
-            Target::CpuQ8 => "host memory (q8_0 weights)".to_string(),
-            Target::Cuda(p) => format!("GPU memory ({p})"),
+    pub fn describe(&self, backend: BackendKind) -> String {
+        let place = match backend {
+            BackendKind::Cpu => "host memory".to_string(),
+            BackendKind::CpuBf16 => "host memory (bf16)".to_string(),
+            BackendKind::CpuQ8 => "host memory (q8_0 weights)".to_string(),
+            BackendKind::Cuda(p) => format!("GPU memory ({p})"),
         };
         let mut parts = vec![format!("parameters {}", byte_size(self.parameters()))];
         if self.kv_cache() > 0 {
@@ -570,7 +489,7 @@ impl InferenceMemory {
 /// over how many ranks, the sequence length and the token files.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RunShape {
-    pub target: Target,
+    pub backend: BackendKind,
     pub ranks: usize,
     /// ZeRO-1: the AdamW moments sharded over the ranks.
     pub sharded: bool,
@@ -586,7 +505,7 @@ impl RunShape {
     pub fn of(cfg: &TrainConfig, ranks: usize) -> Result<Self> {
         let size = |path: &std::path::Path| std::fs::metadata(path).map_or(0, |m| m.len());
         Ok(RunShape {
-            target: Target::of(cfg.device, cfg.precision)?,
+            backend: backend_kind(cfg.device, cfg.precision)?,
             ranks,
             sharded: cfg.zero == 1,
             seq_len: cfg.model.context_length,
@@ -598,7 +517,7 @@ impl RunShape {
     /// micro-batches of `micro`.
     pub fn memory(&self, c: &ModelConfig, share: usize, micro: usize) -> RunMemory {
         let step =
-            Memory::new(c, micro, self.seq_len, self.target).on_ranks(self.ranks, self.sharded);
+            Memory::new(c, micro, self.seq_len, self.backend).on_ranks(self.ranks, self.sharded);
         RunMemory::new(c, step, share, micro, self.seq_len, self.token_files)
     }
 }
@@ -640,25 +559,26 @@ pub fn largest_micro_batch(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::{Precision, STATS_BYTES};
 
     /// A rank's memory: activations for its micro-batch, a quarter of the AdamW
     /// moments over four ZeRO-1 ranks, and the collectives' scratch.
     #[test]
     fn one_rank_holds_its_micro_batch_and_shard() {
         let c = ModelConfig::tinystories();
-        let whole = Memory::new(&c, 8, 256, Target::Cpu);
-        let rank = Memory::new(&c, 2, 256, Target::Cpu).on_ranks(4, true);
+        let whole = Memory::new(&c, 8, 256, BackendKind::Cpu);
+        let rank = Memory::new(&c, 2, 256, BackendKind::Cpu).on_ranks(4, true);
         for part in [Part::Activations, Part::BackwardScratch] {
             assert_eq!(4 * rank.bytes(part), whole.bytes(part), "{part:?}");
         }
         let params = ParamLayout::new(&c).total as u64;
         assert_eq!(rank.bytes(Part::Moments), 8 * params.div_ceil(4));
         assert_eq!(rank.collective, 4 * params.div_ceil(4));
-        let replicated = Memory::new(&c, 2, 256, Target::Cpu).on_ranks(4, false);
+        let replicated = Memory::new(&c, 2, 256, BackendKind::Cpu).on_ranks(4, false);
         assert_eq!(replicated.bytes(Part::Moments), whole.bytes(Part::Moments));
         assert_eq!(replicated.collective, 4 * params.min(MPI_CHUNK as u64));
-        let one = Memory::new(&c, 2, 256, Target::Cpu).on_ranks(1, true);
-        assert_eq!(one, Memory::new(&c, 2, 256, Target::Cpu));
+        let one = Memory::new(&c, 2, 256, BackendKind::Cpu).on_ranks(1, true);
+        assert_eq!(one, Memory::new(&c, 2, 256, BackendKind::Cpu));
     }
 
     /// On a GPU under bf16: activations and backward scratch in 2 bytes (their
@@ -670,9 +590,9 @@ mod tests {
     fn gpu_widths_and_work_space() {
         let c = ModelConfig::tinystories();
         let (b, t) = (4, 256);
-        let cpu = Memory::new(&c, b, t, Target::Cpu);
-        let bf16 = Memory::new(&c, b, t, Target::Cuda(Precision::Bf16));
-        let fp32 = Memory::new(&c, b, t, Target::Cuda(Precision::Fp32));
+        let cpu = Memory::new(&c, b, t, BackendKind::Cpu);
+        let bf16 = Memory::new(&c, b, t, BackendKind::Cuda(Precision::Bf16));
+        let fp32 = Memory::new(&c, b, t, BackendKind::Cuda(Precision::Fp32));
         let (n, layers) = ((b * t) as u64, c.num_layers as u64);
         let (rows, square) = (c.num_heads as u64 * n, c.num_heads as u64 * n * t as u64);
         let acts = Part::Activations;
@@ -704,7 +624,7 @@ mod tests {
             work + squares + CUBLASLT_WORKSPACE as u64
         );
         // NCCL needs no scratch; ZeRO-1 still shards the moments.
-        let rank = Memory::new(&c, b, t, Target::Cuda(Precision::Bf16)).on_ranks(4, true);
+        let rank = Memory::new(&c, b, t, BackendKind::Cuda(Precision::Bf16)).on_ranks(4, true);
         assert_eq!(rank.collective, 0);
         let moments = 8 * (params / 4).div_ceil(4);
         assert_eq!(rank.bytes(Part::Moments), moments);
@@ -716,29 +636,29 @@ mod tests {
     #[test]
     fn decoding_holds_the_caches_and_one_pass() {
         let c = ModelConfig::tinystories();
-        let g = InferenceMemory::decoding(&c, 1, 1, Target::Cpu);
+        let g = InferenceMemory::decoding(&c, 1, 1, BackendKind::Cpu);
         let (ctx, d) = (c.context_length as u64, c.d_model as u64);
         assert_eq!(g.kv_cache(), 4 * c.num_layers as u64 * ctx * 3 * d);
-        let four = InferenceMemory::decoding(&c, 4, 1, Target::Cpu);
+        let four = InferenceMemory::decoding(&c, 4, 1, BackendKind::Cpu);
         assert_eq!(four.kv_cache(), 4 * g.kv_cache());
         assert_eq!(four.host_logits, 4 * g.host_logits);
         // A block's buffers are reused by every block (4 here), and only the last
         // row's logits are computed: a whole-context prompt takes under a third of
         // a full forward pass's activations.
-        let prompt = InferenceMemory::decoding(&c, 1, c.context_length, Target::Cpu);
-        let full = InferenceMemory::forward(&c, 1, c.context_length, Target::Cpu);
+        let prompt = InferenceMemory::decoding(&c, 1, c.context_length, BackendKind::Cpu);
+        let full = InferenceMemory::forward(&c, 1, c.context_length, BackendKind::Cpu);
         assert!(3 * prompt.activations() < full.activations());
-        let step = Memory::new(&c, 1, 1, Target::Cpu);
+        let step = Memory::new(&c, 1, 1, BackendKind::Cpu);
         assert_eq!(
             g.parameters(),
             step.bytes(Part::Parameters) + step.bytes(Part::RopeTables)
         );
         let parts = |m: &InferenceMemory| m.buffers.iter().map(|e| e.part).collect::<Vec<_>>();
         assert!(!parts(&g).contains(&Part::Gradients));
-        let f = InferenceMemory::forward(&c, 2, 8, Target::Cpu);
+        let f = InferenceMemory::forward(&c, 2, 8, BackendKind::Cpu);
         assert_eq!(f.host_logits, 4 * 2 * 8 * c.vocab_size as u64);
         assert_eq!(f.kv_cache(), 0);
-        assert!(f.describe(Target::Cpu).starts_with("memory: "));
+        assert!(f.describe(BackendKind::Cpu).starts_with("memory: "));
     }
 
     /// A run's peak: host extras on the CPU are the batch's ids; on a GPU also their
@@ -746,11 +666,18 @@ mod tests {
     #[test]
     fn run_memory_on_cpu_and_gpu() {
         let c = ModelConfig::tinystories();
-        let cpu = RunMemory::new(&c, Memory::new(&c, 2, 256, Target::Cpu), 8, 2, 256, 1000);
+        let cpu = RunMemory::new(
+            &c,
+            Memory::new(&c, 2, 256, BackendKind::Cpu),
+            8,
+            2,
+            256,
+            1000,
+        );
         assert_eq!((cpu.batch, cpu.checkpoint_staging), (8 * 8 * 256, 0));
         assert_eq!(cpu.required(), cpu.step.total() + cpu.batch);
         assert_eq!(cpu.peak_resident(), cpu.required() + 1000);
-        let step = Memory::new(&c, 2, 256, Target::Cuda(Precision::Bf16));
+        let step = Memory::new(&c, 2, 256, BackendKind::Cuda(Precision::Bf16));
         let gpu = RunMemory::new(&c, step, 8, 2, 256, 0);
         assert_eq!(gpu.batch, 8 * 8 * 256 + 8 * 2 * 256);
         assert_eq!(gpu.checkpoint_staging, 4 * 10_000 * 512);

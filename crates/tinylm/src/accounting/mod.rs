@@ -8,5 +8,5 @@ pub mod memory;
 pub use flops::{forward_flops, forward_matmuls, training_flops, ParamCounts, Product};
 pub use memory::{
     largest_fitting, largest_micro_batch, step_buffers, Entry, InferenceMemory, Memory, Part,
-    Planned, Planner, Recorder, RunMemory, RunShape, Target,
+    Planned, Planner, Recorder, RunMemory, RunShape,
 };

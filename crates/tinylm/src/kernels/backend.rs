@@ -10,12 +10,12 @@
 
 use super::cpu::memory::HostBuf;
 use super::float::Float;
+use super::kind::BackendKind;
+pub use super::kind::{BufKind, Precision};
 use crate::distributed::World;
-use crate::{Error, Result};
+use crate::Result;
 use serde::{Deserialize, Serialize};
-use std::fmt;
 use std::ops::Range;
-use std::str::FromStr;
 use std::time::Instant;
 
 /// How a forward pass reads a parameter tensor: what a backend that multiplies a
@@ -184,98 +184,6 @@ impl AttentionKeeps {
     }
 }
 
-/// A run's arithmetic, on the CPU and on a GPU alike.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Precision {
-    /// bf16 where the hardware multiplies bf16 natively — a GPU (compute
-    /// capability 8.0 or newer), a CPU with AVX512_BF16 or Arm BF16 — and `fp32`
-    /// elsewhere ([`crate::device::resolve_precision`]).
-    #[default]
-    Auto,
-    /// Mixed precision: matrix products of bf16 operands (rounded to nearest, ties
-    /// to even) summed in f32, bf16 copies of the weights and bf16 activations
-    /// where only products read them (on a GPU, every activation); f32 master
-    /// weights, gradients, AdamW moments, normalization statistics, softmax and loss.
-    Bf16,
-    /// f32 everywhere.
-    Fp32,
-    /// Generation with 8-bit weights (the CPU; not for training): llama.cpp's
-    /// Q8_0 blocks (32 int8 values and an f16 scale) multiplied by activations
-    /// quantized the same way, int8 products summed exactly per block; attention's
-    /// products as under bf16, the rest in f32.
-    #[serde(rename = "q8_0")]
-    Q8_0,
-}
-
-impl Precision {
-    /// This precision, where it can train (q8_0 cannot: an error saying so).
-    pub fn for_training(self) -> Result<Self> {
-        match self {
-            Precision::Q8_0 => Err(Error::Config(
-                "precision q8_0 stores weights for generation (generate, serve, eval), \
-                 not for training: use bf16 or fp32"
-                    .into(),
-            )),
-            precision => Ok(precision),
-        }
-    }
-}
-
-impl FromStr for Precision {
-    type Err = Error;
-
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "auto" => Ok(Precision::Auto),
-            "bf16" => Ok(Precision::Bf16),
-            "fp32" => Ok(Precision::Fp32),
-            "q8_0" => Ok(Precision::Q8_0),
-            _ => Err(Error::Config(format!(
-                "unknown precision '{s}': expected auto, bf16, fp32 or q8_0"
-            ))),
-        }
-    }
-}
-
-impl fmt::Display for Precision {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Precision::Auto => "auto",
-            Precision::Bf16 => "bf16",
-            Precision::Fp32 => "fp32",
-            Precision::Q8_0 => "q8_0",
-        })
-    }
-}
-
-/// How a backend stores a buffer it allocates. The orchestration names the role; a
-/// mixed-precision backend picks the element type from it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BufKind {
-    /// The parameters: `F` master values. A mixed-precision backend also keeps a
-    /// bf16 copy for matrix-product operands, refreshed by every write
-    /// ([`Backend::upload`], [`Backend::adamw`], a collective's gather).
-    Params,
-    /// Activations and their gradients that kernels other than the products read
-    /// (the residual stream, attention's, the FFN's pre-activations, the logits):
-    /// bf16 on a GPU under bf16 (its kernels compute on bf16 values), `F` on the CPU
-    /// (its element-wise kernels read and write `f32`).
-    Activations,
-    /// Activations the backward pass reads only as matrix-product operands (the
-    /// norms' outputs, the FFN's gated product, the gradients of its
-    /// pre-activations): bf16 under bf16 on every backend, which halves their
-    /// memory and loses nothing the products would not round away.
-    Operands,
-    /// A KV cache, which only attention's products read: bf16 wherever those are
-    /// bf16 (on the CPU under bf16 or Q8_0 weights, on a GPU under bf16), which
-    /// halves its memory and the bytes a decoding step reads, and loses nothing.
-    Cache,
-    /// Always full precision: parameter gradients, AdamW moments, RMSNorm
-    /// statistics, RoPE tables.
-    Full,
-}
-
 /// What a buffer is: its name and its shape in the letters of the model's doc
 /// (`"(B, T, C)"`), for the memory accounting's table and an allocation's error.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -309,8 +217,14 @@ pub trait Allocator<F: Float> {
     fn alloc_ids(&self, role: Role, len: usize) -> Result<Self::Ids>;
     /// A buffer for one step's statistics.
     fn alloc_stats(&self, role: Role) -> Result<Self::Stats>;
+    /// What the backend is: the one description of how it stores each kind of
+    /// buffer and what its attention keeps.
+    fn kind(&self) -> BackendKind;
+
     /// What its attention keeps between the forward and the backward.
-    fn attention_keeps(&self) -> AttentionKeeps;
+    fn attention_keeps(&self) -> AttentionKeeps {
+        self.kind().attention_keeps()
+    }
 }
 
 /// A buffer a backend owns: host memory on the CPU (a `HostBuf`),
@@ -527,6 +441,26 @@ pub struct StepStats {
 /// Bytes of a step's statistics on a device: the loss (f32, then 4 bytes of
 /// padding) and the gradient's sum of squares (f64).
 pub const STATS_BYTES: usize = 16;
+
+impl BackendKind {
+    /// What its attention keeps between the forward and the backward: the CPU the
+    /// probabilities, a GPU's flash attention each row's log-sum-exp.
+    pub fn attention_keeps(self) -> AttentionKeeps {
+        match self.on_gpu() {
+            false => AttentionKeeps::Probabilities,
+            true => AttentionKeeps::LogSumExp,
+        }
+    }
+
+    /// Bytes of device memory a step's statistics take ([`STATS_BYTES`] on a GPU;
+    /// the CPU holds them inline).
+    pub fn stats_bytes(self) -> u64 {
+        match self.on_gpu() {
+            false => 0,
+            true => STATS_BYTES as u64,
+        }
+    }
+}
 
 impl Allocation for StepStats {
     fn bytes(&self) -> u64 {

@@ -27,6 +27,7 @@ pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod float;
+pub mod kind;
 pub mod profile;
 pub mod workspace;
 
@@ -37,4 +38,5 @@ pub use backend::{
 };
 pub use cpu::{Cpu, CpuMixed, HostBuf};
 pub use float::Float;
+pub use kind::{BackendKind, Storage, ValueType};
 pub use profile::Profiled;

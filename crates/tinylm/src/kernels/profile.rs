@@ -1,8 +1,8 @@
 //! A backend wrapper that times every kernel call by kind: where a step's time goes.
 
 use super::{
-    AdamWStep, Allocator, AttentionKeeps, AttnShape, Backend, BatchPart, BufKind, Collective,
-    Float, HostWrite, MatMul, ParamRead, Role, Span, SpanMut, StepStats, Stored,
+    AdamWStep, Allocator, AttnShape, Backend, BackendKind, BatchPart, BufKind, Collective, Float,
+    HostWrite, MatMul, ParamRead, Role, Span, SpanMut, StepStats, Stored,
 };
 use crate::distributed::World;
 use crate::{Error, Result};
@@ -146,8 +146,8 @@ impl<F: Float, B: Backend<F>> Allocator<F> for Profiled<B> {
         self.inner.alloc_stats(role)
     }
 
-    fn attention_keeps(&self) -> AttentionKeeps {
-        self.inner.attention_keeps()
+    fn kind(&self) -> BackendKind {
+        self.inner.kind()
     }
 }
 

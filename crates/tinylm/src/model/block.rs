@@ -3,10 +3,11 @@
 //! [`transformer_block`], one block on its own.
 
 use super::cache::NewTokens;
+use super::products::Linear;
 use super::view::{qkv_range, ModelView, ParamGrads};
 use crate::buffers::{GradActivations, LayerActs};
 use crate::config::Norm;
-use crate::kernels::{AttnShape, Backend, Buffer, Float, MatMul, Span};
+use crate::kernels::{AttnShape, Backend, Buffer, Float, Span};
 use crate::params::LayerOffsets;
 
 /// Where a block's attention finds its queries, keys and values.
@@ -32,13 +33,13 @@ pub(super) fn block_forward<F: Float, B: Backend<F>>(
     out: &mut B::Buf,
     attention: Attention<B::Buf>,
 ) {
-    let be = model.backend;
-    let (c, f) = (model.config.d_model, model.config.d_ff);
+    let (be, config) = (model.backend, model.config);
+    let c = config.d_model;
     let n = x.len / c;
     // r1 = x + attention(RoPE(pre(x)·W_qkvᵀ))·W_oᵀ, y = post(r1)
     let attn_in = model.norm(Norm::Pre, &layer.ln1, x, &mut acts.ln1, &mut acts.rstd1);
     let w_qkv = qkv_range(layer);
-    let qkv_product = MatMul::linear(n, c, 3 * c);
+    let qkv_product = Linear::Qkv.forward(config, n);
     model.linear(acts.qkv.all_mut(), attn_in, &w_qkv, qkv_product);
     match attention {
         Attention::Full(shape) => {
@@ -77,7 +78,7 @@ pub(super) fn block_forward<F: Float, B: Backend<F>>(
         }
     }
     be.copy(acts.r1.all_mut(), x);
-    let residual_add = MatMul::linear(n, c, c).accumulating();
+    let residual_add = Linear::OutputProj.forward(config, n).accumulating();
     model.linear(
         acts.r1.all_mut(),
         acts.atty.all(),
@@ -93,14 +94,11 @@ pub(super) fn block_forward<F: Float, B: Backend<F>>(
     );
     // out = post(y + SwiGLU(pre(y)·W1ᵀ, pre(y)·W3ᵀ)·W2ᵀ)
     let ffn_in = model.norm(Norm::Pre, &layer.ln2, y, &mut acts.ln2, &mut acts.rstd2);
-    model.linear(
-        acts.h1.all_mut(),
-        ffn_in,
-        &layer.w1,
-        MatMul::linear(n, c, f),
-    );
+    let w1_product = Linear::W1.forward(config, n);
+    model.linear(acts.h1.all_mut(), ffn_in, &layer.w1, w1_product);
     if let Some(w3) = &layer.w3 {
-        model.linear(acts.h3.all_mut(), ffn_in, w3, MatMul::linear(n, c, f));
+        let w3_product = Linear::W3.forward(config, n);
+        model.linear(acts.h3.all_mut(), ffn_in, w3, w3_product);
     }
     let swiglu = layer.w3.is_some();
     be.swiglu_forward(
@@ -110,7 +108,7 @@ pub(super) fn block_forward<F: Float, B: Backend<F>>(
     );
     let r2 = model.sum_into(&mut acts.r2, out);
     be.copy(r2.all_mut(), y);
-    let residual_add = MatMul::linear(n, f, c).accumulating();
+    let residual_add = Linear::W2.forward(config, n).accumulating();
     model.linear(r2.all_mut(), acts.gate.all(), &layer.w2, residual_add);
     model.norm(Norm::Post, &layer.ln2, acts.r2.all(), out, &mut acts.rstd2);
 }
@@ -127,13 +125,12 @@ pub(super) fn block_backward<F: Float, B: Backend<F>>(
     grads: &mut ParamGrads<B::Buf>,
     shape: AttnShape,
 ) {
-    let be = model.backend;
+    let (be, config) = (model.backend, model.config);
     let n = shape.b * shape.t;
-    let (c, f) = (model.config.d_model, model.config.d_ff);
     // out = post(r2), r2 = y + gate·W2ᵀ
     model.post_norm_backward(&layer.ln2, acts.r2.all(), acts.rstd2.all(), dacts, grads);
     let (dgate, dr2) = (dacts.dgate.all_mut(), dacts.dresid.all());
-    let dx = MatMul::linear_dx(n, f, c);
+    let dx = Linear::W2.dx(config, n);
     model.linear_backward(dgate, grads, &layer.w2, dr2, acts.gate.all(), dx);
     let swiglu = layer.w3.is_some();
     be.swiglu_backward(
@@ -146,7 +143,7 @@ pub(super) fn block_backward<F: Float, B: Backend<F>>(
     // h1 = ffn_in·W1ᵀ, h3 = ffn_in·W3ᵀ, ffn_in = pre(y)
     let y = model.normed(Norm::Post, acts.r1.all(), &acts.ln1);
     let ffn_in = model.normed(Norm::Pre, y, &acts.ln2);
-    let dx = MatMul::linear_dx(n, c, f);
+    let dx = Linear::W1.dx(config, n);
     let (dffn_in, dx) = model.dsublayer_in(&mut dacts.dresid, &mut dacts.dtmp, dx, true);
     model.linear_backward(
         dffn_in.all_mut(),
@@ -157,14 +154,14 @@ pub(super) fn block_backward<F: Float, B: Backend<F>>(
         dx,
     );
     if let Some(w3) = &layer.w3 {
-        let dx = dx.accumulating();
+        let dx = Linear::W3.dx(config, n).accumulating();
         model.linear_backward(dffn_in.all_mut(), grads, w3, dacts.dh3.all(), ffn_in, dx);
     }
     model.pre_norm_backward(&layer.ln2, y, acts.rstd2.all(), dacts, grads, true);
     // Here dresid = ∂/∂y. y = post(r1), r1 = x + atty·W_oᵀ
     model.post_norm_backward(&layer.ln1, acts.r1.all(), acts.rstd1.all(), dacts, grads);
     let (datty, dr1) = (dacts.datty.all_mut(), dacts.dresid.all());
-    let dx = MatMul::linear_dx(n, c, c);
+    let dx = Linear::OutputProj.dx(config, n);
     model.linear_backward(datty, grads, &layer.output_proj, dr1, acts.atty.all(), dx);
     // atty = attention(qkv), qkv = RoPE(attn_in·W_qkvᵀ), attn_in = pre(x)
     be.attention_backward(
@@ -178,7 +175,7 @@ pub(super) fn block_backward<F: Float, B: Backend<F>>(
     );
     model.rope(dacts.dqkv.all_mut(), shape, true);
     let attn_in = model.normed(Norm::Pre, x, &acts.ln1);
-    let dx = MatMul::linear_dx(n, c, 3 * c);
+    let dx = Linear::Qkv.dx(config, n);
     let (dattn_in, dx) = model.dsublayer_in(&mut dacts.dresid, &mut dacts.dtmp, dx, true);
     let w_qkv = qkv_range(layer);
     model.linear_backward(

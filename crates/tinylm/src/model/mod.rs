@@ -32,6 +32,7 @@
 mod block;
 mod cache;
 mod passes;
+pub mod products;
 mod view;
 
 use crate::buffers::{self, Activations, DecodeActivations, GradActivations, LayerActs, PassShape};

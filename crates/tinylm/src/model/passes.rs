@@ -2,10 +2,11 @@
 
 use super::block::{block_backward, block_forward, Attention};
 use super::cache::NewTokens;
+use super::products::Linear;
 use super::view::{ModelView, ParamGrads};
 use crate::buffers::{Activations, DecodeActivations, GradActivations};
 use crate::config::Norm;
-use crate::kernels::{Backend, Buffer, Float, MatMul};
+use crate::kernels::{Backend, Buffer, Float};
 
 /// The forward pass from `acts.ids` to `acts.logits`.
 pub(super) fn forward_pass<F: Float, B: Backend<F>>(
@@ -33,7 +34,7 @@ pub(super) fn forward_pass<F: Float, B: Backend<F>>(
         &mut acts.lnf,
         &mut acts.lnf_rstd,
     );
-    let head = MatMul::linear(b * t, config.d_model, config.vocab_size);
+    let head = Linear::LmHead.forward(config, b * t);
     model.linear(acts.logits.all_mut(), hidden, &layout.lm_head, head);
 }
 
@@ -75,7 +76,7 @@ pub(super) fn decode_pass<F: Float, B: Backend<F>>(
         &mut acts.lnf,
         &mut acts.lnf_rstd,
     );
-    let head = MatMul::linear(sequences.len(), c, config.vocab_size);
+    let head = Linear::LmHead.forward(config, sequences.len());
     model.linear(acts.logits.all_mut(), hidden, &layout.lm_head, head);
 }
 
@@ -89,7 +90,7 @@ pub(super) fn backward_pass<F: Float, B: Backend<F>>(
     grads: &mut ParamGrads<B::Buf>,
 ) {
     let (be, config, layout) = (model.backend, model.config, model.layout);
-    let (n, d, v) = (acts.b * acts.t, config.d_model, config.vocab_size);
+    let n = acts.b * acts.t;
     // Each weight matrix's gradient is written by its one product (overwritten); the
     // norm gains' and an untied embedding's gradients are only added to: zeroed here.
     let added_to = (layout.layers.iter())
@@ -106,7 +107,7 @@ pub(super) fn backward_pass<F: Float, B: Backend<F>>(
     // LM head (and ln_final): dresid = ∂loss/∂(last block's output).
     let last = acts.resid[config.num_layers].all();
     let hidden = model.normed(Norm::Pre, last, &acts.lnf);
-    let dx = MatMul::linear_dx(n, d, v);
+    let dx = Linear::LmHead.dx(config, n);
     let (dhidden, dx) = model.dsublayer_in(&mut dacts.dresid, &mut dacts.dtmp, dx, false);
     let dlogits = acts.logits.all();
     model.linear_backward(

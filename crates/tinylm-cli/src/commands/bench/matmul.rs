@@ -9,11 +9,11 @@ use anyhow::{bail, Result};
 use clap::Args;
 use half::bf16;
 use std::time::Instant;
-use tinylm::config::Ffn;
 use tinylm::kernels::cpu::bf16::{matmul_bf16, Bf16Kernel};
 use tinylm::kernels::cpu::linear::{matmul, matmul_isa};
 use tinylm::kernels::cpu::memory::zeroed;
 use tinylm::kernels::{MatMul, Precision};
+use tinylm::model::products::Linear;
 use tinylm::ModelConfig;
 
 use super::model::{BenchModel, StepBatch};
@@ -57,27 +57,22 @@ pub fn run(args: BenchMatmulArgs) -> Result<()> {
     })
 }
 
-/// The step's distinct matrix products as the kernels run them: a name, the shape
-/// and how many times a step runs it (forward, input gradient and weight gradient of
-/// every weight matrix; `q`, `k`, `v` are one `(3C, C)` product).
+/// The step's matrix products as the model runs them ([`Linear`], the list its
+/// passes take their shapes from): a name, the shape and how many times a step runs
+/// it — forward, input gradient and weight gradient of every weight matrix.
 fn step_products(c: &ModelConfig, n: usize) -> Vec<(String, MatMul, usize)> {
-    let (d, f, v, layers) = (c.d_model, c.d_ff, c.vocab_size, c.num_layers);
-    let w1 = if c.ffn == Ffn::Swiglu { 2 } else { 1 };
-    let matrices = [
-        ("qkv    ", d, 3 * d, layers),
-        ("o_proj ", d, d, layers),
-        ("w1/w3  ", d, f, w1 * layers),
-        ("w2     ", f, d, layers),
-        ("lm_head", d, v, 1),
-    ];
     let mut products = Vec::new();
     for (form, shape) in [
-        ("x·Wᵀ", MatMul::linear as fn(usize, usize, usize) -> MatMul),
-        ("dy·W", MatMul::linear_dx),
-        ("dyᵀ·x", MatMul::linear_dw),
+        (
+            "x·Wᵀ",
+            Linear::forward as fn(Linear, &ModelConfig, usize) -> MatMul,
+        ),
+        ("dy·W", Linear::dx),
+        ("dyᵀ·x", Linear::dw),
     ] {
-        for &(name, d_in, d_out, count) in &matrices {
-            products.push((format!("{name}  {form}"), shape(n, d_in, d_out), count));
+        for linear in Linear::all(c) {
+            let name = format!("{:<16}  {form}", linear.name());
+            products.push((name, shape(linear, c, n), linear.copies(c)));
         }
     }
     products

@@ -33,18 +33,9 @@ pub struct StepBatch {
 }
 
 /// The model timed unless `--model-config` or `--preset` names another: the
-/// benchmark model of bench/configs/bench-small.json (4 layers, d_model 256, a
-/// vocabulary of 4,096 and a context of 128 tokens), the CS336 architecture.
+/// `bench-small` preset.
 fn benchmark_model() -> ModelConfig {
-    ModelConfig {
-        vocab_size: 4096,
-        context_length: 128,
-        d_model: 256,
-        num_layers: 4,
-        num_heads: 8,
-        d_ff: 704,
-        ..ModelConfig::tinystories()
-    }
+    ModelConfig::preset("bench-small").expect("bench-small is a preset")
 }
 
 impl BenchModel {

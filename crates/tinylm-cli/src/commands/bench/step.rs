@@ -14,11 +14,11 @@ use std::time::Instant;
 use tinylm::accounting::training_flops;
 use tinylm::config::ModelConfig;
 use tinylm::data::SplitMix64;
-use tinylm::device::{describe_precision, rank_device, resolve_precision, AnyBackend, Device};
+use tinylm::device::{backend_kind, describe_precision, rank_device, AnyBackend, Device};
 use tinylm::distributed::{Reduce, World};
 use tinylm::kernels::cpu::bf16::Bf16Kernel;
 use tinylm::kernels::cpu::linear::matmul_isa;
-use tinylm::kernels::{Backend, Precision};
+use tinylm::kernels::{Backend, BackendKind};
 use tinylm::train::TrainConfig;
 use tinylm::{on_backend, Model, Result as LmResult};
 
@@ -88,7 +88,7 @@ fn bench(args: &BenchArgs, c: &ModelConfig, b: usize, t: usize, world: &World) -
         rows: n,
         training: TrainConfig::default(),
     };
-    let precision = resolve_precision(device, args.device.precision.for_training()?);
+    let precision = backend_kind(device, args.device.precision.for_training()?)?.precision();
     if root {
         print_setup(c, b, t, flops, device, &args.device, ranks);
     }
@@ -174,13 +174,13 @@ fn print_setup(
         ),
     }
     let precision = describe_precision(device, flags.precision);
-    match (device, resolve_precision(device, flags.precision)) {
-        (Device::Cpu, Precision::Bf16) => println!(
+    match backend_kind(device, flags.precision) {
+        Ok(BackendKind::CpuBf16) => println!(
             "precision {precision}\nmatrix products: tinylm's bf16 kernels, {} (bf16 \
              operands summed in f32)",
             Bf16Kernel::best().name()
         ),
-        (Device::Cpu, _) => println!(
+        Ok(BackendKind::Cpu) => println!(
             "precision {precision}\nmatrix products: gemm's {} kernels (chosen at run time \
              for this CPU)",
             matmul_isa()

@@ -1,9 +1,8 @@
 //! `tinylm info`'s memory tables: a training step's buffers as the model declares
 //! them (from the accounting's record), the run's peak, and what fits in a limit.
 
-use tinylm::accounting::Target;
 use tinylm::accounting::{largest_fitting, largest_micro_batch, Memory, Part, RunMemory, RunShape};
-use tinylm::kernels::Precision;
+use tinylm::kernels::{BackendKind, Precision};
 use tinylm::text::{byte_size, row, table, thousands};
 use tinylm::ModelConfig;
 
@@ -38,15 +37,15 @@ const BY_BUFFER: [(Part, &str); 3] = [
 pub fn step_report(b: usize, t: usize, m: &Memory, launch: &Launch) -> String {
     let mut out = String::new();
     let share = |n: u64, of: u64| format!("{:.1}%", 100.0 * n as f64 / of as f64);
-    let precision = match m.target {
-        Target::Cpu | Target::CpuQ8 => "f32 on the CPU".to_string(),
-        Target::CpuBf16 => {
+    let precision = match m.backend {
+        BackendKind::Cpu | BackendKind::CpuQ8 => "f32 on the CPU".to_string(),
+        BackendKind::CpuBf16 => {
             "on the CPU: bf16 product-only activations, f32 weights and moments".to_string()
         }
-        Target::Cuda(Precision::Bf16) => {
+        BackendKind::Cuda(Precision::Bf16) => {
             "on a GPU: bf16 activations, f32 weights and moments".to_string()
         }
-        Target::Cuda(p) => format!("on a GPU, {p}"),
+        BackendKind::Cuda(p) => format!("on a GPU, {p}"),
     };
     out += &format!("Memory for a training step ({precision}, AdamW), batch {b} × {t} tokens");
     if launch.micro < b {
@@ -59,8 +58,8 @@ pub fn step_report(b: usize, t: usize, m: &Memory, launch: &Launch) -> String {
     out += "\n";
     let mut rows = vec![row(["", "shape", "per layer", "total", "share"])];
     let grand = m.total();
-    let whole = WHOLE.map(|(part, name)| match (part, m.target) {
-        (Part::Parameters, Target::Cuda(Precision::Bf16) | Target::CpuBf16) => {
+    let whole = WHOLE.map(|(part, name)| match (part, m.backend) {
+        (Part::Parameters, BackendKind::Cuda(Precision::Bf16) | BackendKind::CpuBf16) => {
             ("parameters and their bf16 copy", m.bytes(part))
         }
         _ => (name, m.bytes(part)),
@@ -113,7 +112,7 @@ pub fn step_report(b: usize, t: usize, m: &Memory, launch: &Launch) -> String {
 
 /// Where a run's memory goes beyond the step's buffers, and its peak.
 pub fn peak_report(m: &RunMemory, files_given: bool) -> String {
-    let on_gpu = m.step.target.on_gpu();
+    let on_gpu = m.step.backend.on_gpu();
     let (device, host) = (if on_gpu { "GPU" } else { "host" }, "host");
     let files = match files_given {
         true => byte_size(m.token_files),
@@ -167,9 +166,10 @@ pub fn fit_report(c: &ModelConfig, shape: &RunShape, share: usize, limit: u64) -
     let mut out = format!(
         "Fitting in {} per rank ({})\n",
         byte_size(limit),
-        match shape.target {
-            Target::Cpu | Target::CpuBf16 | Target::CpuQ8 => "host memory".to_string(),
-            Target::Cuda(p) => format!("GPU memory, {p}; leave room for the CUDA context"),
+        match shape.backend {
+            BackendKind::Cpu | BackendKind::CpuBf16 | BackendKind::CpuQ8 =>
+                "host memory".to_string(),
+            BackendKind::Cuda(p) => format!("GPU memory, {p}; leave room for the CUDA context"),
         }
     );
     let batch = share * ranks;

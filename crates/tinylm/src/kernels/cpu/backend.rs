@@ -8,8 +8,8 @@ use super::{
 use crate::config::RMS_NORM_EPS;
 use crate::distributed::World;
 use crate::kernels::{
-    AdamWStep, Allocator, AttentionKeeps, AttnShape, Backend, BatchPart, BufKind, Collective,
-    Float, HostWrite, MatMul, ParamRead, Role, Span, SpanMut, StepStats, Stored,
+    AdamWStep, Allocator, AttnShape, Backend, BackendKind, BatchPart, BufKind, Collective, Float,
+    HostWrite, MatMul, ParamRead, Role, Span, SpanMut, StepStats, Stored,
 };
 use crate::{Error, Result};
 use rayon::prelude::*;
@@ -36,8 +36,8 @@ impl<F: Float> Allocator<F> for Cpu {
         Ok(StepStats::unset())
     }
 
-    fn attention_keeps(&self) -> AttentionKeeps {
-        AttentionKeeps::Probabilities
+    fn kind(&self) -> BackendKind {
+        BackendKind::Cpu
     }
 }
 

@@ -15,6 +15,7 @@
 
 use super::linear::for_each_column_block;
 use super::memory::{with_scratch, zeroed, SharedMut, WRITE_CHUNK};
+use crate::kernels::kind::Q8_0_BLOCK;
 use crate::kernels::{HostWrite, MatMul};
 use crate::Result;
 use half::f16;
@@ -22,7 +23,7 @@ use rayon::prelude::*;
 use std::ops::Range;
 
 /// Values per block (ggml's `QK8_0`).
-pub const BLOCK: usize = 32;
+pub const BLOCK: usize = Q8_0_BLOCK;
 
 /// Quantizes up to [`BLOCK`] values `x` into `q` (the rest of `q` left as it is):
 /// `d = max|x| / 127` (returned rounded to f16) and `q = round(x · (1/d))` with the
@@ -90,12 +91,6 @@ impl Q8Buffer {
 
     pub fn bytes(&self) -> u64 {
         (self.q.len() + 2 * self.d.len()) as u64
-    }
-
-    /// Bytes that a buffer of `len` values takes, for the memory accounting: per
-    /// block 32 int8 values and an f16.
-    pub fn bytes_of(len: usize) -> u64 {
-        (len.div_ceil(BLOCK) * (BLOCK + 2)) as u64
     }
 
     /// Quantizes again the blocks that hold values `range` of `values` (the whole

@@ -92,14 +92,6 @@ impl Cuda {
         Ok(Pinned { memory, copied })
     }
 
-    /// The type a buffer of `kind` holds.
-    fn dtype_of(&self, kind: BufKind) -> DType {
-        match kind {
-            BufKind::Activations | BufKind::Operands | BufKind::Cache => self.float_x(),
-            BufKind::Params | BufKind::Full => DType::F32,
-        }
-    }
-
     /// Refreshes the bf16 copy of parameters `span` from their f32 values.
     fn refresh_shadow(&self, buf: &CudaBuf, start: usize, len: usize) {
         if let Some(shadow) = &buf.shadow {
@@ -117,9 +109,10 @@ impl Allocator<f32> for Cuda {
     type Stats = CudaStats;
 
     fn alloc(&self, role: Role, len: usize, kind: BufKind) -> Result<CudaBuf> {
-        let data = Cuda::alloc(self, len, self.dtype_of(kind), role.name)?;
-        let shadow = (kind == BufKind::Params && self.float_x() != DType::F32)
-            .then(|| Cuda::alloc(self, len, self.float_x(), "parameters (bf16 copy)"))
+        let storage = self.kind().storage(kind);
+        let data = Cuda::alloc(self, len, DType::of(storage.values), role.name)?;
+        let shadow = (storage.copy)
+            .map(|copy| Cuda::alloc(self, len, DType::of(copy), "parameters (bf16 copy)"))
             .transpose()?;
         Ok(CudaBuf { data, shadow })
     }
@@ -138,8 +131,8 @@ impl Allocator<f32> for Cuda {
         })
     }
 
-    fn attention_keeps(&self) -> AttentionKeeps {
-        AttentionKeeps::LogSumExp
+    fn kind(&self) -> BackendKind {
+        BackendKind::Cuda(self.precision())
     }
 }
 

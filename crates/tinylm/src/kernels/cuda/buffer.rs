@@ -4,7 +4,7 @@
 //! [`Backend`](crate::kernels::Backend) sees them ([`CudaBuf`], [`CudaIds`],
 //! [`CudaStats`]).
 
-use crate::kernels::{Allocation, Buffer, Span, SpanMut};
+use crate::kernels::{Allocation, BackendKind, Buffer, Span, SpanMut, ValueType};
 use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::{CudaEvent, CudaSlice, PinnedHostSlice};
 
@@ -20,6 +20,16 @@ pub enum DType {
 }
 
 impl DType {
+    /// The element type of values a [`BackendKind`]'s storage names (the GPU has
+    /// no 8-bit weights).
+    pub fn of(values: ValueType) -> DType {
+        match values {
+            ValueType::F32 => DType::F32,
+            ValueType::Bf16 => DType::Bf16,
+            ValueType::Q8_0 => unreachable!("no GPU backend stores Q8_0 blocks"),
+        }
+    }
+
     pub fn size(self) -> usize {
         match self {
             DType::F32 | DType::U32 => 4,

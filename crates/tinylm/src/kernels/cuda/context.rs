@@ -47,12 +47,18 @@ pub struct Cuda {
 }
 
 impl Cuda {
-    /// Opens device `ordinal` for `precision`: loads the driver and cuBLASLt,
-    /// compiles (or reads from the cache) every kernel family for its architecture.
-    /// A missing library, a driver older than CUDA 13.0, no device, or a GPU without
-    /// bf16 (compute capability < 8.0) is one clear error; `auto` is bf16 where the
-    /// GPU has it (8.0 or newer), else fp32.
+    /// Opens device `ordinal` for `precision` (fp32 or bf16: what `auto` is,
+    /// [`backend_kind`](crate::device::backend_kind) decides): loads the driver and
+    /// cuBLASLt, compiles (or reads from the cache) every kernel family for its
+    /// architecture. A missing library, a driver older than CUDA 13.0, no device,
+    /// or a GPU without bf16 (compute capability < 8.0) is one clear error.
     pub fn new(ordinal: usize, precision: Precision) -> Result<Cuda> {
+        if !matches!(precision, Precision::Fp32 | Precision::Bf16) {
+            return Err(Error::Device(format!(
+                "a GPU computes in fp32 or bf16, not {precision} \
+                 (tinylm::device::backend_kind says what auto is)"
+            )));
+        }
         // SAFETY: only tries to load the libraries.
         if !unsafe { cudarc::driver::sys::is_culib_present() } {
             return Err(nvrtc::missing_library(
@@ -93,16 +99,6 @@ impl Cuda {
         let capability = ctx
             .compute_capability()
             .map_err(|e| driver_error("reading the compute capability", e))?;
-        let precision = match precision {
-            Precision::Auto if capability.0 >= 8 => Precision::Bf16,
-            Precision::Auto => Precision::Fp32,
-            chosen => chosen,
-        };
-        if precision == Precision::Q8_0 {
-            return Err(Error::Device(
-                "q8_0 weights run on the CPU: use --device cpu (or bf16 on the GPU)".into(),
-            ));
-        }
         if precision == Precision::Bf16 && capability.0 < 8 {
             return Err(Error::Device(format!(
                 "{device_name} (cuda:{ordinal}) has compute capability {}.{}: bf16 needs 8.0 \
@@ -163,7 +159,14 @@ impl Cuda {
         Ok((free as u64, total as u64))
     }
 
-    /// The precision it runs in (`auto` resolved).
+    /// The compute capability of GPU `ordinal` (opening its context).
+    pub fn compute_capability(ordinal: usize) -> Result<(i32, i32)> {
+        let ctx = CudaContext::new(ordinal).map_err(|e| driver_error("opening the device", e))?;
+        ctx.compute_capability()
+            .map_err(|e| driver_error("reading the compute capability", e))
+    }
+
+    /// The precision it runs in: fp32 or bf16.
     pub fn precision(&self) -> Precision {
         self.precision
     }
@@ -172,7 +175,7 @@ impl Cuda {
     pub fn float_x(&self) -> DType {
         match self.precision {
             Precision::Bf16 => DType::Bf16,
-            Precision::Fp32 | Precision::Auto | Precision::Q8_0 => DType::F32,
+            _ => DType::F32,
         }
     }
 

@@ -2,11 +2,11 @@
 //! kind says, the parameters' copy that products multiply (bf16, or Q8_0 blocks),
 //! and how a kernel sees a span of it.
 
-use crate::kernels::cpu::memory::HostBuf;
+use crate::kernels::cpu::memory::{zeroed, HostBuf};
 use crate::kernels::cpu::q8;
 use crate::kernels::cpu::simd::CHUNK;
 use crate::kernels::float::Element;
-use crate::kernels::{Allocation, Buffer, Span, SpanMut};
+use crate::kernels::{Allocation, Buffer, Span, SpanMut, ValueType};
 use half::bf16;
 use rayon::prelude::*;
 
@@ -25,6 +25,18 @@ pub(super) enum ParamCopy {
     Bf16(Vec<bf16>),
     /// (Boxed: every buffer's struct stays the size of a bf16 copy's.)
     Q8(Box<q8::Q8Buffer>),
+}
+
+impl ParamCopy {
+    /// A zeroed copy of `len` values stored as `copy` says (none for `None`).
+    pub(super) fn new(copy: Option<ValueType>, len: usize) -> ParamCopy {
+        match copy {
+            None => ParamCopy::None,
+            Some(ValueType::Bf16) => ParamCopy::Bf16(zeroed(len)),
+            Some(ValueType::Q8_0) => ParamCopy::Q8(Box::new(q8::Q8Buffer::new(len))),
+            Some(ValueType::F32) => unreachable!("a copy in f32 would be the values again"),
+        }
+    }
 }
 
 /// A [`MixedBuf`]'s values: `f32`, or bf16 — activations that only products read,

@@ -29,8 +29,8 @@ use crate::config::RMS_NORM_EPS;
 use crate::distributed::World;
 use crate::kernels::float::Element;
 use crate::kernels::{
-    AdamWStep, Allocator, AttentionKeeps, AttnShape, Backend, BatchPart, BufKind, Buffer,
-    Collective, HostWrite, MatMul, ParamRead, Role, Span, SpanMut, StepStats, Stored,
+    AdamWStep, Allocator, AttnShape, Backend, BackendKind, BatchPart, BufKind, Buffer, Collective,
+    HostWrite, MatMul, ParamRead, Role, Span, SpanMut, StepStats, Stored, ValueType,
 };
 use crate::Result;
 use half::bf16;
@@ -128,11 +128,9 @@ impl CpuMixed {
     }
 
     /// A copy of `len` parameters as this backend multiplies them (zeros).
+    /// The copy of `len` parameters that its products read.
     fn param_copy(&self, len: usize) -> ParamCopy {
-        match self.weights {
-            WeightCopy::Bf16 => ParamCopy::Bf16(zeroed(len)),
-            WeightCopy::Q8 => ParamCopy::Q8(Box::new(q8::Q8Buffer::new(len))),
-        }
+        ParamCopy::new(self.kind().storage(BufKind::Params).copy, len)
     }
 
     /// Whether parameters read so need their copy: those that a product reads,
@@ -230,13 +228,12 @@ impl Allocator<f32> for CpuMixed {
     type Stats = StepStats;
 
     fn alloc(&self, _role: Role, len: usize, kind: BufKind) -> Result<MixedBuf> {
-        let (values, copy) = match (kind, self.weights) {
-            (BufKind::Params, _) => (Values::F32(zeroed(len).into()), self.param_copy(len)),
-            (BufKind::Operands, WeightCopy::Bf16) | (BufKind::Cache, _) => {
-                (Values::Bf16(zeroed(len).into()), ParamCopy::None)
-            }
-            _ => (Values::F32(zeroed(len).into()), ParamCopy::None),
+        let storage = self.kind().storage(kind);
+        let values = match storage.values {
+            ValueType::Bf16 => Values::Bf16(zeroed(len).into()),
+            _ => Values::F32(zeroed(len).into()),
         };
+        let copy = ParamCopy::new(storage.copy, len);
         Ok(MixedBuf { values, copy })
     }
 
@@ -248,8 +245,11 @@ impl Allocator<f32> for CpuMixed {
         Allocator::<f32>::alloc_stats(&Cpu, role)
     }
 
-    fn attention_keeps(&self) -> AttentionKeeps {
-        Allocator::<f32>::attention_keeps(&Cpu)
+    fn kind(&self) -> BackendKind {
+        match self.weights {
+            WeightCopy::Bf16 => BackendKind::CpuBf16,
+            WeightCopy::Q8 => BackendKind::CpuQ8,
+        }
     }
 }
 
