@@ -17,6 +17,7 @@ __all__ = [
     "Tokenizer",
     "EncodeIterable",
     "TransformerLM",
+    "preset_config",
     "train",
     "sweep",
     "plot",

@@ -7,12 +7,12 @@ use pyo3::types::{IntoPyDict, PyDict, PyType};
 use std::ops::ControlFlow;
 use std::path::PathBuf;
 use tinylm::checkpoint::CheckpointFile;
-use tinylm::device::{resolve, AnyBackend, Device};
+use tinylm::device::{resolve, AnyBackend, AnyModel, Device, CUDA_BUILT};
 use tinylm::generate::{generate, Sampler};
+use tinylm::kernels::Backend;
 use tinylm::kernels::Precision;
-use tinylm::kernels::{Backend, CpuMixed};
 use tinylm::params::ParamLayout;
-use tinylm::{on_backend, Model, ModelConfig};
+use tinylm::{on_backend, on_model, Model, ModelConfig};
 
 /// Python's `str`, to turn paths into JSON strings.
 fn builtins_str(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
@@ -116,48 +116,7 @@ fn to_state_dict<'py>(
 /// and the ablations `norm`, `positional`, `ffn`, `tie_embeddings`).
 #[pyclass(module = "tinylm")]
 pub struct TransformerLM {
-    model: Engine,
-}
-
-/// The model on the backend [`AnyBackend::open`] chose (the CPU in f32 or in bf16
-/// mixed precision or, in builds with the cargo feature `cuda`, a GPU), held
-/// between calls.
-enum Engine {
-    Cpu(Box<Model>),
-    CpuMixed(Box<Model<f32, CpuMixed>>),
-    #[cfg(feature = "cuda")]
-    Cuda(Box<Model<f32, tinylm::kernels::cuda::Cuda>>),
-}
-
-impl From<Model> for Engine {
-    fn from(model: Model) -> Self {
-        Engine::Cpu(Box::new(model))
-    }
-}
-
-impl From<Model<f32, CpuMixed>> for Engine {
-    fn from(model: Model<f32, CpuMixed>) -> Self {
-        Engine::CpuMixed(Box::new(model))
-    }
-}
-
-#[cfg(feature = "cuda")]
-impl From<Model<f32, tinylm::kernels::cuda::Cuda>> for Engine {
-    fn from(model: Model<f32, tinylm::kernels::cuda::Cuda>) -> Self {
-        Engine::Cuda(Box::new(model))
-    }
-}
-
-/// `$body` with `$m` bound to the model, whichever backend runs it.
-macro_rules! on_engine {
-    ($engine:expr, $m:ident => $body:expr) => {
-        match $engine {
-            Engine::Cpu($m) => $body,
-            Engine::CpuMixed($m) => $body,
-            #[cfg(feature = "cuda")]
-            Engine::Cuda($m) => $body,
-        }
-    };
+    model: AnyModel,
 }
 
 /// Where a model's weights come from.
@@ -178,39 +137,30 @@ impl Source<'_> {
     }
 }
 
-impl Engine {
-    /// A model with the weights of `source` on `device` (`cpu`, `cuda`, `cuda:N`,
-    /// `auto`) in `precision` (`auto`, `bf16`, `fp32`; by default fp32 on the CPU —
-    /// the exact results of the CS336 interfaces — and auto on a GPU).
-    fn new(source: Source, device: &str, precision: Option<&str>) -> PyResult<Self> {
-        let device: Device = device.parse().map_err(model_error)?;
-        let device = resolve(device).map_err(model_error)?;
-        let precision: Precision = match (precision, device) {
-            // The package's models train: q8_0 (generation's) is refused, saying so.
-            (Some(precision), _) => precision
-                .parse::<Precision>()
-                .and_then(Precision::for_training)
-                .map_err(model_error)?,
-            (None, Device::Cpu) => Precision::Fp32,
-            (None, _) => Precision::Auto,
-        };
-        if matches!(device, Device::Cuda(_)) && !cfg!(feature = "cuda") {
-            return Err(invalid(format!(
-                "device {device} ({precision}): this tinylm was built without CUDA support; \
+/// A model with the weights of `source` on `device` (`cpu`, `cuda`, `cuda:N`,
+/// `auto`) in `precision` (`auto`, `bf16`, `fp32`; by default fp32 on the CPU — the
+/// exact results of the CS336 interfaces — and auto on a GPU), on the backend
+/// [`AnyBackend::open`] chooses.
+fn open_model(source: Source, device: &str, precision: Option<&str>) -> PyResult<AnyModel> {
+    let device: Device = device.parse().map_err(model_error)?;
+    let device = resolve(device).map_err(model_error)?;
+    let precision: Precision = match (precision, device) {
+        // The package's models train: q8_0 (generation's) is refused, saying so.
+        (Some(precision), _) => precision
+            .parse::<Precision>()
+            .and_then(Precision::for_training)
+            .map_err(model_error)?,
+        (None, Device::Cpu) => Precision::Fp32,
+        (None, _) => Precision::Auto,
+    };
+    if matches!(device, Device::Cuda(_)) && !CUDA_BUILT {
+        return Err(invalid(format!(
+            "device {device} ({precision}): this tinylm was built without CUDA support; \
                  build the package with the cargo feature `cuda` (maturin build --features cuda)"
-            )));
-        }
-        let backend = AnyBackend::open(device, precision).map_err(model_error)?;
-        on_backend!(backend, backend => source.model(backend).map(Engine::from))
+        )));
     }
-
-    fn config(&self) -> &ModelConfig {
-        on_engine!(self, m => m.config())
-    }
-
-    fn layout(&self) -> &ParamLayout {
-        on_engine!(self, m => m.layout())
-    }
+    let backend = AnyBackend::open(device, precision).map_err(model_error)?;
+    on_backend!(backend, backend => source.model(backend).map(AnyModel::from))
 }
 
 impl TransformerLM {
@@ -254,7 +204,7 @@ impl TransformerLM {
         config.validate().map_err(model_error)?;
         let model = detached(py, || {
             let params = ParamLayout::new(&config).init(seed);
-            Engine::new(Source::Params(config, &params), device, precision)
+            open_model(Source::Params(config, &params), device, precision)
         })?;
         Ok(TransformerLM { model })
     }
@@ -277,7 +227,7 @@ impl TransformerLM {
         };
         let model = detached(py, || {
             let ckpt = CheckpointFile::open(&path).map_err(model_error)?;
-            Engine::new(Source::Checkpoint(&ckpt), device, precision)
+            open_model(Source::Checkpoint(&ckpt), device, precision)
         })?;
         Ok(TransformerLM { model })
     }
@@ -291,12 +241,12 @@ impl TransformerLM {
     /// Replaces every parameter: `state` must hold exactly the model's tensors.
     fn load_state_dict(&mut self, state: &Bound<'_, PyDict>) -> PyResult<()> {
         let params = params_from_state_dict(self.model.config(), state)?;
-        on_engine!(&mut self.model, m => m.upload_params(&params)).map_err(model_error)
+        on_model!(&mut self.model, m => m.upload_params(&params)).map_err(model_error)
     }
 
     /// Copies of the parameters by CS336 name, float32.
     fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let params = on_engine!(&self.model, m => m.download_params()).map_err(model_error)?;
+        let params = on_model!(&self.model, m => m.download_params()).map_err(model_error)?;
         to_state_dict(py, self.model.layout(), &params)
     }
 
@@ -310,7 +260,7 @@ impl TransformerLM {
         let model = &mut self.model;
         let logits = detached(
             py,
-            || on_engine!(model, m => Ok(m.forward(&ids, b, t).map_err(model_error)?.to_vec())),
+            || on_model!(model, m => Ok(m.forward(&ids, b, t).map_err(model_error)?.to_vec())),
         )?;
         shape.push(self.model.config().vocab_size);
         Ok(output(py, &shape, logits).into_any())
@@ -333,7 +283,7 @@ impl TransformerLM {
         }
         let model = &mut self.model;
         let (loss, grads) = detached(py, || {
-            on_engine!(model, m => {
+            on_model!(model, m => {
                 let loss = m.forward_loss(&ids, &targets, b, t).map_err(model_error)?;
                 m.backward().map_err(model_error)?;
                 Ok((loss as f64, m.download_grads().map_err(model_error)?))
@@ -363,7 +313,7 @@ impl TransformerLM {
         let mut sampler = Sampler::new(temperature, top_p, None, seed).map_err(model_error)?;
         let model = &mut self.model;
         detached(py, || {
-            on_engine!(model, m => generate(
+            on_model!(model, m => generate(
                 m,
                 &prompt_ids,
                 max_new_tokens,

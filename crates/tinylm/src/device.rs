@@ -13,10 +13,13 @@
 use crate::distributed::World;
 use crate::kernels::cpu::bf16::Bf16Kernel;
 use crate::kernels::{BackendKind, Cpu, CpuMixed, Precision};
-use crate::{Error, Result};
+use crate::{Error, Model, Result};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
+
+/// Whether this build has the CUDA backend (the cargo feature `cuda`).
+pub const CUDA_BUILT: bool = cfg!(feature = "cuda");
 
 /// A compute device, as written on the command line.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -186,6 +189,73 @@ pub fn describe_precision(device: Device, asked: Precision) -> String {
         ),
         (_, precision) => precision.to_string(),
     }
+}
+
+/// A model on the backend [`AnyBackend`] chose, held between calls (the Python
+/// package's models): from a model built in [`on_backend!`](crate::on_backend) by
+/// `AnyModel::from`; [`on_model!`](crate::on_model) runs generic code on it.
+pub enum AnyModel {
+    Cpu(Box<Model>),
+    CpuMixed(Box<Model<f32, CpuMixed>>),
+    #[cfg(feature = "cuda")]
+    Cuda(Box<Model<f32, crate::kernels::cuda::Cuda>>),
+}
+
+impl From<Model> for AnyModel {
+    fn from(model: Model) -> Self {
+        AnyModel::Cpu(Box::new(model))
+    }
+}
+
+impl From<Model<f32, CpuMixed>> for AnyModel {
+    fn from(model: Model<f32, CpuMixed>) -> Self {
+        AnyModel::CpuMixed(Box::new(model))
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl From<Model<f32, crate::kernels::cuda::Cuda>> for AnyModel {
+    fn from(model: Model<f32, crate::kernels::cuda::Cuda>) -> Self {
+        AnyModel::Cuda(Box::new(model))
+    }
+}
+
+impl AnyModel {
+    pub fn config(&self) -> &crate::ModelConfig {
+        crate::on_model!(self, m => m.config())
+    }
+
+    pub fn layout(&self) -> &crate::params::ParamLayout {
+        crate::on_model!(self, m => m.layout())
+    }
+}
+
+/// `on_model!(any, m => body)`: `body` with `m` bound to the model (boxed) the
+/// [`AnyModel`] `any` holds, as [`on_backend!`](crate::on_backend) does for a
+/// backend.
+#[cfg(feature = "cuda")]
+#[macro_export]
+macro_rules! on_model {
+    ($any:expr, $m:ident => $body:expr) => {
+        match $any {
+            $crate::device::AnyModel::Cpu($m) => $body,
+            $crate::device::AnyModel::CpuMixed($m) => $body,
+            $crate::device::AnyModel::Cuda($m) => $body,
+        }
+    };
+}
+
+/// `on_model!(any, m => body)`: `body` with `m` bound to the model (boxed) the
+/// [`AnyModel`] `any` holds (on the CPU: this build has no GPU).
+#[cfg(not(feature = "cuda"))]
+#[macro_export]
+macro_rules! on_model {
+    ($any:expr, $m:ident => $body:expr) => {
+        match $any {
+            $crate::device::AnyModel::Cpu($m) => $body,
+            $crate::device::AnyModel::CpuMixed($m) => $body,
+        }
+    };
 }
 
 /// `on_backend!(any, backend => body)`: `body` with `backend` bound to the backend

@@ -208,91 +208,20 @@ fn run<B: Backend<f32>>(
     let started = Instant::now();
     let (b, t) = (cfg.batch_size, cfg.model.context_length);
     let split = cfg.batch_split(world.ranks())?;
-    let train_data = TokenDataset::open(&cfg.train_data, cfg.model.vocab_size)?;
-    train_data.check_context(t)?;
-    let val_data = match &cfg.val_data {
-        Some(p) => {
-            let d = TokenDataset::open(p, cfg.model.vocab_size)?;
-            d.check_context(t)?;
-            Some(d)
-        }
-        None => None,
-    };
+    let (train_data, val_data) = open_data(cfg)?;
     world.check_same(&describe_run(cfg)?)?;
-    let ckpt_path = cfg.out_dir.join(run_dir::CHECKPOINT_FILE);
-    let log_path = cfg.out_dir.join(run_dir::LOG_FILE);
-    let plot_path = cfg.out_dir.join(run_dir::PLOT_FILE);
-    if world.is_root() {
-        std::fs::create_dir_all(&cfg.out_dir).map_err(|e| Error::io(&cfg.out_dir, e))?;
-    }
-    if cfg.resume.is_none() && world.is_root() {
-        // A new run never overwrites an earlier run's checkpoint or log.
-        for earlier in [&ckpt_path, &log_path] {
-            if std::fs::metadata(earlier).is_ok_and(|m| m.len() > 0) {
-                return Err(Error::Invalid(format!(
-                    "{} already exists: resume that run (--resume {}) or choose another output directory",
-                    earlier.display(),
-                    ckpt_path.display()
-                )));
-            }
-        }
-    }
-    if world.is_root() {
-        run_dir::write_config(&cfg.out_dir, cfg)?;
-        let summary = cfg.out_dir.join(run_dir::SUMMARY_FILE);
-        if summary.exists() {
-            // A resumed run has not ended yet.
-            std::fs::remove_file(&summary).map_err(|e| Error::io(&summary, e))?;
-        }
-    }
-
+    prepare_out_dir(cfg, world)?;
     let ranks = match world.ranks() {
         1 => None,
         _ => Some(backend.collective(world)?),
     };
     let ranks = ranks.as_deref();
-    let (mut model, mut opt, mut state) = match &cfg.resume {
-        Some(path) => resume(cfg, world, path, backend)?,
-        None => {
-            let model = Model::init_with_backend(cfg.model.clone(), cfg.seed, backend)?;
-            let opt = model.new_adamw_for(cfg.adamw(), optimizer_shard(cfg, world, &model))?;
-            let state = RunState {
-                rng: cfg.seed,
-                ..RunState::default()
-            };
-            (model, opt, state)
-        }
-    };
-    opt.hp = cfg.adamw();
-    let mut journal = match world.is_root() {
-        true => {
-            let journal = Journal::open(log_path, state.step, (b * t) as u64)?;
-            Some(match cfg.tensorboard {
-                true => journal.with_tensorboard(
-                    &cfg.out_dir.join(run_dir::TENSORBOARD_DIR),
-                    &serde_json::to_string_pretty(cfg).expect("serializes"),
-                    state.step,
-                    state.wallclock_s,
-                )?,
-                false => journal,
-            })
-        }
-        false => None,
-    };
-    if !(state.step < step_limit(cfg) && cfg.step_fits(state.wallclock_s, state.expected_s())) {
-        return Err(nothing_to_do(cfg, &state));
-    }
-
+    let mut run = Run::start(cfg, world, backend, started)?;
     let clip = (cfg.grad_clip > 0.0).then_some(cfg.grad_clip);
-    let mut rng = SplitMix64::new(state.rng);
+    let mut rng = SplitMix64::new(run.state.rng);
     let mut batch = Batch::new(split.share, t);
-    let wall_offset = state.wallclock_s;
-    let elapsed_s = || wall_offset + started.elapsed().as_secs_f64();
-    // The last checkpoint written (or resumed from) and its step.
-    let mut saved = cfg.resume.clone().map(|p| (p, state.step));
-    // The step whose statistics are on their way, and when the last ones arrived.
+    // The step whose statistics are on their way.
     let mut in_flight: Option<QueuedStep> = None;
-    let mut last_ready: Option<Instant> = None;
     // The loop runs one step ahead: it queues step k, then finishes step k - 1 with its
     // statistics (on a GPU they arrive while step k runs). A step that evaluates,
     // checkpoints or stops is finished at once, before another is queued; the run ends
@@ -301,7 +230,7 @@ fn run<B: Backend<f32>>(
     // flag are rank 0's, broadcast, so that the ranks never disagree on a step.
     loop {
         let queued_at = Instant::now();
-        let mut lr = [cfg.learning_rate(state.step, elapsed_s())];
+        let mut lr = [cfg.learning_rate(run.state.step, run.elapsed_s())];
         if cfg.schedule == Schedule::Time {
             world.broadcast_f64(&mut lr);
         }
@@ -317,9 +246,11 @@ fn run<B: Backend<f32>>(
                 rows: b * t,
                 accumulate: i > 0,
             };
-            model.accumulate_gradient(inputs, targets, split.micro, t, part)?;
+            run.model
+                .accumulate_gradient(inputs, targets, split.micro, t, part)?;
         }
-        model.optimizer_step(&mut opt, lr, clip, ranks)?;
+        run.model.optimizer_step(&mut run.opt, lr, clip, ranks)?;
+        let state = &mut run.state;
         state.step += 1;
         state.tokens += (b * t) as u64;
         state.rng = rng.state;
@@ -330,22 +261,8 @@ fn run<B: Backend<f32>>(
             at: queued_at,
         };
         if let Some(previous) = in_flight.replace(queued) {
-            let (stats, step_s) = read_step(world, &mut model, &previous, &mut last_ready)?;
-            state.step_s = step_s;
-            state.wallclock_s = elapsed_s();
-            let record = journal
-                .as_mut()
-                .map(|j| j.record(&previous, &stats, step_s, None, state.wallclock_s));
-            check_divergence(
-                cfg,
-                &mut state,
-                &stats,
-                &previous,
-                &mut journal,
-                &record,
-                &saved,
-            )?;
-            if let (Some(journal), Some(record)) = (&mut journal, &record) {
+            let (_, record) = run.finish_step(&previous)?;
+            if let (Some(journal), Some(record)) = (&mut run.journal, &record) {
                 journal.write(cfg, record, false, on_step)?;
             }
         }
@@ -353,85 +270,239 @@ fn run<B: Backend<f32>>(
         // Another step and the final evaluation, as long as the last ones, would end
         // past the budget. Counted from the end of this step: on a GPU it may still
         // run, until about a step after the previous statistics arrived.
-        let step_start = last_ready.map_or(queued_at, |r| r.max(queued_at));
+        let step_start = run.last_ready.map_or(queued_at, |r| r.max(queued_at));
         let running_s = (step_start
-            + Duration::try_from_secs_f64(state.step_s).unwrap_or_default())
+            + Duration::try_from_secs_f64(run.state.step_s).unwrap_or_default())
         .saturating_duration_since(Instant::now())
         .as_secs_f64();
         let [stop_flag, out_of_time] = world.root_flags([
             stop.load(Ordering::Relaxed),
-            !cfg.step_fits(elapsed_s() + running_s, state.expected_s()),
+            !cfg.step_fits(run.elapsed_s() + running_s, run.state.expected_s()),
         ]);
-        let next = after_step(cfg, state.step, stop_flag, out_of_time);
+        let next = after_step(cfg, run.state.step, stop_flag, out_of_time);
         if !(next.evaluate || next.save) {
             continue;
         }
         // This step's parameters are evaluated or saved: its statistics first, so that
         // nothing is saved after a non-finite loss.
         let queued = in_flight.take().expect("queued above");
-        let (stats, step_s) = read_step(world, &mut model, &queued, &mut last_ready)?;
-        state.step_s = step_s;
-        let record = journal
-            .as_mut()
-            .map(|j| j.record(&queued, &stats, step_s, None, elapsed_s()));
-        check_divergence(
-            cfg,
-            &mut state,
-            &stats,
-            &queued,
-            &mut journal,
-            &record,
-            &saved,
-        )?;
-        let eval_start = Instant::now();
+        let (stats, record) = run.finish_step(&queued)?;
         let val_loss = match (&val_data, next.evaluate) {
-            (Some(v), true) => {
-                let eval = evaluate_on(world, &mut model, v, b, cfg.eval_batches, split.micro)?;
-                Some(eval.loss)
-            }
+            (Some(v), true) => Some(run.evaluate(v, split.micro)?),
             _ => None,
         };
-        if val_loss.is_some() {
-            state.eval_s = eval_start.elapsed().as_secs_f64();
-        }
-        state.wallclock_s = elapsed_s();
-        if let (Some(journal), Some(record)) = (&mut journal, record) {
+        run.state.wallclock_s = run.elapsed_s();
+        if let (Some(journal), Some(record)) = (&mut run.journal, record) {
             let record = LogRecord {
                 val_loss,
-                wallclock_s: state.wallclock_s,
+                wallclock_s: run.state.wallclock_s,
                 ..record
             };
             journal.write(cfg, &record, next.evaluate, on_step)?;
             if next.evaluate {
-                write_loss_plot(&plot_path, journal.history())?;
+                write_loss_plot(&cfg.out_dir.join(run_dir::PLOT_FILE), journal.history())?;
             }
         }
         if next.save {
-            save(cfg, world, &ckpt_path, &model, &opt, &state)?;
-            saved = Some((ckpt_path.clone(), state.step));
+            run.save()?;
         }
         // Out of time by the estimate above, but the state just measured and saved
         // (the numbers a resumed run would check) still has room for a step and an
         // evaluation: the step came out faster than estimated, so the run goes on.
+        let state = &run.state;
         let [room_left] = world.root_flags([cfg.step_fits(state.wallclock_s, state.expected_s())]);
         if next.stop || (next.out_of_time && !room_left) {
-            if let Some(journal) = &journal {
-                let status = match next.stopped_early {
-                    true => Status::Stopped,
-                    false => Status::Finished,
-                };
-                RunSummary::from_log(status, journal.history(), None).write(&cfg.out_dir)?;
-            }
-            return Ok(TrainSummary {
-                steps: state.step,
-                tokens: state.tokens,
-                wallclock_s: state.wallclock_s,
-                train_loss: stats.loss,
-                val_loss,
-                stopped_early: next.stopped_early,
-                checkpoint: ckpt_path,
-            });
+            return run.end(next.stopped_early, stats.loss, val_loss);
         }
+    }
+}
+
+/// The training and validation tokens, each checked against the model's context.
+fn open_data(cfg: &TrainConfig) -> Result<(TokenDataset, Option<TokenDataset>)> {
+    let open = |path: &Path| -> Result<TokenDataset> {
+        let data = TokenDataset::open(path, cfg.model.vocab_size)?;
+        data.check_context(cfg.model.context_length)?;
+        Ok(data)
+    };
+    Ok((
+        open(&cfg.train_data)?,
+        cfg.val_data.as_deref().map(open).transpose()?,
+    ))
+}
+
+/// Rank 0 makes the output directory and writes the run's configuration into it; a
+/// new run refuses a directory that holds an earlier run's checkpoint or log, a
+/// resumed one removes its `summary.json` (it has not ended yet).
+fn prepare_out_dir(cfg: &TrainConfig, world: &World) -> Result<()> {
+    if !world.is_root() {
+        return Ok(());
+    }
+    std::fs::create_dir_all(&cfg.out_dir).map_err(|e| Error::io(&cfg.out_dir, e))?;
+    let ckpt_path = cfg.out_dir.join(run_dir::CHECKPOINT_FILE);
+    if cfg.resume.is_none() {
+        for earlier in [&ckpt_path, &cfg.out_dir.join(run_dir::LOG_FILE)] {
+            if std::fs::metadata(earlier).is_ok_and(|m| m.len() > 0) {
+                return Err(Error::Invalid(format!(
+                    "{} already exists: resume that run (--resume {}) or choose another output directory",
+                    earlier.display(),
+                    ckpt_path.display()
+                )));
+            }
+        }
+    }
+    run_dir::write_config(&cfg.out_dir, cfg)?;
+    let summary = cfg.out_dir.join(run_dir::SUMMARY_FILE);
+    if summary.exists() {
+        std::fs::remove_file(&summary).map_err(|e| Error::io(&summary, e))?;
+    }
+    Ok(())
+}
+
+/// A run in progress: the model, its optimizer, where the run stands and what rank 0
+/// writes — what the training loop's phases share.
+struct Run<'a, B: Backend<f32>> {
+    cfg: &'a TrainConfig,
+    world: &'a World,
+    model: Model<f32, B>,
+    opt: AdamW<B::Buf>,
+    state: RunState,
+    /// Rank 0's log (and TensorBoard's events); none on the other ranks.
+    journal: Option<Journal>,
+    /// The last checkpoint written (or resumed from) and its step.
+    saved: Option<(PathBuf, u64)>,
+    /// When the last step's statistics arrived.
+    last_ready: Option<Instant>,
+    /// When this process started, and the seconds the run had used before it.
+    started: Instant,
+    wall_offset: f64,
+}
+
+impl<'a, B: Backend<f32>> Run<'a, B> {
+    /// A new run's freshly initialized model, or the resumed checkpoint's; rank 0's
+    /// journal opened at its step. A run with no step left is an error.
+    fn start(cfg: &'a TrainConfig, world: &'a World, backend: B, started: Instant) -> Result<Self> {
+        let (model, mut opt, state) = match &cfg.resume {
+            Some(path) => resume(cfg, world, path, backend)?,
+            None => {
+                let model = Model::init_with_backend(cfg.model.clone(), cfg.seed, backend)?;
+                let opt = model.new_adamw_for(cfg.adamw(), optimizer_shard(cfg, world, &model))?;
+                let state = RunState {
+                    rng: cfg.seed,
+                    ..RunState::default()
+                };
+                (model, opt, state)
+            }
+        };
+        opt.hp = cfg.adamw();
+        let tokens_per_step = (cfg.batch_size * cfg.model.context_length) as u64;
+        let journal = match world.is_root() {
+            true => {
+                let log_path = cfg.out_dir.join(run_dir::LOG_FILE);
+                let journal = Journal::open(log_path, state.step, tokens_per_step)?;
+                Some(match cfg.tensorboard {
+                    true => journal.with_tensorboard(
+                        &cfg.out_dir.join(run_dir::TENSORBOARD_DIR),
+                        &serde_json::to_string_pretty(cfg).expect("serializes"),
+                        state.step,
+                        state.wallclock_s,
+                    )?,
+                    false => journal,
+                })
+            }
+            false => None,
+        };
+        if !(state.step < step_limit(cfg) && cfg.step_fits(state.wallclock_s, state.expected_s())) {
+            return Err(nothing_to_do(cfg, &state));
+        }
+        Ok(Run {
+            cfg,
+            world,
+            model,
+            opt,
+            saved: cfg.resume.clone().map(|p| (p, state.step)),
+            wall_offset: state.wallclock_s,
+            state,
+            journal,
+            last_ready: None,
+            started,
+        })
+    }
+
+    /// Seconds the run has used, before a resume included.
+    fn elapsed_s(&self) -> f64 {
+        self.wall_offset + self.started.elapsed().as_secs_f64()
+    }
+
+    /// Finishes step `queued`, the oldest in flight: its statistics read, its time
+    /// noted, its log record made (rank 0), and the run ended if it diverged.
+    fn finish_step(&mut self, queued: &QueuedStep) -> Result<(StepStats, Option<LogRecord>)> {
+        let (stats, step_s) = read_step(self.world, &mut self.model, queued, &mut self.last_ready)?;
+        self.state.step_s = step_s;
+        self.state.wallclock_s = self.elapsed_s();
+        let wallclock_s = self.state.wallclock_s;
+        let record =
+            (self.journal.as_mut()).map(|j| j.record(queued, &stats, step_s, None, wallclock_s));
+        check_divergence(
+            self.cfg,
+            &mut self.state,
+            &stats,
+            queued,
+            &mut self.journal,
+            &record,
+            &self.saved,
+        )?;
+        Ok((stats, record))
+    }
+
+    /// The validation loss of the current parameters on `val_data` (in batches of
+    /// `micro` sequences), its time noted for the time budget.
+    fn evaluate(&mut self, val_data: &TokenDataset, micro: usize) -> Result<f64> {
+        let eval_start = Instant::now();
+        let (b, batches) = (self.cfg.batch_size, self.cfg.eval_batches);
+        let eval = evaluate_on(self.world, &mut self.model, val_data, b, batches, micro)?;
+        self.state.eval_s = eval_start.elapsed().as_secs_f64();
+        Ok(eval.loss)
+    }
+
+    /// Writes the checkpoint of the current step.
+    fn save(&mut self) -> Result<()> {
+        let path = self.cfg.out_dir.join(run_dir::CHECKPOINT_FILE);
+        save(
+            self.cfg,
+            self.world,
+            &path,
+            &self.model,
+            &self.opt,
+            &self.state,
+        )?;
+        self.saved = Some((path, self.state.step));
+        Ok(())
+    }
+
+    /// Ends the run after its last step (`stopped_early` by the stop flag or the time
+    /// budget): rank 0 writes `summary.json`.
+    fn end(
+        self,
+        stopped_early: bool,
+        train_loss: f64,
+        val_loss: Option<f64>,
+    ) -> Result<TrainSummary> {
+        if let Some(journal) = &self.journal {
+            let status = match stopped_early {
+                true => Status::Stopped,
+                false => Status::Finished,
+            };
+            RunSummary::from_log(status, journal.history(), None).write(&self.cfg.out_dir)?;
+        }
+        Ok(TrainSummary {
+            steps: self.state.step,
+            tokens: self.state.tokens,
+            wallclock_s: self.state.wallclock_s,
+            train_loss,
+            val_loss,
+            stopped_early,
+            checkpoint: self.cfg.out_dir.join(run_dir::CHECKPOINT_FILE),
+        })
     }
 }
 

@@ -16,7 +16,7 @@ use crate::config::RMS_NORM_EPS;
 use crate::distributed::World;
 use crate::kernels::workspace::{Scratch, ScratchType, NORM_BLOCKS, ROW_BLOCKS};
 use crate::kernels::{
-    AdamWStep, Allocation, Allocator, AttentionKeeps, AttnShape, Backend, BatchPart, BufKind,
+    AdamWStep, Allocation, Allocator, AttnShape, Backend, BackendKind, BatchPart, BufKind,
     Collective, MatMul, Role, Span, SpanMut, StepStats,
 };
 #[cfg(not(feature = "nccl"))]

@@ -4,7 +4,7 @@
 //! [`Backend`](crate::kernels::Backend) sees them ([`CudaBuf`], [`CudaIds`],
 //! [`CudaStats`]).
 
-use crate::kernels::{Allocation, BackendKind, Buffer, Span, SpanMut, ValueType};
+use crate::kernels::{Allocation, Buffer, Span, SpanMut, ValueType};
 use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::{CudaEvent, CudaSlice, PinnedHostSlice};
 
