@@ -217,6 +217,16 @@ impl ModelConfig {
         }
     }
 
+    /// The keys a configuration must give (the others have defaults).
+    pub const SHAPE_KEYS: [&'static str; 6] = [
+        "vocab_size",
+        "context_length",
+        "d_model",
+        "num_layers",
+        "num_heads",
+        "d_ff",
+    ];
+
     /// The named models, in one table that `--preset` of every command, `tinylm
     /// bench`'s default model and the Python package's `preset_config` read.
     pub const PRESETS: [&'static str; 6] = [
@@ -392,19 +402,14 @@ mod tests {
         assert_eq!(c.ffn, Ffn::Swiglu);
         assert!(!c.tie_embeddings);
         let json = c.to_json();
-        for key in [
-            "vocab_size",
-            "context_length",
-            "d_model",
-            "num_layers",
-            "num_heads",
-            "d_ff",
+        let defaulted = [
             "rope_theta",
             "\"norm\": \"pre\"",
             "\"positional\": \"rope\"",
             "\"ffn\": \"swiglu\"",
             "tie_embeddings",
-        ] {
+        ];
+        for key in ModelConfig::SHAPE_KEYS.into_iter().chain(defaulted) {
             assert!(json.contains(key), "{key} missing from {json}");
         }
         assert_eq!(serde_json::from_str::<ModelConfig>(&json).unwrap(), c);
@@ -453,6 +458,22 @@ mod tests {
         c.d_model = 4096;
         c.num_heads = 32;
         assert!(c.validate().unwrap_err().to_string().contains("parameters"));
+    }
+
+    #[test]
+    fn the_shape_keys_are_the_ones_a_configuration_must_give() {
+        let full = serde_json::to_value(ModelConfig::tinystories()).unwrap();
+        let only = |keys: &[&str]| {
+            let map = (keys.iter()).map(|&k| (k.to_string(), full[k].clone()));
+            serde_json::from_value::<ModelConfig>(serde_json::Value::Object(map.collect()))
+        };
+        assert!(only(&ModelConfig::SHAPE_KEYS).is_ok());
+        for missing in ModelConfig::SHAPE_KEYS {
+            let rest: Vec<&str> = (ModelConfig::SHAPE_KEYS.into_iter())
+                .filter(|&k| k != missing)
+                .collect();
+            assert!(only(&rest).is_err(), "{missing} has a default");
+        }
     }
 
     #[test]

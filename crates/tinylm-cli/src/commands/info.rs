@@ -16,17 +16,6 @@ use tinylm::text::{count, flop_count, parse_byte_size, row, table, thousands};
 
 mod memory;
 
-/// The keys a model needs when neither `--model-config` nor `--preset` gives it
-/// (the others have defaults).
-const SHAPE_KEYS: [&str; 6] = [
-    "vocab_size",
-    "context_length",
-    "d_model",
-    "num_layers",
-    "num_heads",
-    "d_ff",
-];
-
 /// The flags of `tinylm info`.
 #[derive(Args, Debug)]
 pub struct InfoArgs {
@@ -73,14 +62,14 @@ pub struct InfoArgs {
 }
 
 /// The model of `--model-config` or `--preset`, else of the shape flags alone
-/// (all of [`SHAPE_KEYS`] given; the ablations as the CS336 model's), with the
+/// (all of [`ModelConfig::SHAPE_KEYS`] given; the ablations as the CS336 model's), with the
 /// flags given over it.
 fn model(args: &ModelArgs) -> Result<ModelConfig> {
     let base = match args.base()? {
         Some(base) => base,
         None => {
             let given = flag_values(args)?;
-            let missing: Vec<String> = SHAPE_KEYS
+            let missing: Vec<String> = ModelConfig::SHAPE_KEYS
                 .iter()
                 .filter(|key| !given.contains_key(**key))
                 .map(|key| flag(key))

@@ -20,7 +20,7 @@ use std::str::FromStr;
 pub enum Precision {
     /// bf16 where the hardware multiplies bf16 natively — a GPU (compute
     /// capability 8.0 or newer), a CPU with AVX512_BF16 or Arm BF16 — and `fp32`
-    /// elsewhere ([`crate::device::resolve_precision`]).
+    /// elsewhere ([`crate::device::backend_kind`]).
     #[default]
     Auto,
     /// Mixed precision: matrix products of bf16 operands (rounded to nearest, ties
