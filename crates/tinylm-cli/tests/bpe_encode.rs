@@ -139,57 +139,19 @@ fn bad_inputs_exit_2_with_a_clear_message() {
             stderr(&run)
         );
     };
+    let encode = ["bpe", "encode", "--tokenizer", t, "--out", o];
     fails(
-        &[
-            "bpe",
-            "encode",
-            "--tokenizer",
-            t,
-            "--input",
-            "/no/such.txt",
-            "--out",
-            o,
-        ],
+        &[&encode[..], &["--input", "/no/such.txt"]].concat(),
         "/no/such.txt",
     );
     let bad = dir.path().join("bad.txt");
     std::fs::write(&bad, b"fine text \xff\xfe").unwrap();
+    let bad = bad.to_str().unwrap();
+    fails(&[&encode[..], &["--input", bad]].concat(), "byte 10");
+    let streamed = ["--input", bad, "--stream"];
+    fails(&[&encode[..], &streamed].concat(), "byte 10");
     fails(
-        &[
-            "bpe",
-            "encode",
-            "--tokenizer",
-            t,
-            "--input",
-            bad.to_str().unwrap(),
-            "--out",
-            o,
-        ],
-        "byte 10",
-    );
-    fails(
-        &[
-            "bpe",
-            "encode",
-            "--tokenizer",
-            t,
-            "--input",
-            bad.to_str().unwrap(),
-            "--out",
-            o,
-            "--stream",
-        ],
-        "byte 10",
-    );
-    fails(
-        &[
-            "bpe",
-            "encode",
-            "--input",
-            bad.to_str().unwrap(),
-            "--out",
-            o,
-        ],
+        &["bpe", "encode", "--input", bad, "--out", o],
         "--tokenizer",
     );
 

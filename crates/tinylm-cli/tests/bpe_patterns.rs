@@ -89,16 +89,20 @@ fn trained_pattern_travels_with_the_tokenizer_and_through_every_format() {
             "plain.npy",
         );
         assert_eq!(plain, want, "{pattern}");
-        ok(tinylm(&[
-            "bpe",
-            "export",
-            "--tokenizer",
-            &tok,
-            "--format",
-            "tiktoken",
-            "--out",
-            &s("t.tiktoken"),
-        ]));
+        let export = |format, out: &str| {
+            let args = [
+                "bpe",
+                "export",
+                "--tokenizer",
+                &tok,
+                "--format",
+                format,
+                "--out",
+                out,
+            ];
+            ok(tinylm(&args));
+        };
+        export("tiktoken", &s("t.tiktoken"));
         let ranks = encode(
             &[
                 "--tiktoken",
@@ -111,16 +115,7 @@ fn trained_pattern_travels_with_the_tokenizer_and_through_every_format() {
             "ranks.npy",
         );
         assert_eq!(ranks, want, "{pattern} through tiktoken");
-        ok(tinylm(&[
-            "bpe",
-            "export",
-            "--tokenizer",
-            &tok,
-            "--format",
-            "hf",
-            "--out",
-            &s("t.json"),
-        ]));
+        export("hf", &s("t.json"));
         assert_eq!(
             encode(&["--tokenizer-json", "t.json"], "json.npy"),
             want,

@@ -215,31 +215,20 @@ fn bad_input_is_a_clear_error() {
     // An unknown device, and CUDA in a build without it, fail before any work.
     let fresh = dir.path().join("fresh");
     let fresh_dir = fresh.to_str().unwrap();
-    assert_fails(
-        &[
+    let on_device = |device| {
+        [
             "quickstart",
             "--corpus",
             one,
             "--out",
             fresh_dir,
             "--device",
-            "gpu",
-        ],
-        "'gpu'",
-    );
+            device,
+        ]
+    };
+    assert_fails(&on_device("gpu"), "'gpu'");
     if !cfg!(feature = "cuda") {
-        assert_fails(
-            &[
-                "quickstart",
-                "--corpus",
-                one,
-                "--out",
-                fresh_dir,
-                "--device",
-                "cuda",
-            ],
-            "--features cuda",
-        );
+        assert_fails(&on_device("cuda"), "--features cuda");
     }
     assert!(
         !fresh.exists(),
