@@ -11,7 +11,7 @@
 use super::cpu::memory::HostBuf;
 use super::float::Float;
 use super::kind::BackendKind;
-pub use super::kind::{BufKind, Precision};
+pub use super::kind::{BufKind, Precision, STATS_BYTES};
 use crate::distributed::World;
 use crate::Result;
 use serde::{Deserialize, Serialize};
@@ -141,6 +141,15 @@ pub enum AttentionKeeps {
 }
 
 impl AttentionKeeps {
+    /// What a backend of `kind` keeps: the CPU the probabilities, a GPU's flash
+    /// attention each row's log-sum-exp.
+    pub fn of(kind: BackendKind) -> Self {
+        match kind.on_gpu() {
+            false => AttentionKeeps::Probabilities,
+            true => AttentionKeeps::LogSumExp,
+        }
+    }
+
     /// Values the forward keeps for `heads = B·H` heads of `tq` query rows against
     /// `keys` keys.
     pub fn forward_len(self, heads: usize, tq: usize, keys: usize) -> usize {
@@ -223,7 +232,7 @@ pub trait Allocator<F: Float> {
 
     /// What its attention keeps between the forward and the backward.
     fn attention_keeps(&self) -> AttentionKeeps {
-        self.kind().attention_keeps()
+        AttentionKeeps::of(self.kind())
     }
 }
 
@@ -436,30 +445,6 @@ pub struct StepStats {
     /// When they were ready: when the CPU wrote them, or when the host saw a GPU's
     /// copy complete.
     pub ready: Instant,
-}
-
-/// Bytes of a step's statistics on a device: the loss (f32, then 4 bytes of
-/// padding) and the gradient's sum of squares (f64).
-pub const STATS_BYTES: usize = 16;
-
-impl BackendKind {
-    /// What its attention keeps between the forward and the backward: the CPU the
-    /// probabilities, a GPU's flash attention each row's log-sum-exp.
-    pub fn attention_keeps(self) -> AttentionKeeps {
-        match self.on_gpu() {
-            false => AttentionKeeps::Probabilities,
-            true => AttentionKeeps::LogSumExp,
-        }
-    }
-
-    /// Bytes of device memory a step's statistics take ([`STATS_BYTES`] on a GPU;
-    /// the CPU holds them inline).
-    pub fn stats_bytes(self) -> u64 {
-        match self.on_gpu() {
-            false => 0,
-            true => STATS_BYTES as u64,
-        }
-    }
 }
 
 impl Allocation for StepStats {

@@ -1,5 +1,6 @@
 //! What a backend is, in one value: where its buffers live, the type each kind of
-//! buffer holds, what attention keeps for the backward pass. The backends allocate
+//! buffer holds (and, from it, what attention keeps for the backward pass:
+//! `AttentionKeeps::of`). The backends allocate
 //! by it ([`Allocator::kind`](super::Allocator::kind)), the memory accounting sizes
 //! buffers by it, `tinylm info` reports it; which kind a device and a precision
 //! name on this machine is decided once, by
@@ -85,7 +86,8 @@ impl fmt::Display for Precision {
 pub enum BufKind {
     /// The parameters: `F` master values. A mixed-precision backend also keeps a
     /// bf16 copy for matrix-product operands, refreshed by every write
-    /// ([`Backend::upload`], [`Backend::adamw`], a collective's gather).
+    /// ([`Backend::upload`](super::Backend::upload),
+    /// [`Backend::adamw`](super::Backend::adamw), a collective's gather).
     Params,
     /// Activations and their gradients that kernels other than the products read
     /// (the residual stream, attention's, the FFN's pre-activations, the logits):
@@ -125,6 +127,10 @@ pub enum BackendKind {
     /// statistics f32, and under bf16 a bf16 copy of the parameters for the products.
     Cuda(Precision),
 }
+
+/// Bytes of a step's statistics on a device: the loss (f32, then 4 bytes of
+/// padding) and the gradient's sum of squares (f64).
+pub const STATS_BYTES: usize = 16;
 
 /// Values of a Q8_0 block (ggml's `QK8_0`), which share one f16 scale.
 pub const Q8_0_BLOCK: usize = 32;
@@ -194,6 +200,15 @@ impl BackendKind {
             BackendKind::CpuBf16 => Precision::Bf16,
             BackendKind::CpuQ8 => Precision::Q8_0,
             BackendKind::Cuda(precision) => precision,
+        }
+    }
+
+    /// Bytes of device memory a step's statistics take ([`STATS_BYTES`] on a GPU;
+    /// the CPU holds them inline).
+    pub fn stats_bytes(self) -> u64 {
+        match self.on_gpu() {
+            false => 0,
+            true => STATS_BYTES as u64,
         }
     }
 

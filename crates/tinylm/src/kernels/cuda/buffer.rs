@@ -20,8 +20,8 @@ pub enum DType {
 }
 
 impl DType {
-    /// The element type of values a [`BackendKind`]'s storage names (the GPU has
-    /// no 8-bit weights).
+    /// The element type of values a [`BackendKind`](crate::kernels::BackendKind)'s
+    /// storage names (the GPU has no 8-bit weights).
     pub fn of(values: ValueType) -> DType {
         match values {
             ValueType::F32 => DType::F32,
