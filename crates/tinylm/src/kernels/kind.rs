@@ -211,16 +211,6 @@ impl BackendKind {
             true => STATS_BYTES as u64,
         }
     }
-
-    /// What it computes in, for reports: "f32 on the CPU", "bf16 on a GPU".
-    pub fn describe(self) -> String {
-        match self {
-            BackendKind::Cpu => "f32 on the CPU".to_string(),
-            BackendKind::CpuBf16 => "bf16 mixed precision on the CPU".to_string(),
-            BackendKind::CpuQ8 => "q8_0 weights on the CPU".to_string(),
-            BackendKind::Cuda(p) => format!("{p} on a GPU"),
-        }
-    }
 }
 
 #[cfg(test)]
