@@ -16,9 +16,9 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::OnceLock;
-use tinylm::accounting::{training_flops, InferenceMemory, RunShape, Target};
+use tinylm::accounting::{training_flops, InferenceMemory, RunShape};
 use tinylm::checkpoint;
-use tinylm::device::Device;
+use tinylm::device::{backend_kind, Device};
 use tinylm::params::ParamLayout;
 use tinylm::train::{read_config_file, resolve_config, TrainConfig};
 use tinylm::ModelConfig;
@@ -89,8 +89,9 @@ fuzz_target!(|data: &[u8]| {
         let memory = shape.memory(&cfg.model, split.share, split.micro);
         (memory.required(), memory.peak_resident());
     }
-    for target in [Target::Cpu, Target::Cuda(cfg.precision)] {
-        InferenceMemory::decoding(&cfg.model, 1, cfg.model.context_length, target).total();
+    let backends = [Device::Cpu, Device::Cuda(0)].map(|d| backend_kind(d, cfg.precision));
+    for backend in backends.into_iter().flatten() {
+        InferenceMemory::decoding(&cfg.model, 1, cfg.model.context_length, backend).total();
     }
     let t = cfg.model.context_length;
     training_flops(&cfg.model, cfg.batch_size, t);
