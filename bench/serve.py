@@ -15,7 +15,10 @@ best of the rounds: tokens per second of wall time (all clients together), the
 median time to the first chunk at CLIENTS clients, and the ratios, best to best
 and each round's (on a machine that other work shares, the rounds' ratios say how
 far the noise reaches). A precision whose llama-server does not start is reported
-as not measured. Standard library only.
+as not measured. With `--guards-only`, only the two tinylm servers run, and each
+round's ratio of the guarded one to the plain one is printed with the median and
+the middle half of the rounds' ratios: the cost of `--api-key` and `/metrics`,
+measured closer than best to best. Standard library only.
 """
 
 import argparse
@@ -163,6 +166,8 @@ def main():
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--guards-only", action="store_true",
+                        help="tinylm with and without --api-key and /metrics only, no llama-server")
     args = parser.parse_args()
     summary = []
     for spec in args.model:
@@ -182,10 +187,12 @@ def main():
                     servers.append(Running(label, command + (["--api-key", key] if key else []), port, key))
                 port = free_port()
                 try:
-                    servers.append(Running("llama-server", [
-                        args.llama_server, "-m", f"{gguf}-{dtype}.gguf", "--host", "127.0.0.1", "--port", str(port),
-                        "-t", str(args.threads), "-tb", str(args.threads), "-np", str(args.clients),
-                        "-c", str(int(context) * args.clients), "--no-webui"], port))
+                    if not args.guards_only:
+                        servers.append(Running("llama-server", [
+                            args.llama_server, "-m", f"{gguf}-{dtype}.gguf", "--host", "127.0.0.1",
+                            "--port", str(port), "-t", str(args.threads), "-tb", str(args.threads),
+                            "-np", str(args.clients), "-c", str(int(context) * args.clients), "--no-webui"],
+                            port))
                 except RuntimeError as e:  # a build that this CPU cannot run, say: the other precisions go on
                     print(f"  {precision}: not measured: {e}", flush=True)
                     summary.append(f"{name} {precision}: not measured (llama-server did not start)")
@@ -195,6 +202,7 @@ def main():
                     clients_at_once(server.port, [f"0. {prompt}"] * 2, 8, server.key)
                 best = {s.name: [0.0, 0.0, float("inf")] for s in servers}
                 ratios = []  # each round's tinylm ÷ llama-server: (1 client, CLIENTS clients)
+                guarded = []  # each round's tinylm with guards ÷ without: (1 client, CLIENTS clients)
                 for r in range(args.rounds):
                     order = servers[r % len(servers):] + servers[:r % len(servers)]
                     figures, measured = [], {}
@@ -204,11 +212,23 @@ def main():
                         b = best[server.name]
                         b[0], b[1], b[2] = max(b[0], one), max(b[1], many), min(b[2], first)
                         figures.append(f"{server.name} {one:.1f} / {many:.1f} tok/s, first chunk {first * 1e3:.0f} ms")
-                    t, l = measured["tinylm"], measured["llama-server"]
-                    ratios.append((t[0] / l[0], t[1] / l[1]))
+                    t, k = measured["tinylm"], measured["tinylm +key +metrics"]
+                    guarded.append((k[0] / t[0], k[1] / t[1]))
+                    if not args.guards_only:
+                        l = measured["llama-server"]
+                        ratios.append((t[0] / l[0], t[1] / l[1]))
                     load = " ".join(open("/proc/loadavg").read().split()[:3])
                     print(f"  {precision} round {r + 1} (load {load}): 1 / {args.clients} clients: "
                           + "; ".join(figures), flush=True)
+                if args.guards_only:
+                    line = f"{name} {precision}: with --api-key and /metrics ÷ without, over {args.rounds} rounds: "
+                    for i, clients in [(0, 1), (1, args.clients)]:
+                        q = statistics.quantiles([g[i] for g in guarded], n=4)
+                        line += (f"{clients} client(s) median {statistics.median(g[i] for g in guarded):.3f} "
+                                 f"(middle half {q[0]:.3f}-{q[2]:.3f}); ")
+                    print("rounds: " + line, flush=True)
+                    summary.append(line)
+                    continue
                 t, k, l = best["tinylm"], best["tinylm +key +metrics"], best["llama-server"]
                 line = (f"{name} {precision}: 1 client {t[0]:.1f} / {l[0]:.1f} tok/s ({t[0] / l[0]:.2f}x); "
                         f"{args.clients} clients {t[1]:.1f} / {l[1]:.1f} tok/s ({t[1] / l[1]:.2f}x); "

@@ -17,6 +17,9 @@
 #   python3 -m venv .venv-bench && .venv-bench/bin/pip install -r bench/requirements.txt
 #   PYTHON=.venv-bench/bin/python bench/serve.sh
 #   MODELS=quickstart PRECISIONS=f32 ROUNDS=5 PYTHON=.venv-bench/bin/python bench/serve.sh
+#
+# GUARDS_ONLY=1: tinylm with and without --api-key and /metrics alone (no
+# llama-server), each round's ratio and their median: the guards' cost.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -52,4 +55,4 @@ echo "commit: $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- crates || 
 echo "llama-server: $("$LLAMA_BIN/llama-server" --version 2>&1 | grep -m1 version) (llama-cpp-python $llama_version's sources)"
 "$PYTHON" bench/serve.py --tinylm "$TINYLM" --llama-server "$LLAMA_BIN/llama-server" \
     --rounds "$ROUNDS" --threads "$THREADS" --clients "$CLIENTS" --max-tokens "$MAX_TOKENS" \
-    --precisions "$PRECISIONS" "${specs[@]}"
+    --precisions "$PRECISIONS" ${GUARDS_ONLY:+--guards-only} "${specs[@]}"

@@ -1,14 +1,9 @@
 //! `tinylm bench`, `bench-matmul` and `bench-allreduce` on a tiny model: they run,
 //! report every figure, and reject bad arguments with exit code 2.
 
-use std::process::{Command, Output};
+use cli::tinylm;
 
-fn tinylm(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tinylm"))
-        .args(args)
-        .output()
-        .expect("run tinylm")
-}
+mod cli;
 
 const TINY: [&str; 14] = [
     "bench",
@@ -188,8 +183,8 @@ fn bench_allreduce_needs_a_launcher() {
 #[cfg(feature = "mpi")]
 #[test]
 fn bench_under_mpirun_reports_the_all_reduce() {
-    let mpirun = |args: &[&str]| -> Output {
-        Command::new("mpirun")
+    let mpirun = |args: &[&str]| -> std::process::Output {
+        std::process::Command::new("mpirun")
             .args(["-np", "2", env!("CARGO_BIN_EXE_tinylm")])
             .args(args)
             // Open MPI: allowed as root (CI containers), and on a 1-core machine.

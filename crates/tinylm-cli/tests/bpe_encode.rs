@@ -1,19 +1,10 @@
 //! `tinylm bpe encode` / `tinylm bpe decode` end to end, and their errors (exit code 2).
 
+use cli::{stderr, tinylm};
 use std::path::Path;
-use std::process::{Command, Output};
 use tinylm_bpe::npy::{self, Dtype, MappedNpy};
 
-fn tinylm(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tinylm"))
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
+mod cli;
 
 /// A small tokenizer directory: 256 bytes, `<|endoftext|>`, and a few merges.
 fn write_tokenizer(dir: &Path) {

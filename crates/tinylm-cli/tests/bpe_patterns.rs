@@ -2,35 +2,12 @@
 //! pattern read back from the directory, `bpe export`, `--tiktoken`, `--tokenizer-json`,
 //! and their errors (one line naming the file and entry, exit code 2, nothing written).
 
+use cli::{failed, succeeded, tinylm};
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Command;
 use tinylm_bpe::npy::MappedNpy;
 
-fn tinylm(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tinylm"))
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn ok(out: Output) -> Output {
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
-fn failure(out: Output) -> String {
-    assert_eq!(
-        out.status.code(),
-        Some(2),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stderr).trim().to_string()
-}
+mod cli;
 
 fn ids(path: &Path) -> Vec<u32> {
     let npy = MappedNpy::open(path).unwrap();
@@ -49,7 +26,7 @@ fn trained_pattern_travels_with_the_tokenizer_and_through_every_format() {
     for pattern in ["gpt2", "gpt4", "o200k", r"\p{L}+|\p{N}|\s+|."] {
         let tok = s("tok");
         let _ = std::fs::remove_dir_all(&tok);
-        ok(tinylm(&[
+        succeeded(&tinylm(&[
             "bpe",
             "train",
             "--input",
@@ -67,11 +44,13 @@ fn trained_pattern_travels_with_the_tokenizer_and_through_every_format() {
         let encode = |source: &[&str], out: &str| {
             let mut args = vec!["bpe", "encode", "--input", "in.txt", "--out", out];
             args.extend_from_slice(source);
-            ok(Command::new(env!("CARGO_BIN_EXE_tinylm"))
-                .args(&args)
-                .current_dir(dir.path())
-                .output()
-                .unwrap());
+            succeeded(
+                &Command::new(env!("CARGO_BIN_EXE_tinylm"))
+                    .args(&args)
+                    .current_dir(dir.path())
+                    .output()
+                    .unwrap(),
+            );
             ids(&p(out))
         };
         let want = encode(&["--tokenizer", "tok"], "dir.npy");
@@ -100,7 +79,7 @@ fn trained_pattern_travels_with_the_tokenizer_and_through_every_format() {
                 "--out",
                 out,
             ];
-            ok(tinylm(&args));
+            succeeded(&tinylm(&args));
         };
         export("tiktoken", &s("t.tiktoken"));
         let ranks = encode(
@@ -122,18 +101,21 @@ fn trained_pattern_travels_with_the_tokenizer_and_through_every_format() {
             "{pattern} through tokenizer.json"
         );
         if pattern != "gpt2" {
-            let err = failure(tinylm(&[
-                "bpe",
-                "encode",
-                "--tokenizer",
-                &tok,
-                "--pattern",
-                "gpt2",
-                "--input",
-                &s("in.txt"),
-                "--out",
-                &s("x.npy"),
-            ]));
+            let err = failed(
+                &tinylm(&[
+                    "bpe",
+                    "encode",
+                    "--tokenizer",
+                    &tok,
+                    "--pattern",
+                    "gpt2",
+                    "--input",
+                    &s("in.txt"),
+                    "--out",
+                    &s("x.npy"),
+                ]),
+                &[],
+            );
             assert!(
                 err.contains("tokenizer.json") && err.contains("--force-pattern"),
                 "{err}"
@@ -153,18 +135,21 @@ fn bad_patterns_and_files_are_one_line_errors() {
     let dir = tempfile::tempdir().unwrap();
     let p = |name: &str| dir.path().join(name).to_string_lossy().into_owned();
     std::fs::write(p("in.txt"), TEXT).unwrap();
-    let err = failure(tinylm(&[
-        "bpe",
-        "train",
-        "--input",
-        &p("in.txt"),
-        "--vocab-size",
-        "300",
-        "--pattern",
-        r"(\p{L}+",
-        "--out",
-        &p("tok"),
-    ]));
+    let err = failed(
+        &tinylm(&[
+            "bpe",
+            "train",
+            "--input",
+            &p("in.txt"),
+            "--vocab-size",
+            "300",
+            "--pattern",
+            r"(\p{L}+",
+            "--out",
+            &p("tok"),
+        ]),
+        &[],
+    );
     assert!(
         err.contains(r#""(\\p{L}+""#) && err.contains("at byte"),
         "{err}"
@@ -186,18 +171,21 @@ fn bad_patterns_and_files_are_one_line_errors() {
         } else {
             "--tiktoken"
         };
-        let err = failure(tinylm(&[
-            "bpe",
-            "encode",
-            source,
-            &p(name),
-            "--pattern",
-            "gpt2",
-            "--input",
-            &p("in.txt"),
-            "--out",
-            &p("o.npy"),
-        ]));
+        let err = failed(
+            &tinylm(&[
+                "bpe",
+                "encode",
+                source,
+                &p(name),
+                "--pattern",
+                "gpt2",
+                "--input",
+                &p("in.txt"),
+                "--out",
+                &p("o.npy"),
+            ]),
+            &[],
+        );
         assert!(
             err.contains(name) && err.contains(entry) && !err.contains('\n'),
             "{name}: {err}"

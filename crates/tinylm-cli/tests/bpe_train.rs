@@ -1,18 +1,10 @@
 //! `tinylm bpe train` end to end: files written, summary, and exit code 2 on bad input.
 
+use cli::{failed, stderr, tinylm};
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
-fn tinylm(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tinylm"))
-        .args(args)
-        .output()
-        .expect("tinylm runs")
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
+mod cli;
 
 /// Runs `bpe train` on `input` into `out` and returns the process output.
 fn train(input: &Path, out: &Path, vocab: &str, extra: &[&str]) -> Output {
@@ -35,15 +27,6 @@ fn corpus(dir: &Path) -> std::path::PathBuf {
     let doc = "Once upon a time, a little cat sat on the mat. The cat's name was Tom!\n";
     std::fs::write(&path, format!("{doc}<|endoftext|>").repeat(200)).unwrap();
     path
-}
-
-fn assert_fails(out: &Output, needles: &[&str]) {
-    let err = stderr(out);
-    assert_eq!(out.status.code(), Some(2), "{err}");
-    for n in needles {
-        assert!(err.contains(n), "{n:?} not in {err:?}");
-    }
-    assert!(!err.contains("panicked"), "{err}");
 }
 
 #[test]
@@ -103,25 +86,25 @@ fn bad_input_exits_2_with_a_clear_error() {
     let d = dir.path();
     let input = corpus(d);
     let out = d.join("out");
-    assert_fails(&train(&d.join("nope.txt"), &out, "300", &[]), &["nope.txt"]);
-    assert_fails(&train(d, &out, "300", &[]), &["directory"]);
-    assert_fails(
+    failed(&train(&d.join("nope.txt"), &out, "300", &[]), &["nope.txt"]);
+    failed(&train(d, &out, "300", &[]), &["directory"]);
+    failed(
         &train(&input, &out, "256", &["--special-token", "<|endoftext|>"]),
         &["vocab size 256", "257"],
     );
-    assert_fails(
+    failed(
         &train(&input, &out, "300", &["--special-token", ""]),
         &["special token must not be empty"],
     );
-    assert_fails(
+    failed(
         &train(&input, &input.join("sub"), "300", &[]),
         &["corpus.txt"],
     );
-    assert_fails(
+    failed(
         &train(&input, &out, "300", &["--threads", "two"]),
         &["--threads"],
     );
-    assert_fails(&train(&input, &out, "many", &[]), &["many"]);
+    failed(&train(&input, &out, "many", &[]), &["many"]);
 }
 
 #[test]
@@ -132,7 +115,7 @@ fn invalid_utf8_names_the_offset_unless_lossy() {
     bytes[123] = 0xC3; // a lead byte followed by ASCII
     std::fs::write(&input, &bytes).unwrap();
     let out = dir.path().join("out");
-    assert_fails(
+    failed(
         &train(&input, &out, "300", &[]),
         &["bad.txt", "byte offset 123", "--lossy"],
     );

@@ -3,13 +3,15 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::{Command, Output};
 use tinylm::config::Norm;
 use tinylm::kernels::AdamWParams;
 use tinylm::optim::AdamW;
 use tinylm::params::ParamLayout;
 use tinylm::{checkpoint, ModelConfig};
 use tinylm_bpe::npy;
+
+mod cli;
+use cli::{failed, succeeded, tinylm};
 
 fn config() -> ModelConfig {
     ModelConfig {
@@ -23,27 +25,14 @@ fn config() -> ModelConfig {
     }
 }
 
-fn tinylm(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tinylm"))
-        .args(args)
-        .output()
-        .unwrap()
-}
-
 fn ok(args: &[&str]) -> String {
-    let out = tinylm(args);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{args:?}: {stderr}");
-    String::from_utf8(out.stdout).unwrap()
+    succeeded(&tinylm(args))
 }
 
 /// Expects exit code 2 and exactly one line on stderr containing `message`.
 fn fails(args: &[&str], message: &str) {
-    let out = tinylm(args);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
-    assert!(stderr.contains(message), "'{message}' not in: {stderr}");
-    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    let err = failed(&tinylm(args), &[message]);
+    assert_eq!(err.lines().count(), 1, "{err}");
 }
 
 /// `tinylm export KIND --checkpoint CKPT [--tokenizer TOK] --out OUT` fails with `message`.

@@ -2,18 +2,10 @@
 //! budget, then `tinylm generate` on its checkpoint; on the embedded sample from an
 //! empty directory; bad input exits with code 2.
 
-use std::process::{Command, Output};
+use cli::{failed, succeeded, tinylm};
+use std::process::Command;
 
-fn tinylm(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tinylm"))
-        .args(args)
-        .output()
-        .expect("runs tinylm")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+mod cli;
 
 /// `n` short stories from a few templates, each followed by `<|endoftext|>`.
 fn corpus(n: usize) -> String {
@@ -49,8 +41,7 @@ fn quickstart_trains_on_the_embedded_sample_from_any_directory() {
         .current_dir(dir.path())
         .output()
         .expect("runs tinylm");
-    let stdout = text(&out.stdout);
-    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    let stdout = succeeded(&out);
     assert!(
         stdout.contains("the TinyStories sample inside tinylm")
             && stdout.contains("5808 documents, 4.9 MB"),
@@ -82,8 +73,7 @@ fn quickstart_trains_evaluates_and_samples_then_generate_streams() {
         "--out",
         run.to_str().unwrap(),
     ]);
-    let stdout = text(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    let stdout = succeeded(&out);
     for stage in [
         "[1/6]",
         "[2/6]",
@@ -152,9 +142,7 @@ fn quickstart_trains_evaluates_and_samples_then_generate_streams() {
             "12",
         ];
         args.extend_from_slice(extra);
-        let out = tinylm(&args);
-        assert!(out.status.success(), "{}", text(&out.stderr));
-        text(&out.stdout)
+        succeeded(&tinylm(&args))
     };
     let greedy = generate(&["--temperature", "0"]);
     assert!(greedy.starts_with("Once upon a time,"), "{greedy}");
@@ -177,13 +165,7 @@ fn quickstart_trains_evaluates_and_samples_then_generate_streams() {
 }
 
 fn assert_fails(args: &[&str], needle: &str) {
-    let out = tinylm(args);
-    let stderr = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
-    assert!(
-        stderr.contains(needle),
-        "{args:?}: '{needle}' not in {stderr}"
-    );
+    failed(&tinylm(args), &[needle]);
 }
 
 #[test]
@@ -266,14 +248,13 @@ fn bad_input_is_a_clear_error() {
 fn bf16_and_q8_0_weights_keep_the_f32_perplexity() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
-    let out = tinylm(&[
+    succeeded(&tinylm(&[
         "quickstart",
         "--minutes",
         "0.1",
         "--out",
         run.to_str().unwrap(),
-    ]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    ]));
     let (ckpt, val) = (run.join("checkpoint.safetensors"), run.join("val.npy"));
     let perplexity = |precision: &str| -> f64 {
         let out = tinylm(&[
@@ -287,8 +268,7 @@ fn bf16_and_q8_0_weights_keep_the_f32_perplexity() {
             "--precision",
             precision,
         ]);
-        let stdout = text(&out.stdout);
-        assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+        let stdout = succeeded(&out);
         let at = stdout.find("perplexity ").expect("a perplexity") + "perplexity ".len();
         stdout[at..]
             .split_whitespace()

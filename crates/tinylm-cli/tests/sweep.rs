@@ -2,35 +2,18 @@
 //! sweep killed and started again, the ablation presets, and bad input (one line
 //! naming the key or value, exit code 2).
 
+use cli::{text, tinylm};
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
-use tinylm_bpe::npy;
 
-fn tinylm(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tinylm"))
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn text(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
-}
+mod cli;
 
 /// Byte-level token files of a repetitive little text, and a TOML base configuration
 /// of `steps` steps for them.
 fn setup(dir: &Path, steps: u64) -> String {
-    let corpus = "once upon a time a small cat found a red ball in the garden.\n".repeat(80);
-    let ids: Vec<u16> = corpus.bytes().map(u16::from).collect();
-    let (train, val) = ids.split_at(ids.len() * 9 / 10);
-    npy::write(&dir.join("train.npy"), &[train.len()], train).unwrap();
-    npy::write(&dir.join("val.npy"), &[val.len()], val).unwrap();
-    let config = dir.join("base.toml");
-    let toml = format!(
-        r#"train_data = "{0}/train.npy"
-val_data = "{0}/val.npy"
-batch_size = 4
+    let settings = format!(
+        "batch_size = 4
 steps = {steps}
 warmup_steps = 2
 grad_clip = 0.0
@@ -39,18 +22,10 @@ eval_batches = 2
 log_interval = 5
 checkpoint_interval = 20
 threads = 1
-
-[model]
-vocab_size = 256
-context_length = 16
-d_model = 32
-num_layers = 1
-num_heads = 2
-d_ff = 64
-"#,
-        dir.display()
+"
     );
-    std::fs::write(&config, toml).unwrap();
+    let config = dir.join("base.toml");
+    std::fs::write(&config, cli::byte_run(dir, &settings)).unwrap();
     config.to_string_lossy().into_owned()
 }
 

@@ -1,35 +1,18 @@
 //! `tinylm train` and `tinylm eval` end to end: config file plus flags, outputs,
 //! resume with the recorded configuration, Ctrl-C, and errors (exit code 2).
 
+use cli::{text, tinylm};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
-use tinylm_bpe::npy;
 
-fn tinylm(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tinylm"))
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn text(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
-}
+mod cli;
 
 /// Byte-level token files of a repetitive little text, and a TOML config for them.
 fn setup(dir: &Path) -> PathBuf {
-    let corpus = "once upon a time a small cat found a red ball in the garden.\n".repeat(80);
-    let ids: Vec<u16> = corpus.bytes().map(u16::from).collect();
-    let (train, val) = ids.split_at(ids.len() * 9 / 10);
-    npy::write(&dir.join("train.npy"), &[train.len()], train).unwrap();
-    npy::write(&dir.join("val.npy"), &[val.len()], val).unwrap();
-    let config = dir.join("run.toml");
-    let toml = format!(
-        r#"train_data = "{0}/train.npy"
-val_data = "{0}/val.npy"
-out_dir = "{0}/run"
+    let settings = format!(
+        "out_dir = \"{}/run\"
 batch_size = 4
 steps = 1000
 lr_max = 0.01
@@ -38,18 +21,11 @@ eval_interval = 10
 eval_batches = 2
 log_interval = 1
 threads = 2
-
-[model]
-vocab_size = 256
-context_length = 16
-d_model = 32
-num_layers = 1
-num_heads = 2
-d_ff = 64
-"#,
+",
         dir.display()
     );
-    std::fs::write(&config, toml).unwrap();
+    let config = dir.join("run.toml");
+    std::fs::write(&config, cli::byte_run(dir, &settings)).unwrap();
     config
 }
 

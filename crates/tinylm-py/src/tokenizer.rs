@@ -246,16 +246,9 @@ impl Tokenizer {
         special_tokens: Option<Vec<String>>,
         pattern: &str,
     ) -> PyResult<Self> {
-        let specials = special_tokens.unwrap_or_default();
-        let pattern = self::pattern(pattern)?;
-        let options = TrainOptions {
-            pattern: &pattern,
-            ..TrainOptions::default()
-        };
-        let (vocab, merges) = detached(py, || {
-            train_bpe_files(&files, vocab_size, &specials, options).map_err(bpe_error)
-        })?;
-        Tokenizer::build(vocab, merges, &specials, pattern).map_err(bpe_error)
+        trained(py, special_tokens, pattern, |specials, options| {
+            train_bpe_files(&files, vocab_size, specials, options)
+        })
     }
 
     /// Trains on the strings of `iterator` (each a document of its own, e.g. a
@@ -271,12 +264,6 @@ impl Tokenizer {
         special_tokens: Option<Vec<String>>,
         pattern: &str,
     ) -> PyResult<Self> {
-        let specials = special_tokens.unwrap_or_default();
-        let pattern = self::pattern(pattern)?;
-        let options = TrainOptions {
-            pattern: &pattern,
-            ..TrainOptions::default()
-        };
         let texts = iterator.try_iter()?.unbind();
         // The texts are pulled with the GIL taken back for each one; a Python error
         // ends the iteration and is raised after.
@@ -299,15 +286,13 @@ impl Tokenizer {
                 }
             })
         });
-        let trained = detached(py, || {
-            train_from_texts(pulled, vocab_size, &specials, options, TRAIN_BATCH_BYTES)
-                .map_err(bpe_error)
+        let tokenizer = trained(py, special_tokens, pattern, |specials, options| {
+            train_from_texts(pulled, vocab_size, specials, options, TRAIN_BATCH_BYTES)
         });
-        if let Some(e) = failure.into_inner().expect("no panics") {
-            return Err(e);
+        match failure.into_inner().expect("no panics") {
+            Some(e) => Err(e),
+            None => tokenizer,
         }
-        let (vocab, merges) = trained?;
-        Tokenizer::build(vocab, merges, &specials, pattern).map_err(bpe_error)
     }
 
     /// Writes `vocab.json`, `merges.txt` and `tokenizer.json` into `dir`.
@@ -496,4 +481,22 @@ impl EncodeIterable {
         self.next += 1;
         Ok(Some(self.ready[self.next - 1]))
     }
+}
+
+/// A tokenizer that `train` makes (with the GIL released) from `special_tokens`
+/// and the options of the split pattern named `pattern`.
+fn trained(
+    py: Python<'_>,
+    special_tokens: Option<Vec<String>>,
+    pattern: &str,
+    train: impl FnOnce(&[String], TrainOptions) -> tinylm_bpe::Result<(Vocab, Merges)> + Send,
+) -> PyResult<Tokenizer> {
+    let specials = special_tokens.unwrap_or_default();
+    let pattern = self::pattern(pattern)?;
+    let options = TrainOptions {
+        pattern: &pattern,
+        ..TrainOptions::default()
+    };
+    let (vocab, merges) = detached(py, || train(&specials, options).map_err(bpe_error))?;
+    Tokenizer::build(vocab, merges, &specials, pattern).map_err(bpe_error)
 }

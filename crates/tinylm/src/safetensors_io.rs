@@ -5,7 +5,7 @@
 
 use crate::config::ModelConfig;
 use crate::files::write_file;
-use crate::kernels::{Backend, Buffer, Cpu, HostBuf, ParamRead, Stored};
+use crate::kernels::{Backend, Buffer, Cpu, HostBuf, ParamRead, ParamsInFile, Stored};
 use crate::params::{layout_for_file, ParamLayout, Tensors};
 use crate::{Error, Result};
 use half::bf16;
@@ -423,8 +423,14 @@ impl<'a> FileBuffer<'a> {
         let reads: Vec<_> = (self.layout.specs.iter())
             .map(|spec| (spec.range(), self.layout.read(spec)))
             .collect();
-        let (file, total) = (&self.file.file, self.layout.total);
-        one_run.then(|| backend.map_params(file, first.start, total, stored, &reads))?
+        let params = ParamsInFile {
+            file: &self.file.file,
+            offset: first.start,
+            len: self.layout.total,
+            stored,
+            reads: &reads,
+        };
+        one_run.then(|| backend.map_params(&params))?
     }
 
     /// Values `range` of the buffer into `dst`, a backend's buffer of

@@ -20,9 +20,7 @@ use half::bf16;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tinylm::kernels::cpu::bf16::matmul::MAX_PACKED_B;
-use tinylm::kernels::cpu::bf16::{
-    matmul_bf16_forward_on, matmul_bf16_on, matmul_bf16_view, Bf16Kernel, Operand,
-};
+use tinylm::kernels::cpu::bf16::{matmul_bf16_on, matmul_bf16_view, Bf16Kernel, Operand};
 use tinylm::kernels::MatMul;
 
 /// The kernels this CPU runs: the portable one, and the native one where the CPU's
@@ -93,11 +91,9 @@ fn check(kernel: Bf16Kernel, s: MatMul, rng: &mut ChaCha8Rng, stride: usize) {
         } else {
             vec![f32::NAN; m * n]
         };
-        match (forward, b_in_bf16) {
-            (false, false) => matmul_bf16_on(kernel, &mut out, &a, &b, s),
-            (false, true) => matmul_bf16_on(kernel, &mut out, &a, &b16, s),
-            (true, false) => matmul_bf16_forward_on(kernel, &mut out, &a, &b, s),
-            (true, true) => matmul_bf16_forward_on(kernel, &mut out, &a, &b16, s),
+        match b_in_bf16 {
+            false => matmul_bf16_on(kernel, forward, &mut out, &a, &b, s),
+            true => matmul_bf16_on(kernel, forward, &mut out, &a, &b16, s),
         }
         for i in (0..m).step_by(stride) {
             for j in (0..n).step_by(stride) {
@@ -207,7 +203,7 @@ fn rounding_is_to_nearest_even_in_every_operand() {
                     (vec![1.0; m * k], tricky(k * n))
                 };
                 let mut out = vec![0.0; m * n];
-                matmul_bf16_on(kernel, &mut out, &a, &b, s);
+                matmul_bf16_on(kernel, false, &mut out, &a, &b, s);
                 for i in 0..m {
                     for j in 0..n {
                         let want: f32 = (0..k)
@@ -238,8 +234,8 @@ fn bf16_operands_give_the_products_of_their_f32_originals() {
             let a16: Vec<bf16> = a.iter().map(|&x| bf16::from_f32(x)).collect();
             let b16: Vec<bf16> = b.iter().map(|&x| bf16::from_f32(x)).collect();
             let (mut from_f32, mut from_bf16) = (vec![0.0; m * n], vec![0.0; m * n]);
-            matmul_bf16_on(kernel, &mut from_f32, &a, &b, s);
-            matmul_bf16_on(kernel, &mut from_bf16, &a16, &b16, s);
+            matmul_bf16_on(kernel, false, &mut from_f32, &a, &b, s);
+            matmul_bf16_on(kernel, false, &mut from_bf16, &a16, &b16, s);
             assert_eq!(from_f32, from_bf16, "{} {s:?}", kernel.name());
         }
     }

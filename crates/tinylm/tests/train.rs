@@ -105,9 +105,9 @@ fn stop_after_step_10(cfg: &TrainConfig) -> TrainSummary {
     s
 }
 
-/// `cfg`'s run to its end.
-fn run_to_end(cfg: &TrainConfig) -> TrainSummary {
-    train(cfg, &World::single(), &never(), &mut |_: &Progress| {}).unwrap()
+/// `cfg`'s run to its end (or its error).
+fn run(cfg: &TrainConfig) -> tinylm::Result<TrainSummary> {
+    train(cfg, &World::single(), &never(), &mut |_: &Progress| {})
 }
 
 #[test]
@@ -174,7 +174,7 @@ fn resumed_run_equals_uninterrupted_run_bit_for_bit() {
     let mut cfg = setup(dir.path());
     cfg.steps = 24;
     cfg.out_dir = dir.path().join("straight");
-    train(&cfg, &World::single(), &never(), &mut |_: &Progress| {}).unwrap();
+    run(&cfg).unwrap();
     let straight = read_log(&cfg);
 
     // Stop after step 10, then resume.
@@ -191,7 +191,7 @@ fn resumed_run_equals_uninterrupted_run_bit_for_bit() {
             ..cfg.clone()
         }
     );
-    let s = run_to_end(&resolved.config);
+    let s = run(&resolved.config).unwrap();
     assert_eq!(s.steps, 24);
     let resumed = read_log(&cfg);
 
@@ -222,7 +222,7 @@ fn a_run_resumes_in_the_other_precision() {
     ] {
         cfg.precision = from;
         cfg.out_dir = dir.path().join(format!("straight-{from}"));
-        run_to_end(&cfg);
+        run(&cfg).unwrap();
         let straight = read_log(&cfg);
 
         cfg.out_dir = dir.path().join(format!("{from}-then-{to}"));
@@ -231,7 +231,7 @@ fn a_run_resumes_in_the_other_precision() {
         let resolved = resolve_config(given, &|key| key.to_string()).unwrap();
         let changes: Vec<String> = resolved.changes.iter().map(|c| c.to_string()).collect();
         assert_eq!(changes, [format!("precision \"{from}\" -> \"{to}\"")]);
-        let s = run_to_end(&resolved.config);
+        let s = run(&resolved.config).unwrap();
         assert_eq!(s.steps, 24);
         let resumed = read_log(&cfg);
         assert_eq!(resumed.len(), 24);
@@ -254,7 +254,7 @@ fn resume_overrides_are_changes_but_the_model_is_kept() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = setup(dir.path());
     cfg.max_tokens = Some(2 * 8 * 32);
-    let s = train(&cfg, &World::single(), &never(), &mut |_: &Progress| {}).unwrap();
+    let s = run(&cfg).unwrap();
     assert_eq!(s.steps, 2);
     let name = |key: &str| format!("<{key}>");
 
@@ -273,13 +273,7 @@ fn resume_overrides_are_changes_but_the_model_is_kept() {
     );
     let note = resolved.resume_note().unwrap();
     assert!(note.contains("checkpoint.safetensors") && note.contains("steps 60 -> 4"));
-    let resumed = train(
-        &resolved.config,
-        &World::single(),
-        &never(),
-        &mut |_: &Progress| {},
-    )
-    .unwrap();
+    let resumed = run(&resolved.config).unwrap();
     assert_eq!(resumed.steps, 4);
     assert_eq!(
         read_log(&cfg).last().unwrap().lr,
@@ -398,7 +392,7 @@ fn time_schedule_run_ends_on_its_budget_and_resumes_with_more_time() {
     // even when the set-up before it was slow; nothing here depends on the speed.
     cfg.warmup_steps = 30;
     cfg.time_budget_s = Some(1.5);
-    let s = train(&cfg, &World::single(), &never(), &mut |_: &Progress| {}).unwrap();
+    let s = run(&cfg).unwrap();
     assert!(!s.stopped_early);
     // A warm-up, then a decay that follows the clock.
     let lrs: Vec<f64> = read_log(&cfg).iter().map(|r| r.lr).collect();
@@ -413,26 +407,14 @@ fn time_schedule_run_ends_on_its_budget_and_resumes_with_more_time() {
     let given = serde_json::json!({ "resume": s.checkpoint });
     let resolved = resolve_config(given, &|k| k.to_string()).unwrap();
     assert_eq!(resolved.config.schedule, Schedule::Time);
-    let e = train(
-        &resolved.config,
-        &World::single(),
-        &never(),
-        &mut |_: &Progress| {},
-    )
-    .unwrap_err();
+    let e = run(&resolved.config).unwrap_err();
     assert!(e.to_string().contains("used its time budget"), "{e}");
     // More time is a schedule change: the run goes on from the seconds it used.
     let given = serde_json::json!({ "resume": s.checkpoint, "time_budget_s": 3.0 });
     let resolved = resolve_config(given, &|k| k.to_string()).unwrap();
     let changes: Vec<String> = resolved.changes.iter().map(|c| c.to_string()).collect();
     assert_eq!(changes, ["time_budget_s 1.5 -> 3.0"]);
-    let more = train(
-        &resolved.config,
-        &World::single(),
-        &never(),
-        &mut |_: &Progress| {},
-    )
-    .unwrap();
+    let more = run(&resolved.config).unwrap();
     assert!(more.steps > s.steps && more.wallclock_s > s.wallclock_s);
     let log = read_log(&cfg);
     assert_eq!(log.len() as u64, more.steps);
@@ -455,7 +437,7 @@ fn a_time_budget_run_checkpoints_even_when_the_time_runs_out_between_steps() {
     cfg.val_data = Some(val);
     cfg.eval_interval = 1;
     cfg.eval_batches = 0;
-    let s = train(&cfg, &World::single(), &never(), &mut |_: &Progress| {}).unwrap();
+    let s = run(&cfg).unwrap();
     assert!(
         s.checkpoint.exists(),
         "no checkpoint after {} steps",
@@ -470,16 +452,14 @@ fn bad_resume_divergence_and_data_are_clear_errors() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = setup(dir.path());
     cfg.steps = 2;
-    let s = train(&cfg, &World::single(), &never(), &mut |_: &Progress| {}).unwrap();
+    let s = run(&cfg).unwrap();
 
     // Resume with another model shape.
     let mut other = cfg.clone();
     other.model.d_model = 64;
     other.steps = 4;
     other.resume = Some(s.checkpoint.clone());
-    let e = train(&other, &World::single(), &never(), &mut |_: &Progress| {})
-        .unwrap_err()
-        .to_string();
+    let e = run(&other).unwrap_err().to_string();
     assert!(
         e.contains("checkpoint.safetensors") && e.contains("d_model"),
         "{e}"
@@ -494,9 +474,7 @@ fn bad_resume_divergence_and_data_are_clear_errors() {
     wild.warmup_steps = 0;
     wild.grad_clip = 0.0;
     wild.checkpoint_interval = 1;
-    let e = train(&wild, &World::single(), &never(), &mut |_: &Progress| {})
-        .unwrap_err()
-        .to_string();
+    let e = run(&wild).unwrap_err().to_string();
     assert!(
         e.contains("diverged") && e.contains("last good checkpoint"),
         "{e}"
@@ -507,23 +485,14 @@ fn bad_resume_divergence_and_data_are_clear_errors() {
     // Ids outside the model's vocabulary.
     let mut small_vocab = cfg.clone();
     small_vocab.model.vocab_size = 100;
-    let e = train(
-        &small_vocab,
-        &World::single(),
-        &never(),
-        &mut |_: &Progress| {},
-    )
-    .unwrap_err()
-    .to_string();
+    let e = run(&small_vocab).unwrap_err().to_string();
     assert!(e.contains("train.npy") && e.contains("element"), "{e}");
     // A validation file shorter than the context.
     let short = dir.path().join("short.npy");
     npy::write(&short, &[5], &[1u16, 2, 3, 4, 5]).unwrap();
     let mut c = cfg.clone();
     c.val_data = Some(short);
-    let e = train(&c, &World::single(), &never(), &mut |_: &Progress| {})
-        .unwrap_err()
-        .to_string();
+    let e = run(&c).unwrap_err().to_string();
     assert!(
         e.contains("short.npy") && e.contains("context length 32"),
         "{e}"
@@ -566,7 +535,7 @@ fn loss_falls_on_real_text() {
     cfg.val_data = None;
     cfg.steps = 80;
     cfg.lr_max = 5e-3;
-    let s = train(&cfg, &World::single(), &never(), &mut |_: &Progress| {}).unwrap();
+    let s = run(&cfg).unwrap();
     let log = read_log(&cfg);
     let late: f64 = log[70..].iter().map(|r| r.train_loss).sum::<f64>() / 10.0;
     assert!(
@@ -739,9 +708,7 @@ fn divergence_found_a_step_late_names_its_step_and_keeps_the_last_good_checkpoin
             cfg.diverge_factor = factor;
             cfg.checkpoint_interval = interval;
             cfg.out_dir = dir.path().join(format!("factor-{factor}-every-{interval}"));
-            let e = train(&cfg, &World::single(), &never(), &mut |_: &Progress| {})
-                .unwrap_err()
-                .to_string();
+            let e = run(&cfg).unwrap_err().to_string();
             let kept = (bad - 1) / interval * interval;
             assert!(
                 e.contains(&format!("at step {bad} ")) && e.contains(&format!("(step {kept})")),
@@ -777,7 +744,7 @@ fn micro_batches_follow_the_whole_batch_trajectory() {
     for micro in [None, Some(2), Some(1)] {
         cfg.micro_batch_size = micro;
         cfg.out_dir = dir.path().join(format!("micro-{micro:?}"));
-        let s = train(&cfg, &World::single(), &never(), &mut |_: &Progress| {}).unwrap();
+        let s = run(&cfg).unwrap();
         let params = checkpoint::load(&s.checkpoint).unwrap().params;
         runs.push((read_log(&cfg), params));
     }
@@ -807,9 +774,7 @@ fn micro_batches_follow_the_whole_batch_trajectory() {
     }
 
     cfg.micro_batch_size = Some(3);
-    let e = train(&cfg, &World::single(), &never(), &mut |_: &Progress| {})
-        .unwrap_err()
-        .to_string();
+    let e = run(&cfg).unwrap_err().to_string();
     assert!(
         e.contains("micro_batch_size 3") && e.contains("share of 8"),
         "{e}"

@@ -12,9 +12,7 @@ use crate::buffers::{self, Activations, DecodeActivations, GradActivations, Pass
 use crate::config::{ModelConfig, Norm};
 use crate::device::backend_kind;
 use crate::distributed::MPI_CHUNK;
-use crate::kernels::workspace::{
-    Scratch, ScratchType, CUBLASLT_WORKSPACE, NORM_BLOCKS, ROW_BLOCKS,
-};
+use crate::kernels::workspace::{Scratch, CUBLASLT_WORKSPACE};
 use crate::kernels::{Allocation, Allocator, BackendKind, BufKind, Buffer, Float, Role};
 use crate::params::ParamLayout;
 use crate::text::byte_size;
@@ -203,15 +201,16 @@ fn workspace(c: &ModelConfig, pass: PassShape, train: bool, backend: BackendKind
         return Vec::new();
     }
     let PassShape { b, t, decode, .. } = pass;
+    // Each buffer with the extent of its largest call (see `Scratch::len`).
     let mut slots = Vec::new();
     if !decode {
         slots.push((Scratch::Losses, b * t));
     }
     if train {
         if c.norm != Norm::None {
-            slots.push((Scratch::NormGain, ROW_BLOCKS * c.d_model));
+            slots.push((Scratch::NormGain, c.d_model));
         }
-        slots.push((Scratch::Squares, NORM_BLOCKS));
+        slots.push((Scratch::Squares, 0));
     }
     let entry = |(name, shape), bytes| Entry {
         part: Part::Workspace,
@@ -219,13 +218,7 @@ fn workspace(c: &ModelConfig, pass: PassShape, train: bool, backend: BackendKind
         bytes,
     };
     let mut entries: Vec<Entry> = (slots.into_iter())
-        .map(|(slot, len)| {
-            let width = match slot.holds() {
-                ScratchType::F32 => 4,
-                ScratchType::F64 => 8,
-            };
-            entry(slot.describe(), width * len as u64)
-        })
+        .map(|(slot, extent)| entry(slot.describe(), slot.bytes(extent)))
         .collect();
     entries.push(entry(
         ("cuBLASLt work space", ""),
@@ -559,6 +552,7 @@ pub fn largest_micro_batch(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::workspace::{NORM_BLOCKS, ROW_BLOCKS};
     use crate::kernels::{Precision, STATS_BYTES};
 
     /// A rank's memory: activations for its micro-batch, a quarter of the AdamW

@@ -39,6 +39,20 @@ pub enum Stored {
     Bf16,
 }
 
+/// A parameter buffer as it lies in a file, for [`Backend::map_params`]: `len`
+/// values from byte `offset` on (little-endian, stored as `stored`, in
+/// [`ParamLayout`] order), and how a forward pass reads each tensor's range
+/// (as for [`Backend::write_host`]).
+///
+/// [`ParamLayout`]: crate::params::ParamLayout
+pub struct ParamsInFile<'a> {
+    pub file: &'a std::fs::File,
+    pub offset: u64,
+    pub len: usize,
+    pub stored: Stored,
+    pub reads: &'a [(Range<usize>, ParamRead)],
+}
+
 /// The shape of one matrix product `out (m, n) = a (m, k) · b (k, n)` over
 /// contiguous row-major buffers, either operand possibly stored transposed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -543,27 +557,15 @@ pub trait Backend<F: Float>: Allocator<F> + Sync {
     ) -> Option<Result<()>> {
         None
     }
-    /// The parameters, `len` values, as they lie in `file` from byte `offset` on
-    /// (little-endian, stored as `stored`, in [`ParamLayout`] order), mapped
-    /// instead of read into fresh memory — where this backend multiplies values
-    /// stored so: the CPU in `f32` maps `f32` files, under bf16 it maps `f32`
-    /// files' values (making their copy from them) and, running forward only, bf16
-    /// files as the weights it multiplies. The file's pages in the page cache
-    /// become the buffer's, at no cost but the page tables. `None` where it keeps
-    /// its parameters elsewhere or in another form (a GPU, Q8_0 blocks of a bf16
-    /// file), or where the file cannot be mapped: the parameters are then read in.
-    /// `reads`: how a forward pass reads each tensor's range (as for
-    /// [`Backend::write_host`]).
-    ///
-    /// [`ParamLayout`]: crate::params::ParamLayout
-    fn map_params(
-        &self,
-        _file: &std::fs::File,
-        _offset: u64,
-        _len: usize,
-        _stored: Stored,
-        _reads: &[(Range<usize>, ParamRead)],
-    ) -> Option<Self::Buf> {
+    /// The parameters as they lie in a file, mapped instead of read into fresh
+    /// memory — where this backend multiplies values stored so: the CPU in `f32`
+    /// maps `f32` files, under bf16 it maps `f32` files' values (making their copy
+    /// from them) and, running forward only, bf16 files as the weights it
+    /// multiplies. The file's pages in the page cache become the buffer's, at no
+    /// cost but the page tables. `None` where it keeps its parameters elsewhere or
+    /// in another form (a GPU, Q8_0 blocks of a bf16 file), or where the file
+    /// cannot be mapped: the parameters are then read in.
+    fn map_params(&self, _params: &ParamsInFile<'_>) -> Option<Self::Buf> {
         None
     }
     /// Staging memory for `len` values (see [`Backend::Staging`]).

@@ -35,29 +35,7 @@ pub trait Float:
     /// `e^x`; the `f32` version is a branch-free polynomial that vectorizes.
     fn exp(self) -> Self;
     fn sqrt(self) -> Self;
-    fn max(self, other: Self) -> Self;
-}
-
-impl Float for f32 {
-    const ZERO: Self = 0.0;
-    const ONE: Self = 1.0;
-    const MIN: Self = f32::MIN;
-    #[inline(always)]
-    fn from_f64(x: f64) -> Self {
-        x as f32
-    }
-    #[inline(always)]
-    fn to_f64(self) -> f64 {
-        self as f64
-    }
-    #[inline(always)]
-    fn exp(self) -> Self {
-        exp_f32(self)
-    }
-    #[inline(always)]
-    fn sqrt(self) -> Self {
-        f32::sqrt(self)
-    }
+    /// The larger of the two (`other` when they compare equal or either is NaN).
     #[inline(always)]
     fn max(self, other: Self) -> Self {
         if self > other {
@@ -68,35 +46,34 @@ impl Float for f32 {
     }
 }
 
-impl Float for f64 {
-    const ZERO: Self = 0.0;
-    const ONE: Self = 1.0;
-    const MIN: Self = f64::MIN;
-    #[inline(always)]
-    fn from_f64(x: f64) -> Self {
-        x
-    }
-    #[inline(always)]
-    fn to_f64(self) -> f64 {
-        self
-    }
-    #[inline(always)]
-    fn exp(self) -> Self {
-        f64::exp(self)
-    }
-    #[inline(always)]
-    fn sqrt(self) -> Self {
-        f64::sqrt(self)
-    }
-    #[inline(always)]
-    fn max(self, other: Self) -> Self {
-        if self > other {
-            self
-        } else {
-            other
+/// The two impls, apart only in the exponential: `f32`'s vectorizes.
+macro_rules! impl_float {
+    ($t:ty, $exp:path) => {
+        impl Float for $t {
+            const ZERO: Self = 0.0;
+            const ONE: Self = 1.0;
+            const MIN: Self = <$t>::MIN;
+            #[inline(always)]
+            fn from_f64(x: f64) -> Self {
+                x as $t
+            }
+            #[inline(always)]
+            fn to_f64(self) -> f64 {
+                self as f64
+            }
+            #[inline(always)]
+            fn exp(self) -> Self {
+                $exp(self)
+            }
+            #[inline(always)]
+            fn sqrt(self) -> Self {
+                <$t>::sqrt(self)
+            }
         }
-    }
+    };
 }
+impl_float!(f32, exp_f32);
+impl_float!(f64, f64::exp);
 
 /// How a kernel's output (or input) buffer stores values the kernel computes in
 /// `F`: as `F` itself, or — under bf16 mixed precision, for `f32` — as bf16,

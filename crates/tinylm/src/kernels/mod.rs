@@ -33,8 +33,8 @@ pub mod workspace;
 
 pub use backend::{
     clip_scale, AdamWParams, AdamWStep, Allocation, Allocator, AttentionKeeps, AttnShape, Backend,
-    BatchPart, BufKind, Buffer, Collective, HostWrite, MatMul, ParamRead, Precision, Role, Span,
-    SpanMut, StepStats, Stored, CLIP_EPS, STATS_BYTES,
+    BatchPart, BufKind, Buffer, Collective, HostWrite, MatMul, ParamRead, ParamsInFile, Precision,
+    Role, Span, SpanMut, StepStats, Stored, CLIP_EPS, STATS_BYTES,
 };
 pub use cpu::{Cpu, CpuMixed, HostBuf};
 pub use float::Float;

@@ -2,7 +2,7 @@
 
 use super::{
     AdamWStep, Allocator, AttnShape, Backend, BackendKind, BatchPart, BufKind, Collective, Float,
-    HostWrite, MatMul, ParamRead, Role, Span, SpanMut, StepStats, Stored,
+    HostWrite, MatMul, ParamRead, ParamsInFile, Role, Span, SpanMut, StepStats,
 };
 use crate::distributed::World;
 use crate::{Error, Result};
@@ -187,15 +187,8 @@ impl<F: Float, B: Backend<F>> Backend<F> for Profiled<B> {
         self.inner.write_host(dst, read, write)
     }
 
-    fn map_params(
-        &self,
-        file: &std::fs::File,
-        offset: u64,
-        len: usize,
-        stored: Stored,
-        reads: &[(std::ops::Range<usize>, ParamRead)],
-    ) -> Option<B::Buf> {
-        self.inner.map_params(file, offset, len, stored, reads)
+    fn map_params(&self, params: &ParamsInFile<'_>) -> Option<B::Buf> {
+        self.inner.map_params(params)
     }
 
     fn alloc_staging(&self, len: usize) -> Result<B::Staging> {

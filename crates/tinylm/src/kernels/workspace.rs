@@ -31,6 +31,25 @@ impl Scratch {
         }
     }
 
+    /// Its values for a kernel call over `extent`: the gain's width `C`
+    /// (`NormGain`), the rows `N` (`Losses`); `Squares` holds a fixed count.
+    pub fn len(self, extent: usize) -> usize {
+        match self {
+            Scratch::NormGain => ROW_BLOCKS * extent,
+            Scratch::Losses => extent,
+            Scratch::Squares => NORM_BLOCKS,
+        }
+    }
+
+    /// Its bytes for a kernel call over `extent` (see [`Scratch::len`]).
+    pub fn bytes(self, extent: usize) -> u64 {
+        let width = match self.holds() {
+            ScratchType::F32 => 4,
+            ScratchType::F64 => 8,
+        };
+        width * self.len(extent) as u64
+    }
+
     /// What it is, for the memory accounting's table.
     pub fn describe(self) -> (&'static str, &'static str) {
         match self {

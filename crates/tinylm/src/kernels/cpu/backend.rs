@@ -9,7 +9,7 @@ use crate::config::RMS_NORM_EPS;
 use crate::distributed::World;
 use crate::kernels::{
     AdamWStep, Allocator, AttnShape, Backend, BackendKind, BatchPart, BufKind, Collective, Float,
-    HostWrite, MatMul, ParamRead, Role, Span, SpanMut, StepStats, Stored,
+    HostWrite, MatMul, ParamRead, ParamsInFile, Role, Span, SpanMut, StepStats, Stored,
 };
 use crate::{Error, Result};
 use rayon::prelude::*;
@@ -82,19 +82,12 @@ impl<F: Float> Backend<F> for Cpu {
     }
 
     /// `f32` values on a little-endian host (a file's bytes as they lie).
-    fn map_params(
-        &self,
-        file: &std::fs::File,
-        offset: u64,
-        len: usize,
-        stored: Stored,
-        _reads: &[(std::ops::Range<usize>, ParamRead)],
-    ) -> Option<HostBuf<F>> {
+    fn map_params(&self, params: &ParamsInFile<'_>) -> Option<HostBuf<F>> {
         let f32s = std::any::TypeId::of::<F>() == std::any::TypeId::of::<f32>();
-        if !f32s || stored != Stored::F32 || cfg!(target_endian = "big") {
+        if !f32s || params.stored != Stored::F32 || cfg!(target_endian = "big") {
             return None;
         }
-        HostBuf::map(file, offset, len)
+        HostBuf::map(params)
     }
 
     fn alloc_staging(&self, len: usize) -> Result<Vec<F>> {

@@ -14,7 +14,7 @@ use super::context::{driver_error, Cuda};
 use super::rmsnorm;
 use crate::config::RMS_NORM_EPS;
 use crate::distributed::World;
-use crate::kernels::workspace::{Scratch, ScratchType, NORM_BLOCKS, ROW_BLOCKS};
+use crate::kernels::workspace::{Scratch, ScratchType};
 use crate::kernels::{
     AdamWStep, Allocation, Allocator, AttnShape, Backend, BackendKind, BatchPart, BufKind,
     Collective, MatMul, Role, Span, SpanMut, StepStats,
@@ -26,10 +26,11 @@ use cudarc::driver::{DeviceRepr, PinnedHostSlice, ValidAsZeroBits};
 use std::time::Instant;
 
 impl Cuda {
-    /// Scratch `slot` of at least `len` values, or `None` (the error recorded) when
-    /// it cannot be allocated. A buffer replaced by a larger one is freed in
-    /// stream order, after the kernels queued on it.
-    fn scratch(&self, slot: Scratch, len: usize) -> Option<Dev> {
+    /// Scratch `slot` for a kernel call over `extent` ([`Scratch::len`]), or `None`
+    /// (the error recorded) when it cannot be allocated. A buffer replaced by a
+    /// larger one is freed in stream order, after the kernels queued on it.
+    fn scratch(&self, slot: Scratch, extent: usize) -> Option<Dev> {
+        let len = slot.len(extent);
         let dtype = match slot.holds() {
             ScratchType::F32 => DType::F32,
             ScratchType::F64 => DType::F64,
@@ -298,7 +299,7 @@ impl Backend<f32> for Cuda {
         rstd: Span<CudaBuf>,
         accumulate: bool,
     ) {
-        let Some(scratch) = self.scratch(Scratch::NormGain, ROW_BLOCKS * g.len) else {
+        let Some(scratch) = self.scratch(Scratch::NormGain, g.len) else {
             return;
         };
         let (dx, dg) = (view_mut(dx), view_mut(dg));
@@ -410,7 +411,7 @@ impl Backend<f32> for Cuda {
     }
 
     fn sum_squares(&self, x: Span<CudaBuf>, stats: &mut CudaStats) {
-        let Some(partial) = self.scratch(Scratch::Squares, NORM_BLOCKS) else {
+        let Some(partial) = self.scratch(Scratch::Squares, 0) else {
             return;
         };
         Cuda::sum_squares(self, stats.sum_squares(), view(x), partial);

@@ -5,6 +5,7 @@ use super::context::Cuda;
 use super::launch::{expect, packing};
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
+use crate::kernels::workspace::Scratch;
 pub use crate::kernels::workspace::NORM_BLOCKS;
 /// Threads per block of the first stage: its grid-stride loop covers
 /// `NORM_BLOCKS · NORM_THREADS` elements a pass.
@@ -15,7 +16,8 @@ impl Cuda {
     pub fn sum_squares(&self, sum: Dev, x: Dev, scratch: Dev) {
         expect(x, x.len, DType::F32, "sum_squares x");
         expect(sum, 1, DType::F64, "sum_squares sum");
-        expect(scratch, NORM_BLOCKS, DType::F64, "sum_squares scratch");
+        let need = Scratch::Squares.len(0);
+        expect(scratch, need, DType::F64, "sum_squares scratch");
         let n = x.len as u64;
         // In 16-byte packs when x is aligned (any length: the tail goes one by one).
         let (packed, _) = packing(4, DType::F32, [x]);

@@ -5,6 +5,7 @@ use super::context::Cuda;
 use super::launch::{expect, int, packing, per_row_warp};
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
+use crate::kernels::workspace::Scratch;
 pub use crate::kernels::workspace::ROW_BLOCKS;
 
 /// The widest row (`C`) the backward takes: its shared column sums
@@ -49,7 +50,8 @@ impl Cuda {
             expect(buf, n * c, self.float_x(), what);
         }
         expect(dg, c, DType::F32, "rmsnorm dg");
-        expect(scratch, ROW_BLOCKS * c, DType::F32, "rmsnorm scratch");
+        let need = Scratch::NormGain.len(c);
+        expect(scratch, need, DType::F32, "rmsnorm scratch");
         assert!(c <= MAX_WIDTH, "rmsnorm: rows of {c} are over {MAX_WIDTH}");
         // As many warps as the shared column sums allow, up to 8; a block for each
         // of their row groups, up to ROW_BLOCKS.

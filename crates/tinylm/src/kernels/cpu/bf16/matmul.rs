@@ -108,40 +108,35 @@ impl Bf16Kernel {
 /// (`f32`) or taken as it is (`half::bf16`), products summed in `f32`, `out` written
 /// or accumulated in `f32`.
 pub fn matmul_bf16<A: Bf16Operand, B: Bf16Operand>(out: &mut [f32], a: &[A], b: &[B], s: MatMul) {
-    matmul_bf16_on(Bf16Kernel::best(), out, a, b, s)
+    matmul_bf16_on(Bf16Kernel::best(), false, out, a, b, s)
 }
 
-/// [`matmul_bf16`] on the given kernel.
+/// [`matmul_bf16`] on the given kernel. `forward_only`: for a model that only runs
+/// forward (generation), where a linear layer's product of up to 128 rows — a
+/// prompt's pass — runs as dot products too. (Training keeps the blocked product
+/// past 16 rows, so that its sums do not change path with the micro-batch's size.)
 ///
 /// # Panics
 /// If the CPU lacks the kernel's instructions ([`Bf16Kernel::runs_here`]) or a
 /// buffer's size is not the shape's.
 pub fn matmul_bf16_on<A: Bf16Operand, B: Bf16Operand>(
     kernel: Bf16Kernel,
+    forward_only: bool,
     out: &mut [f32],
     a: &[A],
     b: &[B],
     s: MatMul,
 ) {
-    product(kernel, out, a, b, s, FEW_ROWS)
-}
-
-/// [`matmul_bf16_on`] for a model that only runs forward (generation): a linear
-/// layer's product of up to 128 rows — a prompt's pass — runs as dot products
-/// too. (Training keeps the blocked product past 16 rows, so that its sums do not
-/// change path with the micro-batch's size.)
-pub fn matmul_bf16_forward_on<A: Bf16Operand, B: Bf16Operand>(
-    kernel: Bf16Kernel,
-    out: &mut [f32],
-    a: &[A],
-    b: &[B],
-    s: MatMul,
-) {
-    product(kernel, out, a, b, s, PROMPT_FEW_ROWS)
+    let few_rows = if forward_only {
+        PROMPT_FEW_ROWS
+    } else {
+        FEW_ROWS
+    };
+    product(kernel, out, a, b, s, few_rows)
 }
 
 /// Rows up to which a forward-only model's linear layer runs as dot products
-/// ([`matmul_bf16_forward_on`]). The dot products read each block of the weight
+/// ([`matmul_bf16_on`] with `forward_only`). The dot products read each block of the weight
 /// from memory once for all the rows, at a fraction of the bf16 peak; the blocked
 /// product packs the weight (reading it twice and writing it once) and runs near
 /// the peak, which pays off from a few hundred rows: on Zen 5 a 62-token prompt of

@@ -18,8 +18,6 @@ pub mod pack;
 pub mod portable;
 pub mod round;
 
-pub use matmul::{
-    matmul_bf16, matmul_bf16_forward_on, matmul_bf16_on, matmul_bf16_view, Bf16Kernel,
-};
+pub use matmul::{matmul_bf16, matmul_bf16_on, matmul_bf16_view, Bf16Kernel};
 pub use pack::Operand;
 pub use round::{round_bf16, Bf16Operand};

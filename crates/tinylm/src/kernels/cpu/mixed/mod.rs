@@ -18,10 +18,7 @@
 use super::attention::{
     attention_backward_on, attention_forward_cached_on, attention_forward_on, HeadProduct,
 };
-use super::bf16::{
-    matmul_bf16_forward_on, matmul_bf16_on, matmul_bf16_view, Bf16Kernel, Bf16Operand,
-    Operand as Bf16View,
-};
+use super::bf16::{matmul_bf16_on, matmul_bf16_view, Bf16Kernel, Bf16Operand, Operand as Bf16View};
 use super::linear::View;
 use super::memory::{with_scratch, zeroed, HostBuf, WRITE_CHUNK};
 use super::{adamw, embedding, q8, rmsnorm, swiglu, Cpu};
@@ -30,12 +27,11 @@ use crate::distributed::World;
 use crate::kernels::float::Element;
 use crate::kernels::{
     AdamWStep, Allocator, AttnShape, Backend, BackendKind, BatchPart, BufKind, Buffer, Collective,
-    HostWrite, MatMul, ParamRead, Role, Span, SpanMut, StepStats, Stored, ValueType,
+    HostWrite, MatMul, ParamRead, ParamsInFile, Role, Span, SpanMut, StepStats, Stored, ValueType,
 };
 use crate::Result;
 use half::bf16;
 use rayon::prelude::*;
-use std::ops::Range;
 
 mod buf;
 
@@ -113,7 +109,7 @@ impl CpuMixed {
     }
 
     /// `out = a · b` on this backend's bf16 kernel, a forward-only model's prompts
-    /// as dot products ([`matmul_bf16_forward_on`]).
+    /// as dot products ([`matmul_bf16_on`] with `forward_only`).
     fn bf16_product<A: Bf16Operand, B: Bf16Operand>(
         &self,
         out: &mut [f32],
@@ -121,10 +117,7 @@ impl CpuMixed {
         b: &[B],
         shape: MatMul,
     ) {
-        match self.forward_only {
-            true => matmul_bf16_forward_on(self.kernel, out, a, b, shape),
-            false => matmul_bf16_on(self.kernel, out, a, b, shape),
-        }
+        matmul_bf16_on(self.kernel, self.forward_only, out, a, b, shape)
     }
 
     /// A copy of `len` parameters as this backend multiplies them (zeros).
@@ -348,30 +341,27 @@ impl Backend<f32> for CpuMixed {
     /// read them as they lie, and loading takes no fresh memory at all (after an
     /// idle pause, a virtual machine's host can take half a second to back 256 MiB
     /// of fresh huge pages). Q8_0 blocks are made from values read in.
-    fn map_params(
-        &self,
-        file: &std::fs::File,
-        offset: u64,
-        len: usize,
-        stored: Stored,
-        reads: &[(Range<usize>, ParamRead)],
-    ) -> Option<MixedBuf> {
+    fn map_params(&self, params: &ParamsInFile<'_>) -> Option<MixedBuf> {
         if cfg!(target_endian = "big") {
             return None;
         }
-        match (stored, self.weights) {
+        match (params.stored, self.weights) {
             (Stored::F32, _) => {
                 let mut buf = MixedBuf {
-                    values: Values::F32(HostBuf::map(file, offset, len)?),
-                    copy: self.param_copy(len),
+                    values: Values::F32(HostBuf::map(params)?),
+                    copy: self.param_copy(params.len),
                 };
-                for (range, _) in reads.iter().filter(|(_, read)| self.needs_copy(*read)) {
+                for (range, _) in params
+                    .reads
+                    .iter()
+                    .filter(|(_, read)| self.needs_copy(*read))
+                {
                     buf.refresh_copy(range.start, range.len());
                 }
                 Some(buf)
             }
             (Stored::Bf16, WeightCopy::Bf16) if self.forward_only => Some(MixedBuf {
-                values: Values::Bf16(HostBuf::map(file, offset, len)?),
+                values: Values::Bf16(HostBuf::map(params)?),
                 copy: ParamCopy::None,
             }),
             (Stored::Bf16, _) => None,
