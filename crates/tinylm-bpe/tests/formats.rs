@@ -149,68 +149,74 @@ fn tokenizer_json_errors_name_file_and_key() {
         *j.pointer_mut(pointer).unwrap() = value;
         j
     };
-    for model in ["WordPiece", "Unigram", "WordLevel"] {
-        refused(
-            dir.path(),
-            "m.json",
-            &with("/model/type", json!(model)),
-            "model.type",
-        );
-    }
-    let e = refused(
-        dir.path(),
-        "n.json",
-        &with("/normalizer", json!({"type": "NFC"})),
-        "normalizer",
-    );
-    assert!(e.contains("NFC"), "{e}");
-    refused(
-        dir.path(),
-        "p.json",
-        &with("/pre_tokenizer", json!({"type": "Metaspace"})),
-        "pre_tokenizer",
-    );
-    refused(
-        dir.path(),
-        "s.json",
-        &with(
-            "/pre_tokenizer/pretokenizers/0/pattern",
+    // (Where in the file, the value written there, the key the error names, and
+    // what else it says.)
+    let pattern = "/pre_tokenizer/pretokenizers/0/pattern";
+    let mut cases: Vec<(String, Value, String, &str)> = vec![
+        (
+            "/normalizer".into(),
+            json!({"type": "NFC"}),
+            "normalizer".into(),
+            "NFC",
+        ),
+        (
+            "/pre_tokenizer".into(),
+            json!({"type": "Metaspace"}),
+            "pre_tokenizer".into(),
+            "",
+        ),
+        (
+            pattern.into(),
             json!({"String": " "}),
+            "pre_tokenizer.pretokenizers[0].pattern".into(),
+            "",
         ),
-        "pre_tokenizer.pretokenizers[0].pattern",
-    );
-    refused(
-        dir.path(),
-        "b.json",
-        &with(
-            "/pre_tokenizer/pretokenizers/0/behavior",
+        (
+            "/pre_tokenizer/pretokenizers/0/behavior".into(),
             json!("MergedWithPrevious"),
+            "pre_tokenizer.pretokenizers[0].behavior".into(),
+            "",
         ),
-        "pre_tokenizer.pretokenizers[0].behavior",
-    );
-    refused(
-        dir.path(),
-        "r.json",
-        &with("/pre_tokenizer/pretokenizers/1/use_regex", json!(true)),
-        "pre_tokenizer.pretokenizers[1].use_regex",
-    );
-    // tiktoken's own GPT-4 regex means another split to tokenizers.
-    let e = refused(
-        dir.path(),
-        "g.json",
-        &with(
-            "/pre_tokenizer/pretokenizers/0/pattern/Regex",
+        (
+            "/pre_tokenizer/pretokenizers/1/use_regex".into(),
+            json!(true),
+            "pre_tokenizer.pretokenizers[1].use_regex".into(),
+            "",
+        ),
+        // tiktoken's own GPT-4 regex means another split to tokenizers.
+        (
+            format!("{pattern}/Regex"),
             json!(Pattern::Gpt4.regex()),
+            "pre_tokenizer.pretokenizers[0].pattern".into(),
+            "repetition",
         ),
-        "pre_tokenizer.pretokenizers[0].pattern",
-    );
-    assert!(e.contains("repetition"), "{e}");
-    refused(
-        dir.path(),
-        "x.json",
-        &with("/pre_tokenizer/pretokenizers/0/pattern/Regex", json!("(")),
-        "pre_tokenizer.pretokenizers[0].pattern",
-    );
+        (
+            format!("{pattern}/Regex"),
+            json!("("),
+            "pre_tokenizer.pretokenizers[0].pattern".into(),
+            "",
+        ),
+        (
+            "/model/merges/3".into(),
+            json!("nospace"),
+            "model.merges[3]".into(),
+            "",
+        ),
+        (
+            "/added_tokens/0/lstrip".into(),
+            json!(true),
+            "added_tokens[0].lstrip".into(),
+            "",
+        ),
+    ];
+    for model in ["WordPiece", "Unigram", "WordLevel"] {
+        cases.push((
+            "/model/type".into(),
+            json!(model),
+            "model.type".into(),
+            model,
+        ));
+    }
     for (key, value) in [
         ("byte_fallback", json!(true)),
         ("continuing_subword_prefix", json!("##")),
@@ -218,12 +224,16 @@ fn tokenizer_json_errors_name_file_and_key() {
         ("ignore_merges", json!(true)),
         ("dropout", json!(0.1)),
     ] {
-        refused(
+        cases.push((format!("/model/{key}"), value, format!("model.{key}"), ""));
+    }
+    for (i, (pointer, value, key, detail)) in cases.into_iter().enumerate() {
+        let e = refused(
             dir.path(),
-            "k.json",
-            &with(&format!("/model/{key}"), value),
-            &format!("model.{key}"),
+            &format!("{i}.json"),
+            &with(&pointer, value),
+            &key,
         );
+        assert!(e.contains(detail), "{pointer}: {e}");
     }
     // An id no token has (here: the id of a token dropped from the vocabulary).
     let mut j = good.clone();
@@ -232,18 +242,6 @@ fn tokenizer_json_errors_name_file_and_key() {
     vocab.remove(&spelled);
     let e = refused(dir.path(), "d.json", &j, "model.vocab");
     assert!(e.contains("300"), "{e}");
-    refused(
-        dir.path(),
-        "mm.json",
-        &with("/model/merges/3", json!("nospace")),
-        "model.merges[3]",
-    );
-    refused(
-        dir.path(),
-        "a.json",
-        &with("/added_tokens/0/lstrip", json!(true)),
-        "added_tokens[0].lstrip",
-    );
     // Saving a vocabulary where two ids have the same bytes names both.
     let mut dup = bpe.clone();
     dup.vocab[400] = dup.vocab[300].clone();

@@ -371,6 +371,18 @@ fn idle_and_half_sent_connections_are_closed() {
     read_until_closed(kept.reader.get_mut(), Duration::from_secs(10)).unwrap();
 }
 
+/// A streaming completion of `request` on a new connection to `server`: the
+/// connection, its head read (200), and the stream's first chunk.
+fn started_stream(server: &Server, request: Value) -> (Connection, Vec<u8>) {
+    let mut connection = server.connect();
+    connection
+        .write("POST", "/v1/completions", &[], &completion(request))
+        .unwrap();
+    assert_eq!(connection.read_head().unwrap().0, 200);
+    let first = connection.read_chunk().unwrap();
+    (connection, first)
+}
+
 /// The events of a stream whose head and first chunk were read: to its end, which
 /// must come within 30 s.
 fn rest_of_stream(connection: &mut Connection, first: Vec<u8>) -> Vec<String> {
@@ -393,15 +405,10 @@ fn rest_of_stream(connection: &mut Connection, first: Vec<u8>) -> Vec<String> {
 #[test]
 fn sigterm_lets_open_streams_finish_then_exits_0() {
     let mut server = Server::start(&["--slots", "2"], &[]);
-    let mut connection = server.connect();
-    let body = completion(
+    let (mut connection, first) = started_stream(
+        &server,
         json!({"prompt": "Once", "max_tokens": 200, "n": 4, "stream": true, "ignore_eos": true}),
     );
-    connection
-        .write("POST", "/v1/completions", &[], &body)
-        .unwrap();
-    assert_eq!(connection.read_head().unwrap().0, 200);
-    let first = connection.read_chunk().unwrap();
     server.terminate();
     let events = rest_of_stream(&mut connection, first);
     assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
@@ -426,16 +433,11 @@ fn sigterm_ends_streams_that_outlast_the_shutdown_bound() {
         "0.5",
     ];
     let mut server = Server::start(&flags, &[]);
-    let mut connection = server.connect();
     // 128 choices of 250 tokens one after the other: far more than 0.5 s.
-    let body = completion(
+    let (mut connection, first) = started_stream(
+        &server,
         json!({"prompt": "Once", "max_tokens": 250, "n": 128, "stream": true, "ignore_eos": true}),
     );
-    connection
-        .write("POST", "/v1/completions", &[], &body)
-        .unwrap();
-    assert_eq!(connection.read_head().unwrap().0, 200);
-    let first = connection.read_chunk().unwrap();
     let stopped = Instant::now();
     server.terminate();
     // No new connection once the signal is seen, while the stream goes on.

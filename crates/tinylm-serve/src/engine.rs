@@ -197,17 +197,22 @@ struct Engine<'m, 't, B: Backend<f32>> {
     next_id: u64,
 }
 
-/// Decodes the jobs `jobs` brings with `model`, `slots` at a time, until the
-/// channel closes.
+/// Prompt rows a decoding pass takes at most, by default: about two prompts of a
+/// few dozen tokens, so that of requests that arrive together the first ones
+/// stream while the others' prompts go in (see [`Batcher::with_prefill_rows`]).
+pub const DEFAULT_PREFILL_ROWS: usize = 128;
+
+/// Decodes the jobs `jobs` brings with `model`, `slots` at a time with at most
+/// `prefill_rows` prompt rows a pass (`batching`), until the channel closes.
 pub fn run<B: Backend<f32>>(
     model: &mut Model<f32, B>,
     tokenizer: &Tokenizer,
-    slots: usize,
+    (slots, prefill_rows): (usize, usize),
     jobs: Receiver<Job>,
     shared: &Shared,
 ) -> Result<()> {
     let mut engine = Engine {
-        batcher: Batcher::new(model, slots)?,
+        batcher: Batcher::new(model, slots)?.with_prefill_rows(prefill_rows)?,
         model,
         tokenizer,
         shared,

@@ -26,6 +26,7 @@ mod stream;
 pub mod tokens;
 
 pub use auth::API_KEY_ENV;
+pub use engine::DEFAULT_PREFILL_ROWS;
 pub use error::ApiError;
 
 use anyhow::{Context, Result};
@@ -51,6 +52,8 @@ pub struct Settings {
     pub port: u16,
     /// Sequences decoded together.
     pub slots: usize,
+    /// Prompt rows a decoding pass takes at most ([`DEFAULT_PREFILL_ROWS`]).
+    pub prefill_rows: usize,
     pub device: Device,
     pub precision: Precision,
     /// The key clients must send; none: the API is open.
@@ -74,6 +77,7 @@ pub fn run(
         host,
         port,
         slots,
+        prefill_rows,
         device,
         precision,
         api_key,
@@ -138,7 +142,8 @@ pub fn run(
                     Ok(mut loaded) => {
                         let _ = ready.send(Ok(()));
                         let tokenizer = &engine_model.tokenizer;
-                        engine::run(&mut loaded, tokenizer, slots, queue, &engine_shared)
+                        let batching = (slots, prefill_rows);
+                        engine::run(&mut loaded, tokenizer, batching, queue, &engine_shared)
                     }
                     Err(e) => {
                         let _ = ready.send(Err(e.into()));

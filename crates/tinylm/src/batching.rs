@@ -3,8 +3,14 @@
 //! its prompt goes through in that pass, beside one token of each sequence that
 //! is decoding — and leaves when it ends or is removed, freeing its slot (and its
 //! KV cache, kept for the next sequence). A pass takes at most `context_length`
-//! rows: every decoding sequence's token, then prompts, a long one spread over
-//! several passes if others fill the first.
+//! rows: every decoding sequence's token, then prompts — at most
+//! [`Batcher::with_prefill_rows`] rows of them — a long one spread over several
+//! passes if others fill the first.
+//!
+//! Why bound the prompts' rows: sequences that arrive together would otherwise all
+//! wait for one pass over every prompt before any draws its first token; in passes
+//! of a few prompts each, the first ones start to stream while the rest go in, and
+//! the sequences already decoding draw a token every pass.
 //!
 //! An ended sequence's cache keeps the tokens it holds: a new sequence takes the
 //! spare cache that shares the longest start with its prompt and prefills only the
@@ -72,6 +78,8 @@ struct Sequence<Buf> {
 pub struct Batcher<Buf> {
     slots: usize,
     context_length: usize,
+    /// Prompt rows a pass takes at most, beside the decoding sequences' tokens.
+    prefill_rows: usize,
     sequences: Vec<Sequence<Buf>>,
     /// The KV caches of ended sequences and the tokens each holds, for the next ones.
     spare: Vec<(KvCache<Buf>, Vec<u32>)>,
@@ -90,8 +98,23 @@ impl<Buf: Buffer> Batcher<Buf> {
         Ok(Batcher {
             slots,
             context_length,
+            prefill_rows: context_length,
             sequences: Vec::new(),
             spare: Vec::new(),
+        })
+    }
+
+    /// At most `rows` prompt rows in a pass (at least 1; the default is the whole
+    /// pass): the ones that do not fit go in the next passes.
+    pub fn with_prefill_rows(self, rows: usize) -> Result<Self> {
+        if rows == 0 {
+            return Err(Error::Config(
+                "a pass must take at least one prompt row, got 0".into(),
+            ));
+        }
+        Ok(Batcher {
+            prefill_rows: rows,
+            ..self
         })
     }
 
@@ -197,7 +220,7 @@ impl<Buf: Buffer> Batcher<Buf> {
 
     /// One decoding pass over every sequence — each decoding one its last token,
     /// each prefilling as much of its prompt as the pass's `context_length` rows
-    /// leave — then a token drawn for each whose feed went through whole (in
+    /// and the prefill bound leave — then a token drawn for each whose feed went through whole (in
     /// parallel). Ended sequences leave. Returns what each drew, in the order they
     /// joined.
     pub fn step<B: Backend<f32, Buf = Buf>>(
@@ -205,7 +228,7 @@ impl<Buf: Buffer> Batcher<Buf> {
         model: &mut Model<f32, B>,
     ) -> Result<Vec<Drawn>> {
         let decoding = self.sequences.iter().filter(|s| s.feed.len() == 1).count();
-        let mut rows_left = self.context_length - decoding;
+        let mut rows_left = (self.context_length - decoding).min(self.prefill_rows);
         let takes: Vec<usize> = (self.sequences.iter())
             .map(|s| match s.feed.len() {
                 1 => 1,

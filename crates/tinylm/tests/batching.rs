@@ -217,6 +217,60 @@ fn alone(model: &mut Model<f32>, prompt: &[u32], k: usize) -> Vec<u32> {
     .unwrap()
 }
 
+/// With at most 9 prompt rows a pass, three 9-token prompts that arrive together
+/// go in one a pass: the first draws its first token after pass 1 (and goes on
+/// drawing while the others' prompts go in), the second after pass 2, the third
+/// after pass 3 — each drawing what it draws alone. A longer prompt is spread over
+/// passes of 9 rows; 0 rows is refused.
+#[test]
+fn a_bound_on_prompt_rows_starts_the_first_prompts_first() {
+    let c = config();
+    let mut model = Model::new(c.clone(), 17).unwrap();
+    let mut batcher = (Batcher::new(&model, 4).unwrap())
+        .with_prefill_rows(9)
+        .unwrap();
+    let prompts: Vec<Vec<u32>> = (0..4)
+        .map(|k| ids(if k < 3 { 9 } else { 20 }, c.vocab_size, k))
+        .collect();
+    for (k, prompt) in prompts.iter().enumerate() {
+        let request = Request {
+            prompt: prompt.clone(),
+            max_tokens: 8,
+            sampler: sampler(k),
+            eos: None,
+            logprobs: None,
+        };
+        batcher.add(&model, k as u64, request).unwrap();
+    }
+    let mut drawn: HashMap<u64, Vec<u32>> = HashMap::new();
+    let mut first_pass: HashMap<u64, usize> = HashMap::new();
+    for pass in 1.. {
+        if batcher.is_empty() {
+            break;
+        }
+        for d in batcher.step(&mut model).unwrap() {
+            first_pass.entry(d.id).or_insert(pass);
+            drawn.entry(d.id).or_default().extend(d.token);
+        }
+    }
+    // The 20-token prompt: 9 + 9 + 2 rows in passes 4, 5 and 6.
+    let want_first: HashMap<u64, usize> = HashMap::from([(0, 1), (1, 2), (2, 3), (3, 6)]);
+    assert_eq!(first_pass, want_first);
+    for (k, prompt) in prompts.iter().enumerate() {
+        assert_eq!(
+            drawn[&(k as u64)],
+            alone(&mut model, prompt, k),
+            "sequence {k}"
+        );
+    }
+    let err = Batcher::new(&model, 4)
+        .unwrap()
+        .with_prefill_rows(0)
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("at least one prompt row"), "{err}");
+}
+
 #[test]
 fn a_prompt_found_in_an_ended_sequence_s_cache_is_not_prefilled_again() {
     let c = config();

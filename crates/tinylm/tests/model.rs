@@ -30,6 +30,14 @@ fn config(norm: Norm, positional: Positional, ffn: Ffn, tie_embeddings: bool) ->
     }
 }
 
+/// [`config`] with a context longer than one attention query block: decoding's.
+fn long_config(norm: Norm, positional: Positional, ffn: Ffn, tie_embeddings: bool) -> ModelConfig {
+    ModelConfig {
+        context_length: 40,
+        ..config(norm, positional, ffn, tie_embeddings)
+    }
+}
+
 fn random_ids(rng: &mut ChaCha8Rng, len: usize, vocab: usize) -> Vec<u32> {
     (0..len)
         .map(|_| rng.random_range(0..vocab as u32))
@@ -216,12 +224,7 @@ fn forward_loss_is_the_mean_cross_entropy_of_the_logits() {
 #[test]
 fn kv_cache_decoding_matches_full_forward_at_every_position() {
     let mut rng = ChaCha8Rng::seed_from_u64(3);
-    for c in ablations(config) {
-        // Longer than one attention query block.
-        let c = ModelConfig {
-            context_length: 40,
-            ..c
-        };
+    for c in ablations(long_config) {
         let t = c.context_length;
         let p = perturbed_params(&c, 7);
         let ids = random_ids(&mut rng, t, c.vocab_size);
@@ -262,11 +265,7 @@ fn relative_diff(got: &[f32], want: &[f32]) -> f32 {
 #[test]
 fn batched_decoding_equals_one_sequence_at_a_time() {
     let mut rng = ChaCha8Rng::seed_from_u64(5);
-    for c in ablations(config) {
-        let c = ModelConfig {
-            context_length: 40,
-            ..c
-        };
+    for c in ablations(long_config) {
         let v = c.vocab_size;
         let mut model = Model::from_params(c.clone(), perturbed_params(&c, 8)).unwrap();
         // Each sequence's whole text, and the logits after each of its tokens when

@@ -36,6 +36,10 @@ pub struct ServeArgs {
     /// Sequences decoded together; further requests wait for a free slot.
     #[arg(long, default_value_t = 8)]
     slots: usize,
+    /// Prompt rows a decoding pass takes at most: prompts beyond go in the next
+    /// passes, while the sequences already started go on drawing.
+    #[arg(long, default_value_t = tinylm_serve::DEFAULT_PREFILL_ROWS)]
+    prefill_rows: usize,
     #[command(flatten)]
     threads: ThreadsArg,
     #[command(flatten)]
@@ -127,6 +131,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         host: args.host.clone(),
         port: args.port,
         slots: args.slots,
+        prefill_rows: args.prefill_rows,
         device: args.device.device,
         precision: args.device.precision,
         api_key: args.api_key.clone(),

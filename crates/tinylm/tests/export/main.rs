@@ -9,7 +9,7 @@ use gguf_file::read_gguf;
 
 use serde_json::Value;
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use tinylm::config::{Ffn, Norm, Positional};
 use tinylm::distributed::World;
 use tinylm::export::gguf::{self, GgufDtype};
@@ -279,6 +279,17 @@ fn hf_export_computes_tinylms_logits_in_a_llama_forward_pass() {
     }
 }
 
+/// A tokenizer of 290 tokens and a model of `config(false)` exported into
+/// `dir/hf`: the tokenizer and the directory.
+fn exported_hf(dir: &Path) -> (Bpe, PathBuf) {
+    let config = config(false);
+    let tok = tokenizer(dir, 290);
+    let params = ParamLayout::new(&config).init(1);
+    let out = dir.join("hf");
+    hf::export(&config, &params, &tok, &out).unwrap();
+    (tok, out)
+}
+
 fn read_json(path: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
@@ -286,11 +297,7 @@ fn read_json(path: &Path) -> Value {
 #[test]
 fn hf_directory_has_llamas_fields_names_and_tokenizer() {
     let dir = tempfile::tempdir().unwrap();
-    let config = config(false);
-    let tok = tokenizer(dir.path(), 290);
-    let params = ParamLayout::new(&config).init(1);
-    let out = dir.path().join("hf");
-    hf::export(&config, &params, &tok, &out).unwrap();
+    let (tok, out) = exported_hf(dir.path());
     let cfg = read_json(&out.join("config.json"));
     let eot = tok.end_of_text().unwrap();
     assert_eq!(tok.vocab[eot as usize], b"<|endoftext|>");
@@ -510,11 +517,7 @@ fn ablations_without_a_llama_equivalent_are_refused_by_name() {
 #[test]
 fn import_refuses_what_tinylm_cannot_run_naming_the_field() {
     let dir = tempfile::tempdir().unwrap();
-    let config = config(false);
-    let tok = tokenizer(dir.path(), 290);
-    let params = ParamLayout::new(&config).init(3);
-    let out = dir.path().join("hf");
-    hf::export(&config, &params, &tok, &out).unwrap();
+    let (_, out) = exported_hf(dir.path());
     let original = read_json(&out.join("config.json"));
     let edits: [(&str, Value, &str); 8] = [
         ("num_key_value_heads", 1.into(), "num_key_value_heads"),

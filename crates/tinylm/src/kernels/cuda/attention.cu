@@ -555,15 +555,27 @@ extern "C" __global__ void attention_forward_d64(FORWARD_ARGS) {
 extern "C" __global__ void attention_forward_d128(FORWARD_ARGS) {
     attention_forward_tile<128, 2, 16>(FORWARD_PASS);
 }
-// The backward pair of one head size: its warps per block and its key rows per tile.
-#define ATTENTION_BACKWARD(D, WARPS, ROWS)                                                 \
-    extern "C" __global__ void attention_backward_dq_d##D(DQ_ARGS) {                       \
-        attention_backward_dq_tile<D, WARPS, ROWS>(DQ_PASS);                               \
-    }                                                                                      \
-    extern "C" __global__ void attention_backward_dkv_d##D(DKV_ARGS) {                     \
-        attention_backward_dkv_tile<D, WARPS, ROWS>(DKV_PASS);                             \
-    }
-ATTENTION_BACKWARD(16, 4, BF16_F32(32, 16))
-ATTENTION_BACKWARD(32, 4, BF16_F32(32, 16))
-ATTENTION_BACKWARD(64, 2, BF16_F32(64, 16))
-ATTENTION_BACKWARD(128, 1, BF16_F32(32, 16))
+extern "C" __global__ void attention_backward_dq_d16(DQ_ARGS) {
+    attention_backward_dq_tile<16, 4, BF16_F32(32, 16)>(DQ_PASS);
+}
+extern "C" __global__ void attention_backward_dkv_d16(DKV_ARGS) {
+    attention_backward_dkv_tile<16, 4, BF16_F32(32, 16)>(DKV_PASS);
+}
+extern "C" __global__ void attention_backward_dq_d32(DQ_ARGS) {
+    attention_backward_dq_tile<32, 4, BF16_F32(32, 16)>(DQ_PASS);
+}
+extern "C" __global__ void attention_backward_dkv_d32(DKV_ARGS) {
+    attention_backward_dkv_tile<32, 4, BF16_F32(32, 16)>(DKV_PASS);
+}
+extern "C" __global__ void attention_backward_dq_d64(DQ_ARGS) {
+    attention_backward_dq_tile<64, 2, BF16_F32(64, 16)>(DQ_PASS);
+}
+extern "C" __global__ void attention_backward_dkv_d64(DKV_ARGS) {
+    attention_backward_dkv_tile<64, 2, BF16_F32(64, 16)>(DKV_PASS);
+}
+extern "C" __global__ void attention_backward_dq_d128(DQ_ARGS) {
+    attention_backward_dq_tile<128, 1, BF16_F32(32, 16)>(DQ_PASS);
+}
+extern "C" __global__ void attention_backward_dkv_d128(DKV_ARGS) {
+    attention_backward_dkv_tile<128, 1, BF16_F32(32, 16)>(DKV_PASS);
+}
