@@ -87,7 +87,7 @@ impl<F: Float> Backend<F> for Cpu {
         if !f32s || params.stored != Stored::F32 || cfg!(target_endian = "big") {
             return None;
         }
-        HostBuf::map(params)
+        HostBuf::map(params.file, params.offset, params.len)
     }
 
     fn alloc_staging(&self, len: usize) -> Result<Vec<F>> {

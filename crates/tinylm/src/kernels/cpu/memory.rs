@@ -59,16 +59,15 @@ pub struct Mapped<T> {
 }
 
 impl<T: bytemuck::Pod> HostBuf<T> {
-    /// `params.len` values of `T` as they lie in `params.file` (native byte order)
-    /// from byte `params.offset` on; `None` where that is not a whole, aligned run
-    /// of the file, or the file cannot be mapped (the caller then reads it).
+    /// `len` values of `T` as they lie in `file` (native byte order) from byte
+    /// `offset` on; `None` where that is not a whole, aligned run of the file, or
+    /// the file cannot be mapped (the caller then reads it).
     ///
     /// A mapping sees what the file holds, so the file must not be changed in place
     /// while the buffer lives (tinylm's own writers replace a file whole, which a
     /// mapping of the old one does not see).
-    pub fn map(params: &crate::kernels::ParamsInFile<'_>) -> Option<Self> {
-        let (file, offset) = (params.file, params.offset);
-        let bytes = params.len * size_of::<T>();
+    pub fn map(file: &std::fs::File, offset: u64, len: usize) -> Option<Self> {
+        let bytes = len * size_of::<T>();
         let fits = file.metadata().ok()?.len() >= offset + bytes as u64;
         if !fits || !offset.is_multiple_of(align_of::<T>() as u64) || bytes == 0 {
             return None;
@@ -94,7 +93,7 @@ impl<T: bytemuck::Pod> HostBuf<T> {
         let _ = map.advise(memmap2::Advice::HugePage);
         Some(HostBuf::Mapped(Mapped {
             map,
-            len: params.len,
+            len,
             values: std::marker::PhantomData,
         }))
     }

@@ -348,7 +348,7 @@ impl Backend<f32> for CpuMixed {
         match (params.stored, self.weights) {
             (Stored::F32, _) => {
                 let mut buf = MixedBuf {
-                    values: Values::F32(HostBuf::map(params)?),
+                    values: Values::F32(HostBuf::map(params.file, params.offset, params.len)?),
                     copy: self.param_copy(params.len),
                 };
                 for (range, _) in params
@@ -361,7 +361,7 @@ impl Backend<f32> for CpuMixed {
                 Some(buf)
             }
             (Stored::Bf16, WeightCopy::Bf16) if self.forward_only => Some(MixedBuf {
-                values: Values::Bf16(HostBuf::map(params)?),
+                values: Values::Bf16(HostBuf::map(params.file, params.offset, params.len)?),
                 copy: ParamCopy::None,
             }),
             (Stored::Bf16, _) => None,
