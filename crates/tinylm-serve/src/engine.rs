@@ -203,11 +203,12 @@ struct Engine<'m, 't, B: Backend<f32>> {
 pub const DEFAULT_PREFILL_ROWS: usize = 128;
 
 /// Decodes the jobs `jobs` brings with `model`, `slots` at a time with at most
-/// `prefill_rows` prompt rows a pass (`batching`), until the channel closes.
+/// `prefill_rows` prompt rows a pass, until the channel closes.
 pub fn run<B: Backend<f32>>(
     model: &mut Model<f32, B>,
     tokenizer: &Tokenizer,
-    (slots, prefill_rows): (usize, usize),
+    slots: usize,
+    prefill_rows: usize,
     jobs: Receiver<Job>,
     shared: &Shared,
 ) -> Result<()> {

@@ -142,8 +142,8 @@ pub fn run(
                     Ok(mut loaded) => {
                         let _ = ready.send(Ok(()));
                         let tokenizer = &engine_model.tokenizer;
-                        let batching = (slots, prefill_rows);
-                        engine::run(&mut loaded, tokenizer, batching, queue, &engine_shared)
+                        let shared = &engine_shared;
+                        engine::run(&mut loaded, tokenizer, slots, prefill_rows, queue, shared)
                     }
                     Err(e) => {
                         let _ = ready.send(Err(e.into()));
