@@ -36,6 +36,14 @@ fn config() -> ModelConfig {
 const PROMPT: usize = 32;
 const STEPS: usize = 120;
 
+/// The environment variable naming a checkpoint of [`trained`]'s model to decode,
+/// written there first when it is missing. Under qemu's emulated CPUs every float
+/// operation is a softfloat call: the 300 training steps take hours (about 100 s a
+/// step under `-cpu Haswell`), the decoding minutes. So CI trains on the real CPU
+/// and decodes the same file on the emulated ones (`.ci/run`); unset, the test
+/// trains its own.
+const SHARED_CHECKPOINT: &str = "TINYLM_DECODE_CHECKPOINT";
+
 /// Parameters trained in `f32` on TinyStories bytes, long enough that the model's
 /// next-byte distributions are peaked (a random model's near-uniform logits would
 /// make the greedy token a coin toss between near ties in any precision).
@@ -141,11 +149,16 @@ fn bf16_and_q8_0_decoding_follow_f32_and_their_own_full_forward() {
     let text = tinylm_corpus::tinystories().into_bytes();
     // Train on the first 90% of the stories; prompt from a story after it.
     let split = text.len() * 9 / 10;
-    let params = trained(&c, &text[..split]);
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("checkpoint.safetensors");
-    tinylm::checkpoint::save(&path, &c, &params, None, &Default::default()).unwrap();
-    let weights = tinylm::weights::open(&path, None).unwrap();
+    let path = match std::env::var_os(SHARED_CHECKPOINT) {
+        Some(path) => std::path::PathBuf::from(path),
+        None => dir.path().join("checkpoint.safetensors"),
+    };
+    if !path.exists() {
+        let params = trained(&c, &text[..split]);
+        tinylm::checkpoint::save(&path, &c, &params, None, &Default::default()).unwrap();
+    }
+    let weights = tinylm::weights::open(&path, Some(&c)).unwrap();
     let v = c.vocab_size;
 
     // f32's greedy continuation of the prompt: the tokens every precision is fed.

@@ -150,9 +150,10 @@ pub fn matmul<F: Float>(out: &mut [F], a: &[F], b: &[F], s: MatMul) {
     let b = View::new(b, b_rs, s.b_transposed);
     let out = SharedMut(out.as_mut_ptr());
     for_each_output_block(s, (1, 1), |rows, cols| {
-        let (a, b) = (a, b); // whole views (Sync), not their raw-pointer fields
-                             // SAFETY: the block is inside every operand (sizes checked above) and each
-                             // task writes only its own block of `out`.
+        // The whole views (Sync), not their raw-pointer fields.
+        let (a, b) = (a, b);
+        // SAFETY: the block is inside every operand (sizes checked above) and each
+        // task writes only its own block of `out`.
         unsafe {
             let a = View {
                 ptr: a.ptr.offset(rows.start as isize * a.rs),

@@ -184,9 +184,10 @@ fn product<A: Bf16Operand, B: Bf16Operand>(
     }
     let out = SharedMut(out.as_mut_ptr());
     for_each_output_block(s, kernel.tile(), |rows, cols| {
-        let (a, b) = (a, b); // whole operands (Sync), not their raw-pointer fields
-                             // SAFETY: the block is inside every operand (sizes checked above) and each
-                             // task writes only its own block of `out`.
+        // The whole operands (Sync), not their raw-pointer fields.
+        let (a, b) = (a, b);
+        // SAFETY: the block is inside every operand (sizes checked above) and each
+        // task writes only its own block of `out`.
         unsafe {
             matmul_bf16_view(
                 kernel,
