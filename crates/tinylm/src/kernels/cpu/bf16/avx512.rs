@@ -15,7 +15,7 @@
 //! packed as panels (a weight `W (out, in)` as `B` of `x·Wᵀ`) is transposed 16 × 16
 //! pairs at a time.
 
-use super::pack::{pack_pairs, Layout, Microkernel, Operand, Tile};
+use super::pack::{pack_pairs, Block, Layout, Microkernel, Tile};
 use super::round::{Bf16Operand, Storage};
 use crate::kernels::cpu::few_dots::{for_each_few_dot, FewDots, FEW_W, FEW_X};
 use std::arch::x86_64::*;
@@ -45,13 +45,7 @@ impl Microkernel for Avx512Bf16 {
 
     #[target_feature(enable = "avx512f,avx512bf16")]
     unsafe fn tile(x: Tile, c: *mut f32, ldc: usize, accumulate: bool) {
-        let Tile {
-            kp,
-            a,
-            a_rs,
-            a_ps,
-            b,
-        } = x;
+        let (kp, a, a_rs, a_ps, b) = (x.kp, x.a, x.a_rs, x.a_ps, x.b);
         let mut acc = [[_mm512_setzero_ps(); NV]; MR];
         if accumulate {
             for (i, row) in acc.iter_mut().enumerate() {
@@ -87,37 +81,18 @@ impl Microkernel for Avx512Bf16 {
         unsafe { _mm_prefetch::<_MM_HINT_T1>(p.cast()) }
     }
 
-    unsafe fn pack<E: Bf16Operand>(
-        dst: &mut [u32],
-        layout: Layout,
-        src: Operand<E>,
-        rows: usize,
-        kc: usize,
-        padded_rows: usize,
-    ) {
-        let kp = kc.div_ceil(2);
-        assert!(dst.len() >= padded_rows * kp, "packed block size");
-        let dst = dst.as_mut_ptr();
+    unsafe fn pack<E: Bf16Operand>(dst: &mut [u32], layout: Layout, x: Block<E>) {
+        assert!(dst.len() >= x.padded_rows * x.kp(), "packed block size");
+        let (src, panels_of) = (x.src, |w: usize| x.padded_rows.is_multiple_of(w));
         match layout {
-            Layout::Rows if src.cs == 1 => pack_rows(dst, src, rows, kc, padded_rows),
-            Layout::Panels(w)
-                if src.rs == 1 && w.is_multiple_of(8) && padded_rows.is_multiple_of(w) =>
-            {
-                pack_interleaved(dst, w, src, rows, kc, padded_rows)
+            Layout::Rows if src.cs == 1 => pack_rows(dst.as_mut_ptr(), x),
+            Layout::Panels(w) if src.rs == 1 && w.is_multiple_of(8) && panels_of(w) => {
+                pack_interleaved(dst.as_mut_ptr(), w, x)
             }
-            Layout::Panels(w)
-                if src.cs == 1 && w.is_multiple_of(16) && padded_rows.is_multiple_of(w) =>
-            {
-                pack_transposed(dst, w, src, rows, kc, padded_rows)
+            Layout::Panels(w) if src.cs == 1 && w.is_multiple_of(16) && panels_of(w) => {
+                pack_transposed(dst.as_mut_ptr(), w, x)
             }
-            _ => pack_pairs(
-                std::slice::from_raw_parts_mut(dst, padded_rows * kp),
-                layout,
-                src,
-                rows,
-                kc,
-                padded_rows,
-            ),
+            _ => pack_pairs(dst, layout, x),
         }
     }
 }
@@ -180,15 +155,9 @@ const PAIR_BLOCK: usize = 8;
 /// [`Layout::Rows`] from a source contiguous along `k`: each row rounded in vectors
 /// of 32 values (16 pairs); an odd `kc`'s last pair has a zero upper half.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
-unsafe fn pack_rows<E: Bf16Operand>(
-    dst: *mut u32,
-    src: Operand<E>,
-    rows: usize,
-    kc: usize,
-    padded_rows: usize,
-) {
-    let kp = kc.div_ceil(2);
-    for r in 0..padded_rows {
+unsafe fn pack_rows<E: Bf16Operand>(dst: *mut u32, x: Block<E>) {
+    let (src, rows, kc, kp) = (x.src, x.rows, x.kc, x.kp());
+    for r in 0..x.padded_rows {
         let row = dst.add(r * kp);
         if r >= rows {
             std::ptr::write_bytes(row, 0, kp);
@@ -214,15 +183,8 @@ unsafe fn pack_rows<E: Bf16Operand>(
 /// [`Layout::Panels`] of `w` rows (a multiple of 8) from a source contiguous along
 /// the rows: for each pair, 16 rows of `k` values `2p` and `2p + 1` interleaved.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
-unsafe fn pack_interleaved<E: Bf16Operand>(
-    dst: *mut u32,
-    w: usize,
-    src: Operand<E>,
-    rows: usize,
-    kc: usize,
-    padded_rows: usize,
-) {
-    let kp = kc.div_ceil(2);
+unsafe fn pack_interleaved<E: Bf16Operand>(dst: *mut u32, w: usize, x: Block<E>) {
+    let (src, rows, kc, kp, padded_rows) = (x.src, x.rows, x.kc, x.kp(), x.padded_rows);
     // Lane 2i takes value i of the lower row, lane 2i + 1 value i of the upper one.
     let interleave = _mm512_set_epi16(
         31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4,
@@ -281,16 +243,9 @@ unsafe fn pack_interleaved<E: Bf16Operand>(
 /// [`Layout::Panels`] of `w` rows (a multiple of 16) from a source contiguous along
 /// `k`: 16 rows × 16 pairs rounded, transposed to 16 pairs × 16 rows, stored.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
-unsafe fn pack_transposed<E: Bf16Operand>(
-    dst: *mut u32,
-    w: usize,
-    src: Operand<E>,
-    rows: usize,
-    kc: usize,
-    padded_rows: usize,
-) {
-    let kp = kc.div_ceil(2);
-    for r0 in (0..padded_rows).step_by(16) {
+unsafe fn pack_transposed<E: Bf16Operand>(dst: *mut u32, w: usize, x: Block<E>) {
+    let (src, rows, kc, kp) = (x.src, x.rows, x.kc, x.kp());
+    for r0 in (0..x.padded_rows).step_by(16) {
         let panel = dst.add(r0 / w * w * kp + r0 % w);
         for p0 in (0..kp).step_by(16) {
             let count = (kc - 2 * p0).min(32);

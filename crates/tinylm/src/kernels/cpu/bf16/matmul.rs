@@ -10,7 +10,7 @@
 //! Threads split the output as the `f32` products do: one row block per thread,
 //! column blocks of at most 1,024, one fork-join per product.
 
-use super::pack::{Layout, Microkernel, Operand, Tile};
+use super::pack::{Block, Layout, Microkernel, Operand, Tile};
 use super::portable::Portable;
 use super::round::Bf16Operand;
 use crate::kernels::cpu::linear::{for_each_output_block, FEW_ROWS};
@@ -364,14 +364,13 @@ unsafe fn block<K: Microkernel, A: Bf16Operand, B: Bf16Operand>(
             for k0 in (chunk0..chunk_end).step_by(KC) {
                 let kc = KC.min(chunk_end - k0);
                 let at = n_padded * (k0 - chunk0) / 2;
-                K::pack(
-                    &mut b_pack[at..],
-                    Layout::Panels(K::NR),
-                    b_rows.at(0, k0),
-                    n,
+                let block = Block {
+                    src: b_rows.at(0, k0),
+                    rows: n,
                     kc,
-                    n_padded,
-                );
+                    padded_rows: n_padded,
+                };
+                K::pack(&mut b_pack[at..], Layout::Panels(K::NR), block);
             }
             // The blocks of A in the order they are packed: (first row, first of k).
             let a_blocks = (0..m)
@@ -383,7 +382,13 @@ unsafe fn block<K: Microkernel, A: Bf16Operand, B: Bf16Operand>(
                 let mc_padded = mc.next_multiple_of(K::MR);
                 let kc = KC.min(chunk_end - k0);
                 let kp = kc.div_ceil(2);
-                K::pack(a_pack, a_layout, a.at(i0, k0), mc, kc, mc_padded);
+                let block = Block {
+                    src: a.at(i0, k0),
+                    rows: mc,
+                    kc,
+                    padded_rows: mc_padded,
+                };
+                K::pack(a_pack, a_layout, block);
                 let (a_rs, a_ps) = a_layout.strides(kp);
                 let b_block = b_pack.as_ptr().add(n_padded * (k0 - chunk0) / 2);
                 let accumulate = accumulate || k0 > 0;

@@ -33,13 +33,7 @@ impl Microkernel for ArmBf16 {
 
     #[target_feature(enable = "neon,bf16")]
     unsafe fn tile(x: Tile, c: *mut f32, ldc: usize, accumulate: bool) {
-        let Tile {
-            kp,
-            a,
-            a_rs,
-            a_ps,
-            b,
-        } = x;
+        let (kp, a, a_rs, a_ps, b) = (x.kp, x.a, x.a_rs, x.a_ps, x.b);
         let mut acc = [[vdupq_n_f32(0.0); NV]; MR];
         if accumulate {
             for (i, row) in acc.iter_mut().enumerate() {

@@ -70,6 +70,30 @@ impl<E> Operand<E> {
     }
 }
 
+/// An operand block to pack: rows `0..rows` and values `0..kc` of `k` of `src`
+/// (`src`'s `(r, c)` is row `r`, `k` index `c`), then rows of zeros up to
+/// `padded_rows`.
+pub struct Block<E> {
+    pub src: Operand<E>,
+    pub rows: usize,
+    pub kc: usize,
+    pub padded_rows: usize,
+}
+
+impl<E> Clone for Block<E> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<E> Copy for Block<E> {}
+
+impl<E> Block<E> {
+    /// Pairs of `k` in a packed row: `⌈kc / 2⌉`.
+    pub fn kp(&self) -> usize {
+        self.kc.div_ceil(2)
+    }
+}
+
 /// How a block is packed: [`Layout::Rows`] or [`Layout::Panels`] of `R` rows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Layout {
@@ -95,23 +119,14 @@ pub fn pair(lo: u16, hi: u16) -> u32 {
     u32::from(lo) | u32::from(hi) << 16
 }
 
-/// Packs `src`'s rows `0..rows` and values `0..kc` of `k` (`src`'s `(r, c)` is row
-/// `r`, `k` index `c`) into `dst` in `layout`, rows `rows..padded_rows` as zeros:
-/// the portable packing, one value at a time, that every kernel has and the faster
-/// ones replace where they can.
+/// Packs block `x` into `dst` in `layout`: the portable packing, one value at a
+/// time, that every kernel has and the faster ones replace where they can.
 ///
 /// # Safety
-/// `src` must address `rows × kc` values; `dst` must hold `padded_rows · ⌈kc/2⌉`.
-pub unsafe fn pack_pairs<E: Bf16Operand>(
-    dst: &mut [u32],
-    layout: Layout,
-    src: Operand<E>,
-    rows: usize,
-    kc: usize,
-    padded_rows: usize,
-) {
-    let kp = kc.div_ceil(2);
-    assert!(dst.len() >= padded_rows * kp, "packed block size");
+/// `x.src` must address `rows × kc` values; `dst` must hold `padded_rows · kp`.
+pub unsafe fn pack_pairs<E: Bf16Operand>(dst: &mut [u32], layout: Layout, x: Block<E>) {
+    let (src, rows, kc, kp) = (x.src, x.rows, x.kc, x.kp());
+    assert!(dst.len() >= x.padded_rows * kp, "packed block size");
     let index = |r: usize, p: usize| match layout {
         Layout::Rows => r * kp + p,
         Layout::Panels(w) => r / w * w * kp + p * w + r % w,
@@ -124,14 +139,14 @@ pub unsafe fn pack_pairs<E: Bf16Operand>(
         }
     };
     if src.cs == 1 {
-        for r in 0..padded_rows {
+        for r in 0..x.padded_rows {
             for p in 0..kp {
                 dst[index(r, p)] = pair(value(r, 2 * p), value(r, 2 * p + 1));
             }
         }
     } else {
         for p in 0..kp {
-            for r in 0..padded_rows {
+            for r in 0..x.padded_rows {
                 dst[index(r, p)] = pair(value(r, 2 * p), value(r, 2 * p + 1));
             }
         }
@@ -175,21 +190,14 @@ pub trait Microkernel {
     ///
     /// # Safety
     /// As [`pack_pairs`]; the CPU must have the kernel's instructions.
-    unsafe fn pack<E: Bf16Operand>(
-        dst: &mut [u32],
-        layout: Layout,
-        src: Operand<E>,
-        rows: usize,
-        kc: usize,
-        padded_rows: usize,
-    ) {
-        pack_pairs(dst, layout, src, rows, kc, padded_rows)
+    unsafe fn pack<E: Bf16Operand>(dst: &mut [u32], layout: Layout, x: Block<E>) {
+        pack_pairs(dst, layout, x)
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{pack_pairs, Layout, Operand};
+    use super::{pack_pairs, Block, Layout, Operand};
 
     #[test]
     fn packs_pairs_along_k_in_both_layouts_from_both_storages() {
@@ -218,7 +226,13 @@ mod tests {
                 (Operand::new(&xt, rows, true), "transposed"),
             ] {
                 let mut dst = vec![u32::MAX; 4 * 3];
-                unsafe { pack_pairs(&mut dst, layout, src, rows, kc, 4) };
+                let x = Block {
+                    src,
+                    rows,
+                    kc,
+                    padded_rows: 4,
+                };
+                unsafe { pack_pairs(&mut dst, layout, x) };
                 for r in 0..4 {
                     for p in 0..3 {
                         let i = match layout {

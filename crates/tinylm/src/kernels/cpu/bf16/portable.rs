@@ -21,13 +21,7 @@ impl Microkernel for Portable {
     const NR: usize = NR;
 
     unsafe fn tile(x: Tile, c: *mut f32, ldc: usize, accumulate: bool) {
-        let Tile {
-            kp,
-            a,
-            a_rs,
-            a_ps,
-            b,
-        } = x;
+        let (kp, a, a_rs, a_ps, b) = (x.kp, x.a, x.a_rs, x.a_ps, x.b);
         vectorized(
             #[inline(always)]
             || {
