@@ -1,12 +1,27 @@
 use std::path::PathBuf;
 
+/// An I/O failure on `path`, in the tokenizer's errors and the model crate's.
+/// (`err` is shown in the message, not chained as a `source`, so that error reports
+/// print it once.)
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {err}", path.display())]
+pub struct FileError {
+    pub path: PathBuf,
+    pub err: std::io::Error,
+}
+
+impl FileError {
+    pub fn new(path: impl Into<PathBuf>, err: std::io::Error) -> Self {
+        let path = path.into();
+        FileError { path, err }
+    }
+}
+
 /// Every failure of the tokenizer crate. Messages name the file, position or value at fault.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// An I/O failure on `path`. (`err` is shown in the message, not chained as a
-    /// `source`, so that error reports print it once.)
-    #[error("{}: {err}", path.display())]
-    Io { path: PathBuf, err: std::io::Error },
+    #[error(transparent)]
+    Io(FileError),
     #[error("{0}")]
     Invalid(String),
 }
@@ -14,11 +29,8 @@ pub enum Error {
 pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
-    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        Error::Io {
-            path: path.into(),
-            err: source,
-        }
+    pub fn io(path: impl Into<PathBuf>, err: std::io::Error) -> Self {
+        Error::Io(FileError::new(path, err))
     }
 }
 

@@ -19,7 +19,7 @@ pub mod npy;
 pub mod pretokenize;
 pub mod train;
 
-pub use error::{Error, Result};
+pub use error::{Error, FileError, Result};
 
 /// Token id → bytes. Ids are dense: `vocab[id]` for `id in 0..vocab.len()`.
 pub type Vocab = Vec<Vec<u8>>;

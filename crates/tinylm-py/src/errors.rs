@@ -20,16 +20,14 @@ fn io_error(kind: std::io::ErrorKind, message: String) -> PyErr {
 
 pub fn bpe_error(e: tinylm_bpe::Error) -> PyErr {
     match &e {
-        tinylm_bpe::Error::Io { err: source, .. } => io_error(source.kind(), e.to_string()),
+        tinylm_bpe::Error::Io(io) => io_error(io.err.kind(), e.to_string()),
         tinylm_bpe::Error::Invalid(_) => PyValueError::new_err(e.to_string()),
     }
 }
 
 pub fn model_error(e: tinylm::Error) -> PyErr {
     match e {
-        tinylm::Error::Io {
-            err: ref source, ..
-        } => io_error(source.kind(), e.to_string()),
+        tinylm::Error::Io(ref io) => io_error(io.err.kind(), e.to_string()),
         tinylm::Error::Tokenizer(e) => bpe_error(e),
         other => PyValueError::new_err(other.to_string()),
     }

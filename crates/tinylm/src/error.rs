@@ -1,12 +1,11 @@
 use std::path::PathBuf;
+use tinylm_bpe::FileError;
 
 /// Every failure of the model crate. Messages name the file, position or value at fault.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// An I/O failure on `path`. (`err` is shown in the message, not chained as a
-    /// `source`, so that error reports print it once.)
-    #[error("{}: {err}", path.display())]
-    Io { path: PathBuf, err: std::io::Error },
+    #[error(transparent)]
+    Io(FileError),
     /// An invalid model or training configuration.
     #[error("invalid configuration: {0}")]
     Config(String),
@@ -32,10 +31,7 @@ pub enum Error {
 pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
-    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        Error::Io {
-            path: path.into(),
-            err: source,
-        }
+    pub fn io(path: impl Into<PathBuf>, err: std::io::Error) -> Self {
+        Error::Io(FileError::new(path, err))
     }
 }

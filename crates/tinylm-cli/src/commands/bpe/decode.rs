@@ -21,11 +21,7 @@ pub fn run(args: DecodeArgs) -> anyhow::Result<()> {
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::with_capacity(1 << 16, stdout.lock());
     match tokenizer.decode_file(&args.input, &mut out) {
-        Err(tinylm_bpe::Error::Io { err: source, .. })
-            if source.kind() == std::io::ErrorKind::BrokenPipe =>
-        {
-            Ok(())
-        }
+        Err(tinylm_bpe::Error::Io(e)) if e.err.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
         result => {
             result?;
             match out.flush() {

@@ -18,22 +18,25 @@ pub(crate) const FEW_X: usize = 4;
 /// threads read 80–85 GB/s (4–7% slower while they read 50).
 pub(crate) const FEW_W: usize = 4;
 
+/// The rows of one [`FewDots::dots`] call: rows `is` of `x` (`R ≤ FEW_X`), rows `js`
+/// of the weight, and the weight rows `next` to fetch into the cache meanwhile
+/// where they are given (a hint: a kernel may fetch ahead on its own).
+#[derive(Clone, Copy)]
+pub(crate) struct DotRows<const R: usize> {
+    pub is: [usize; R],
+    pub js: [usize; FEW_W],
+    pub next: Option<[usize; FEW_W]>,
+}
+
 /// The dot products of a few-rows kernel: rows of `x` with rows of a weight `(n, k)`
 /// stored along `k`.
 pub(crate) trait FewDots {
-    /// The products of rows `is` of `x` (`R ≤ FEW_X`) with rows `js` of the weight,
-    /// fetching weight rows `next` into the cache meanwhile where they are given
-    /// (a hint: a kernel may fetch ahead on its own).
+    /// The products `(R, FEW_W)` of `rows.is` of `x` with `rows.js` of the weight.
     ///
     /// # Safety
     /// The rows must lie inside the operands; the CPU must have the kernel's
     /// instructions (the caller is compiled with them, so that this inlines).
-    unsafe fn dots<const R: usize>(
-        &self,
-        is: [usize; R],
-        js: [usize; FEW_W],
-        next: Option<[usize; FEW_W]>,
-    ) -> [[f32; FEW_W]; R];
+    unsafe fn dots<const R: usize>(&self, rows: DotRows<R>) -> [[f32; FEW_W]; R];
 }
 
 /// The rows of `cols` a few-rows kernel takes together, `P` at a time: row `j` of
@@ -89,10 +92,22 @@ pub(crate) unsafe fn for_each_few_dot(
         while i0 < m {
             let next = next_js.filter(|_| i0 == 0 && m > 1);
             let sums = match m - i0 {
-                1 => pad(dots.dots::<1>([i0], js, next)),
-                2 => pad(dots.dots::<2>([i0, i0 + 1], js, next)),
-                3 => pad(dots.dots::<3>([i0, i0 + 1, i0 + 2], js, next)),
-                _ => dots.dots::<FEW_X>([i0, i0 + 1, i0 + 2, i0 + 3], js, next),
+                1 => pad(dots.dots(DotRows { is: [i0], js, next })),
+                2 => pad(dots.dots(DotRows {
+                    is: [i0, i0 + 1],
+                    js,
+                    next,
+                })),
+                3 => pad(dots.dots(DotRows {
+                    is: [i0, i0 + 1, i0 + 2],
+                    js,
+                    next,
+                })),
+                _ => dots.dots(DotRows {
+                    is: [i0, i0 + 1, i0 + 2, i0 + 3],
+                    js,
+                    next,
+                }),
             };
             for (r, row) in sums.iter().enumerate().take(m - i0) {
                 for (t, &sum) in row.iter().enumerate() {

@@ -2,7 +2,7 @@
 //! (`y = x Wᵀ`) and backward (`dx = dy W`, `dW += dyᵀ x`) and attention's per-head
 //! products, all as strided views so transposes cost nothing.
 
-use super::few_dots::{for_each_few_dot, rows_of_parts, FewDots, FEW_W};
+use super::few_dots::{for_each_few_dot, rows_of_parts, DotRows, FewDots, FEW_W};
 use super::memory::{prefetch_rows, SharedMut};
 use crate::kernels::{Float, MatMul};
 use gemm::Parallelism;
@@ -324,12 +324,8 @@ struct F32Dots<'a, S> {
 
 impl<S: pulp::Simd> FewDots for F32Dots<'_, S> {
     #[inline(always)]
-    unsafe fn dots<const R: usize>(
-        &self,
-        is: [usize; R],
-        js: [usize; FEW_W],
-        next: Option<[usize; FEW_W]>,
-    ) -> [[f32; FEW_W]; R] {
+    unsafe fn dots<const R: usize>(&self, rows: DotRows<R>) -> [[f32; FEW_W]; R] {
+        let DotRows { is, js, next } = rows;
         let (simd, k) = (self.simd, self.k);
         let x = is.map(|i| S::as_simd_f32s(&self.a[i * k..(i + 1) * k]));
         let w = js.map(|j| S::as_simd_f32s(&self.b[j * k..(j + 1) * k]));

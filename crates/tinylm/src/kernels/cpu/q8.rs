@@ -310,7 +310,7 @@ unsafe fn portable(
 #[cfg(all(target_arch = "x86_64", feature = "avx512"))]
 mod avx512 {
     use super::{Rows, Weight, BLOCK};
-    use crate::kernels::cpu::few_dots::{for_each_few_dot, FewDots, FEW_W};
+    use crate::kernels::cpu::few_dots::{for_each_few_dot, DotRows, FewDots, FEW_W};
     use half::f16;
     use std::arch::x86_64::*;
     use std::ops::Range;
@@ -430,14 +430,10 @@ mod avx512 {
 
     impl FewDots for Dots {
         #[inline(always)]
-        unsafe fn dots<const R: usize>(
-            &self,
-            is: [usize; R],
-            js: [usize; FEW_W],
-            // (Rows are fetched ahead always, below: a q8 row is too short for the
-            // hardware prefetcher even on the first pass.)
-            _next: Option<[usize; FEW_W]>,
-        ) -> [[f32; FEW_W]; R] {
+        // (`rows.next` is not used: rows are fetched ahead always, below, a q8 row
+        // being too short for the hardware prefetcher even on the first pass.)
+        unsafe fn dots<const R: usize>(&self, rows: DotRows<R>) -> [[f32; FEW_W]; R] {
+            let (is, js) = (rows.is, rows.js);
             let Dots { x, w, k } = *self;
             let blocks = k / BLOCK;
             let mut acc = [[_mm512_setzero_ps(); FEW_W]; R];

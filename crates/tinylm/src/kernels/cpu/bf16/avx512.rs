@@ -17,7 +17,7 @@
 
 use super::pack::{pack_pairs, Block, Layout, Microkernel, Tile};
 use super::round::{Bf16Operand, Storage};
-use crate::kernels::cpu::few_dots::{for_each_few_dot, FewDots, FEW_W, FEW_X};
+use crate::kernels::cpu::few_dots::{for_each_few_dot, DotRows, FewDots, FEW_W, FEW_X};
 use std::arch::x86_64::*;
 
 /// The AVX512_BF16 kernel.
@@ -513,15 +513,11 @@ unsafe fn dot_step<const R: usize, E: Bf16Operand>(
 /// `w` (`k` values each).
 impl<E: Bf16Operand> FewDots for Dots<E> {
     #[inline(always)]
-    unsafe fn dots<const R: usize>(
-        &self,
-        is: [usize; R],
-        js: [usize; FEW_W],
-        next: Option<[usize; FEW_W]>,
-    ) -> [[f32; FEW_W]; R] {
+    unsafe fn dots<const R: usize>(&self, rows: DotRows<R>) -> [[f32; FEW_W]; R] {
         let row = |j: usize| self.w.0.add(j * self.w.1);
-        let (x, w, k) = (is.map(|i| self.x.0.add(i * self.x.1)), js.map(row), self.k);
-        let next = next.map(|js| js.map(row));
+        let x = rows.is.map(|i| self.x.0.add(i * self.x.1));
+        let (w, k) = (rows.js.map(row), self.k);
+        let next = rows.next.map(|js| js.map(row));
         // Loops, not closures: an intrinsic inlines only into code compiled with its
         // target features, which a closure here is not.
         let mut acc = [[_mm512_setzero_ps(); FEW_W]; R];
