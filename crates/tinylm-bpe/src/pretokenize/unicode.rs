@@ -42,18 +42,7 @@ pub fn class_of(c: char) -> Class {
     if c.is_ascii() {
         return ASCII_CLASS[c as usize];
     }
-    if c.is_whitespace() {
-        return Class::Space;
-    }
-    match get_general_category(c) {
-        G::UppercaseLetter
-        | G::LowercaseLetter
-        | G::TitlecaseLetter
-        | G::ModifierLetter
-        | G::OtherLetter => Class::Letter,
-        G::DecimalNumber | G::LetterNumber | G::OtherNumber => Class::Number,
-        _ => Class::Other,
-    }
+    kind_of(c).class()
 }
 
 /// The character starting at byte `i` of `s` (which must be a char boundary) and its class.
@@ -121,6 +110,18 @@ impl Kind {
     #[inline]
     pub fn letter(self) -> bool {
         matches!(self, Kind::Upper | Kind::Lower | Kind::Caseless)
+    }
+
+    /// The [`Class`] of a character of this kind (a mark is none of GPT-2's and
+    /// cl100k's letters, numbers or spaces).
+    #[inline]
+    pub fn class(self) -> Class {
+        match self {
+            Kind::Upper | Kind::Lower | Kind::Caseless => Class::Letter,
+            Kind::Number => Class::Number,
+            Kind::Space => Class::Space,
+            Kind::Mark | Kind::Other => Class::Other,
+        }
     }
 }
 
