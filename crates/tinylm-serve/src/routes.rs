@@ -17,7 +17,7 @@ use crate::request::{Completion, CompletionRequest, ServedModel};
 use crate::response::{self, ChoiceText, Header};
 use crate::state::Shared;
 use crate::stream;
-use crate::tokens::{DetokenizeRequest, TokenizeRequest};
+use crate::tokens::{ConversionRequest, DetokenizeRequest, TokenizeRequest};
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
@@ -56,8 +56,14 @@ pub fn router(app: Arc<App>) -> Router {
     let api = Router::new()
         .route("/v1/models", get(models).fallback(not_allowed))
         .route("/v1/completions", post(completions).fallback(not_allowed))
-        .route("/tokenize", post(tokenize).fallback(not_allowed))
-        .route("/detokenize", post(detokenize).fallback(not_allowed))
+        .route(
+            "/tokenize",
+            post(convert::<TokenizeRequest>).fallback(not_allowed),
+        )
+        .route(
+            "/detokenize",
+            post(convert::<DetokenizeRequest>).fallback(not_allowed),
+        )
         .route("/metrics", get(metrics).fallback(not_allowed));
     let api = match &app.key {
         Some(key) => api.route_layer(from_fn_with_state(Arc::clone(key), auth::require)),
@@ -141,24 +147,15 @@ async fn read_body(body: Body, limits: &Limits) -> Result<Bytes, ApiError> {
         .unwrap_or_else(|_| Err(ApiError::timeout(message)))
 }
 
-async fn tokenize(
+/// `POST /tokenize` and `POST /detokenize`: request `R` answered, the tokens it
+/// converted counted as the request's prompt tokens.
+async fn convert<R: ConversionRequest>(
     State(app): State<Arc<App>>,
     Extension(tokens): Extension<Arc<RequestTokens>>,
     request: Request,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let body = read_body(request.into_body(), &app.limits).await?;
-    let (answer, n) = TokenizeRequest::parse(&body)?.answer(&app.model.tokenizer);
-    tokens.prompt.store(n, Ordering::Relaxed);
-    Ok(Json(answer))
-}
-
-async fn detokenize(
-    State(app): State<Arc<App>>,
-    Extension(tokens): Extension<Arc<RequestTokens>>,
-    request: Request,
-) -> Result<Json<serde_json::Value>, ApiError> {
-    let body = read_body(request.into_body(), &app.limits).await?;
-    let (answer, n) = DetokenizeRequest::parse(&body)?.answer(&app.model.tokenizer)?;
+    let (answer, n) = R::parse(&body)?.answer(&app.model.tokenizer)?;
     tokens.prompt.store(n, Ordering::Relaxed);
     Ok(Json(answer))
 }

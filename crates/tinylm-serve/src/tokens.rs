@@ -22,28 +22,37 @@ pub struct DetokenizeRequest {
     pub tokens: Vec<u32>,
 }
 
-fn parse<'a, T: Deserialize<'a>>(body: &'a [u8], what: &str) -> Result<T, ApiError> {
-    serde_json::from_slice(body).map_err(|e| {
-        ApiError::invalid(
-            None,
-            format!("the request body is not a valid {what} request: {e}"),
-        )
-    })
+/// A request of either route: its JSON body, and its answer.
+pub trait ConversionRequest: for<'a> Deserialize<'a> {
+    /// What the request is called in errors.
+    const NAME: &'static str;
+
+    /// The answer's JSON and the number of tokens it converted, or a 400.
+    fn answer(&self, tokenizer: &Tokenizer) -> Result<(Value, usize), ApiError>;
+
+    /// The request in `body`, or a 400 saying what is wrong with it.
+    fn parse(body: &[u8]) -> Result<Self, ApiError> {
+        serde_json::from_slice(body).map_err(|e| {
+            let message = format!(
+                "the request body is not a valid {} request: {e}",
+                Self::NAME
+            );
+            ApiError::invalid(None, message)
+        })
+    }
 }
 
-impl TokenizeRequest {
-    pub fn parse(body: &[u8]) -> Result<Self, ApiError> {
-        parse(body, "tokenize")
-    }
+impl ConversionRequest for TokenizeRequest {
+    const NAME: &'static str = "tokenize";
 
     /// `{"tokens": [ids]}`, or with pieces `{"tokens": [{"id", "piece"}]}` — a
     /// piece is its text, or the list of its bytes when they are not whole UTF-8
     /// characters — and the number of tokens.
-    pub fn answer(&self, tokenizer: &Tokenizer) -> (Value, usize) {
+    fn answer(&self, tokenizer: &Tokenizer) -> Result<(Value, usize), ApiError> {
         let ids = tokenizer.encode(&self.content);
         let n = ids.len();
         if !self.with_pieces {
-            return (json!({ "tokens": ids }), n);
+            return Ok((json!({ "tokens": ids }), n));
         }
         let tokens: Vec<Value> = (ids.into_iter())
             .map(|id| {
@@ -55,18 +64,16 @@ impl TokenizeRequest {
                 json!({"id": id, "piece": piece})
             })
             .collect();
-        (json!({ "tokens": tokens }), n)
+        Ok((json!({ "tokens": tokens }), n))
     }
 }
 
-impl DetokenizeRequest {
-    pub fn parse(body: &[u8]) -> Result<Self, ApiError> {
-        parse(body, "detokenize")
-    }
+impl ConversionRequest for DetokenizeRequest {
+    const NAME: &'static str = "detokenize";
 
     /// `{"content": text}` (malformed UTF-8 as U+FFFD), or a 400 naming the first
     /// id outside the tokenizer; and the number of tokens.
-    pub fn answer(&self, tokenizer: &Tokenizer) -> Result<(Value, usize), ApiError> {
+    fn answer(&self, tokenizer: &Tokenizer) -> Result<(Value, usize), ApiError> {
         let vocab = tokenizer.vocab_size();
         if let Some(i) = self.tokens.iter().position(|&id| id as usize >= vocab) {
             let message = format!(
