@@ -502,31 +502,29 @@ fn micro_batches_accumulate_the_whole_batch_step() {
         let p = perturbed_params(&c, 5);
         let ids = random_ids(&mut rng, b * t, c.vocab_size);
         let targets = random_ids(&mut rng, b * t, c.vocab_size);
-        let mut whole = Model::from_params(c.clone(), p.clone()).unwrap();
-        let mut opt = whole.new_adamw(Default::default()).unwrap();
-        let part = BatchPart::whole(b * t);
-        whole
-            .accumulate_gradient(&ids, &targets, b, t, part)
-            .unwrap();
-        whole
-            .optimizer_step(&mut opt, 1e-2, Some(0.5), None)
-            .unwrap();
-        let want = whole.step_stats().unwrap();
-
-        let mut parts = Model::from_params(c.clone(), p).unwrap();
-        let mut opt = parts.new_adamw(Default::default()).unwrap();
-        let micro = t; // one sequence per micro-batch
-        for (i, (ids, targets)) in ids.chunks(micro).zip(targets.chunks(micro)).enumerate() {
-            let part = BatchPart {
-                rows: b * t,
-                accumulate: i > 0,
-            };
-            parts.accumulate_gradient(ids, targets, 1, t, part).unwrap();
-        }
-        parts
-            .optimizer_step(&mut opt, 1e-2, Some(0.5), None)
-            .unwrap();
-        let got = parts.step_stats().unwrap();
+        // The step in micro-batches of `micro` sequences, AdamW clipped to norm 0.5:
+        // the model after it and the step's statistics.
+        let step = |micro: usize| {
+            let mut model = Model::from_params(c.clone(), p.clone()).unwrap();
+            let mut opt = model.new_adamw(Default::default()).unwrap();
+            let rows = micro * t;
+            for (i, (ids, targets)) in ids.chunks(rows).zip(targets.chunks(rows)).enumerate() {
+                let part = BatchPart {
+                    rows: b * t,
+                    accumulate: i > 0,
+                };
+                model
+                    .accumulate_gradient(ids, targets, micro, t, part)
+                    .unwrap();
+            }
+            model
+                .optimizer_step(&mut opt, 1e-2, Some(0.5), None)
+                .unwrap();
+            let stats = model.step_stats().unwrap();
+            (model, stats)
+        };
+        let (whole, want) = step(b);
+        let (parts, got) = step(1);
         assert!((got.loss - want.loss).abs() <= 1e-6 * want.loss, "{c:?}");
         let norm = want.grad_norm();
         assert!((got.grad_norm() - norm).abs() <= 1e-5 * norm, "{c:?}");
