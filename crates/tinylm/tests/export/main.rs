@@ -3,8 +3,11 @@
 //! bit for bit), the GGUF file (read back by a reader written here), refusals, and
 //! the one weights loader.
 
+#[path = "../common/mod.rs"]
+mod common;
 mod gguf_file;
 
+use common::softmax;
 use gguf_file::read_gguf;
 
 use serde_json::Value;
@@ -215,11 +218,9 @@ fn llama_reference(dir: &Path, ids: &[u32]) -> Vec<f64> {
                             / (d as f64).sqrt()
                     })
                     .collect();
-                let max = scores.iter().cloned().fold(f64::MIN, f64::max);
-                let z: f64 = scores.iter().map(|s| (s - max).exp()).sum();
-                for (s, score) in scores.iter().enumerate() {
+                for (s, p) in softmax(&scores).into_iter().enumerate() {
                     for i in r.clone() {
-                        attn[i] += (score - max).exp() / z * vs[s][i];
+                        attn[i] += p * vs[s][i];
                     }
                 }
             }
