@@ -39,6 +39,15 @@ fn config(tie_embeddings: bool) -> ModelConfig {
     }
 }
 
+/// The untied [`config`]'s model: its configuration, parameter layout and initial
+/// parameters.
+fn untied_model() -> (ModelConfig, ParamLayout, Vec<f32>) {
+    let config = config(false);
+    let layout = ParamLayout::new(&config);
+    let params = layout.init(4);
+    (config, layout, params)
+}
+
 /// A BPE tokenizer trained on a small text: 256 bytes, `<|endoftext|>`, merges.
 fn tokenizer(dir: &Path, vocab_size: usize) -> Bpe {
     let text = dir.join("corpus.txt");
@@ -586,9 +595,7 @@ fn save(path: &Path, tensors: &Tensors) {
 fn weights_load_reads_checkpoints_weight_files_and_hf_directories() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let config = config(false);
-    let layout = ParamLayout::new(&config);
-    let params = layout.init(4);
+    let (config, layout, params) = untied_model();
     let tok = tokenizer(d, 290);
     // A training checkpoint, optimizer state and all, recording its tokenizer.
     let mut opt = tinylm::optim::AdamW::new(layout.total, Default::default());
@@ -669,9 +676,7 @@ fn weights_load_reads_checkpoints_weight_files_and_hf_directories() {
 fn a_config_larger_than_its_file_is_refused_before_allocating() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let config = config(false);
-    let layout = ParamLayout::new(&config);
-    let params = layout.init(4);
+    let (config, layout, params) = untied_model();
     let deep = ModelConfig {
         num_layers: 10_000,
         ..config.clone()
