@@ -1,11 +1,22 @@
 //! `Tokenizer::encode`/`decode` against tiktoken's GPT-2, and clear errors on bad input.
 
+mod common;
 mod encode_gpt2;
 
+use common::{merges_of, vocab_of};
 use encode_gpt2::{generated_text, gpt2, reference, tokenizer, EOT, EOT_ID};
 use proptest::prelude::*;
+use std::fmt::{Debug, Display};
 use tinylm_bpe::encode::Tokenizer;
 use tinylm_bpe::npy;
+
+/// Asserts that `result` is an error whose message holds each of `needles`.
+fn assert_error<T: Debug>(result: Result<T, impl Display>, needles: &[&str]) {
+    let err = result.unwrap_err().to_string();
+    for needle in needles {
+        assert!(err.contains(needle), "{needle:?} not in {err}");
+    }
+}
 
 fn expected(text: &str) -> Vec<u32> {
     reference().encode_with_special_tokens(text)
@@ -151,11 +162,7 @@ fn decode_replaces_malformed_utf8() {
 
 #[test]
 fn decode_names_an_id_out_of_range() {
-    let err = gpt2().decode(&[10, 50257]).unwrap_err().to_string();
-    assert!(
-        err.contains("50257") && err.contains("out of range"),
-        "{err}"
-    );
+    assert_error(gpt2().decode(&[10, 50257]), &["50257", "out of range"]);
 }
 
 fn byte_vocab() -> Vec<Vec<u8>> {
@@ -165,7 +172,7 @@ fn byte_vocab() -> Vec<Vec<u8>> {
 #[test]
 fn small_trained_tokenizer_applies_merges_in_rank_order() {
     // The CS336 example merges: `s t`, `e st`, `o w`, `l ow`, `w est`, `n e`, `ne west`.
-    let names = [
+    let merges = merges_of(&[
         ("s", "t"),
         ("e", "st"),
         ("o", "w"),
@@ -173,18 +180,8 @@ fn small_trained_tokenizer_applies_merges_in_rank_order() {
         ("w", "est"),
         ("n", "e"),
         ("ne", "west"),
-    ];
-    let merges: Vec<_> = names
-        .iter()
-        .map(|(l, r)| (l.as_bytes().to_vec(), r.as_bytes().to_vec()))
-        .collect();
-    let mut vocab = byte_vocab();
-    vocab.extend(
-        merges
-            .iter()
-            .map(|(l, r)| [l.as_slice(), r.as_slice()].concat()),
-    );
-    let tok = Tokenizer::new(vocab, &merges, &["<|eot|>".to_string()]).unwrap();
+    ]);
+    let tok = Tokenizer::new(vocab_of(&[], &merges), &merges, &["<|eot|>".to_string()]).unwrap();
     assert_eq!(tok.vocab_size(), 256 + 7 + 1);
     let ids = tok.encode("newest lowest<|eot|>");
     let pieces: Vec<String> = ids.iter().map(|&i| tok.decode(&[i]).unwrap()).collect();
@@ -194,26 +191,23 @@ fn small_trained_tokenizer_applies_merges_in_rank_order() {
 #[test]
 fn bad_vocabularies_and_merges_are_clear_errors() {
     let merges = vec![(b"a".to_vec(), b"b".to_vec())];
-    let err = Tokenizer::new(byte_vocab(), &merges, &[])
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("merge 1") && err.contains("\"ab\""), "{err}");
-    let merges = vec![(b"q".to_vec(), b"zz".to_vec())];
-    let err = Tokenizer::new(byte_vocab(), &merges, &[])
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.contains("\"zz\"") && err.contains("not in the vocabulary"),
-        "{err}"
+    assert_error(
+        Tokenizer::new(byte_vocab(), &merges, &[]),
+        &["merge 1", "\"ab\""],
     );
-    let err = Tokenizer::new(byte_vocab()[1..].to_vec(), &vec![], &[])
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("0x00"), "{err}");
-    let err = Tokenizer::new(byte_vocab(), &vec![], &[String::new()])
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("empty"), "{err}");
+    let merges = vec![(b"q".to_vec(), b"zz".to_vec())];
+    assert_error(
+        Tokenizer::new(byte_vocab(), &merges, &[]),
+        &["\"zz\"", "not in the vocabulary"],
+    );
+    assert_error(
+        Tokenizer::new(byte_vocab()[1..].to_vec(), &vec![], &[]),
+        &["0x00"],
+    );
+    assert_error(
+        Tokenizer::new(byte_vocab(), &vec![], &[String::new()]),
+        &["empty"],
+    );
 }
 
 #[test]
@@ -227,27 +221,24 @@ fn from_files_reads_gpt2_files_and_reports_bad_lines() {
     assert_eq!(tok.encode(&text), expected(&text));
 
     std::fs::write(&m, "#version: 0.2\nĠ t\nbad\n").unwrap();
-    let err = tinylm_bpe::files::gpt2::tokenizer(&v, &m, &[])
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("merges.txt:3"), "{err}");
-    std::fs::write(&m, "#version: 0.2\nĠ t\nq zzzzzzz\n").unwrap();
-    let err = tinylm_bpe::files::gpt2::tokenizer(&v, &m, &[])
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("merge 2") && err.contains("zzzzzzz"), "{err}");
-    std::fs::write(&v, "{\"a\": 0,\n \"b\": }").unwrap();
-    let err = tinylm_bpe::files::gpt2::tokenizer(&v, &m, &[])
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.contains("vocab.json") && err.contains("line 2"),
-        "{err}"
+    assert_error(
+        tinylm_bpe::files::gpt2::tokenizer(&v, &m, &[]),
+        &["merges.txt:3"],
     );
-    let err = tinylm_bpe::files::gpt2::tokenizer(&dir.path().join("none.json"), &m, &[])
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("none.json"), "{err}");
+    std::fs::write(&m, "#version: 0.2\nĠ t\nq zzzzzzz\n").unwrap();
+    assert_error(
+        tinylm_bpe::files::gpt2::tokenizer(&v, &m, &[]),
+        &["merge 2", "zzzzzzz"],
+    );
+    std::fs::write(&v, "{\"a\": 0,\n \"b\": }").unwrap();
+    assert_error(
+        tinylm_bpe::files::gpt2::tokenizer(&v, &m, &[]),
+        &["vocab.json", "line 2"],
+    );
+    assert_error(
+        tinylm_bpe::files::gpt2::tokenizer(&dir.path().join("none.json"), &m, &[]),
+        &["none.json"],
+    );
 }
 
 #[test]
@@ -263,26 +254,17 @@ fn decode_file_checks_dtype_and_ids() {
     assert_eq!(String::from_utf8(out).unwrap(), text);
 
     npy::write(&path, &[3], &[1i64, -4, 2]).unwrap();
-    let err = gpt2()
-        .decode_file(&path, &mut Vec::new())
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("-4") && err.contains("index 1"), "{err}");
+    assert_error(
+        gpt2().decode_file(&path, &mut Vec::new()),
+        &["-4", "index 1"],
+    );
     npy::write(&path, &[2], &[1.0f32, 2.0]).unwrap();
-    let err = gpt2()
-        .decode_file(&path, &mut Vec::new())
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("<f4"), "{err}");
+    assert_error(gpt2().decode_file(&path, &mut Vec::new()), &["<f4"]);
 
     // A vocabulary of more than 65,536 tokens does not fit uint16.
     let mut vocab = byte_vocab();
     vocab.extend((0..70_000u32).map(|i| format!("tok{i}").into_bytes()));
     let big = Tokenizer::new(vocab, &vec![], &[]).unwrap();
     npy::write(&path, &[2], &[1u16, 2]).unwrap();
-    let err = big
-        .decode_file(&path, &mut Vec::new())
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("<u2") && err.contains("70256"), "{err}");
+    assert_error(big.decode_file(&path, &mut Vec::new()), &["<u2", "70256"]);
 }

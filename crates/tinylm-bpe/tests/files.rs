@@ -2,12 +2,15 @@
 
 use std::path::Path;
 
+use common::{merges_of, vocab_of};
 use proptest::prelude::*;
 use tinylm_bpe::files::{
     bytes_to_unicode, load_merges, load_tokenizer, load_vocab, save_merges, save_tokenizer,
     save_vocab,
 };
-use tinylm_bpe::{Merges, Vocab};
+use tinylm_bpe::Merges;
+
+mod common;
 
 #[test]
 fn table_is_gpt2s() {
@@ -21,18 +24,6 @@ fn table_is_gpt2s() {
     let distinct: std::collections::HashSet<char> = t.iter().copied().collect();
     assert_eq!(distinct.len(), 256);
     assert!(t.iter().all(|c| !c.is_whitespace() && !c.is_control()));
-}
-
-/// A vocabulary as training builds it: bytes, specials, then concatenations of merges.
-fn build(specials: &[&str], merges: &Merges) -> Vocab {
-    let mut vocab: Vocab = (0..=255u8).map(|b| vec![b]).collect();
-    vocab.extend(specials.iter().map(|s| s.as_bytes().to_vec()));
-    vocab.extend(
-        merges
-            .iter()
-            .map(|(l, r)| [l.as_slice(), r.as_slice()].concat()),
-    );
-    vocab
 }
 
 /// Merges of random existing tokens (bytes weighted to spaces, newlines, quotes).
@@ -59,7 +50,7 @@ proptest! {
     #[test]
     fn round_trip_is_lossless(merges in merges()) {
         let dir = tempfile::tempdir().unwrap();
-        let vocab = build(&["<|endoftext|>", "a b\n\"é\""], &merges);
+        let vocab = vocab_of(&["<|endoftext|>", "a b\n\"é\""], &merges);
         let out = dir.path().join("nested/tok");
         save_tokenizer(&out, &vocab, &merges).unwrap();
         let (v2, m2) = load_tokenizer(&out).unwrap();
@@ -71,13 +62,8 @@ proptest! {
 #[test]
 fn repeated_token_bytes_round_trip() {
     // (a, bc) and (ab, c) both build "abc": the vocabulary holds it twice.
-    let merges: Merges = vec![
-        (b"b".to_vec(), b"c".to_vec()),
-        (b"a".to_vec(), b"bc".to_vec()),
-        (b"a".to_vec(), b"b".to_vec()),
-        (b"ab".to_vec(), b"c".to_vec()),
-    ];
-    let vocab = build(&[], &merges);
+    let merges = merges_of(&[("b", "c"), ("a", "bc"), ("a", "b"), ("ab", "c")]);
+    let vocab = vocab_of(&[], &merges);
     let dir = tempfile::tempdir().unwrap();
     save_tokenizer(dir.path(), &vocab, &merges).unwrap();
     assert_eq!(load_tokenizer(dir.path()).unwrap(), (vocab, merges));
@@ -146,7 +132,7 @@ fn merges_errors_name_file_and_line() {
 #[test]
 fn tokenizer_checks_merges_against_vocab() {
     let dir = tempfile::tempdir().unwrap();
-    let vocab = build(&[], &vec![]);
+    let vocab = vocab_of(&[], &vec![]);
     save_vocab(&dir.path().join("vocab.json"), &vocab).unwrap();
     save_merges(
         &dir.path().join("merges.txt"),
@@ -163,7 +149,7 @@ fn save_into_unwritable_place_fails_cleanly() {
     let file = write(dir.path(), "file", "x");
     let e = err(save_tokenizer(
         &file.join("sub"),
-        &build(&[], &vec![]),
+        &vocab_of(&[], &vec![]),
         &vec![],
     ));
     assert!(e.contains("file"), "{e}");

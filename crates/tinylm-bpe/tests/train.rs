@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use common::vocab_of;
 use proptest::prelude::*;
 use tinylm_bpe::pretokenize::{Pattern, GPT2_PATTERN};
 use tinylm_bpe::train::{
@@ -11,6 +12,8 @@ use tinylm_bpe::train::{
     train_from_texts, PretokenCounts, TrainOptions,
 };
 use tinylm_bpe::{Merges, Vocab};
+
+mod common;
 
 fn counts(words: &[(&str, u64)]) -> PretokenCounts {
     words
@@ -179,14 +182,8 @@ fn naive(text: &str, vocab_size: usize, specials: &[String]) -> (Vocab, Merges) 
         }
     }
     let merges = naive_from_words(&words, vocab_size - 256 - unique.len());
-    let mut vocab: Vocab = (0..=255u8).map(|b| vec![b]).collect();
-    vocab.extend(unique.iter().map(|s| s.as_bytes().to_vec()));
-    vocab.extend(
-        merges
-            .iter()
-            .map(|(l, r)| [l.as_slice(), r.as_slice()].concat()),
-    );
-    (vocab, merges)
+    let specials: Vec<&str> = unique.iter().map(String::as_str).collect();
+    (vocab_of(&specials, &merges), merges)
 }
 
 /// Text from a small alphabet, so that pairs repeat and counts tie often.

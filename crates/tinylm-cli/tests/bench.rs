@@ -1,7 +1,7 @@
 //! `tinylm bench`, `bench-matmul` and `bench-allreduce` on a tiny model: they run,
 //! report every figure, and reject bad arguments with exit code 2.
 
-use cli::tinylm;
+use cli::{succeeded, tinylm};
 
 mod cli;
 
@@ -37,13 +37,7 @@ fn bench_reports_throughput_and_breakdown() {
         let mut args = TINY.to_vec();
         args.extend(["--batch-size", "2", "--steps", "2", "--threads", "1"]);
         args.extend(["--precision", precision]);
-        let out = tinylm(&args);
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{text}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let text = succeeded(&tinylm(&args));
         for want in [
             "tokens/s",
             "GFLOP/s",
@@ -196,13 +190,7 @@ fn bench_under_mpirun_reports_the_all_reduce() {
     };
     let mut args = TINY.to_vec();
     args.extend(["--batch-size", "4", "--steps", "2", "--threads", "1"]);
-    let out = mpirun(&args);
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = succeeded(&mpirun(&args));
     for (want, times) in [
         ("over 2 ranks (2 sequences each)", 1),
         ("gradient all-reduce + AdamW", 1),

@@ -49,18 +49,16 @@ fn encode_then_decode_round_trips() {
     let input = dir.path().join("in.txt");
     std::fs::write(&input, TEXT.repeat(50)).unwrap();
     let (tok_dir_s, input_s) = (tok_dir.to_str().unwrap(), input.to_str().unwrap());
+    // `bpe encode` of the input into `out`, the tokenizer given by `flags`, with the
+    // flags `extra`; asserted to succeed.
+    let encode = |flags: &[&str], out: &Path, extra: &[&str]| {
+        let files = ["--input", input_s, "--out", out.to_str().unwrap()];
+        let run = tinylm(&[&["bpe", "encode"], flags, &files, extra].concat());
+        assert!(run.status.success(), "{}", stderr(&run));
+        run
+    };
     let out = dir.path().join("out.npy");
-    let run = tinylm(&[
-        "bpe",
-        "encode",
-        "--tokenizer",
-        tok_dir_s,
-        "--input",
-        input_s,
-        "--out",
-        out.to_str().unwrap(),
-    ]);
-    assert!(run.status.success(), "{}", stderr(&run));
+    let run = encode(&["--tokenizer", tok_dir_s], &out, &[]);
     assert!(
         stderr(&run).contains("bytes/token") && stderr(&run).contains("MB/s"),
         "{}",
@@ -68,34 +66,22 @@ fn encode_then_decode_round_trips() {
     );
 
     // `<|endoftext|>` is a special token by default when the vocabulary has it.
-    let tok = tinylm_bpe::files::gpt2::tokenizer(
-        &tok_dir.join("vocab.json"),
-        &tok_dir.join("merges.txt"),
-        &["<|endoftext|>".into()],
-    )
-    .unwrap();
+    let (vocab, merges) = (tok_dir.join("vocab.json"), tok_dir.join("merges.txt"));
+    let tok =
+        tinylm_bpe::files::gpt2::tokenizer(&vocab, &merges, &["<|endoftext|>".into()]).unwrap();
     let (dtype, got) = ids(&out);
     assert_eq!(dtype, Dtype::U16);
     assert_eq!(got, tok.encode(&TEXT.repeat(50)));
     assert!(got.contains(&256));
 
     let streamed = dir.path().join("streamed.npy");
-    let vocab = tok_dir.join("vocab.json");
-    let merges = tok_dir.join("merges.txt");
-    let run = tinylm(&[
-        "bpe",
-        "encode",
+    let tokenizer_files = [
         "--vocab",
         vocab.to_str().unwrap(),
         "--merges",
         merges.to_str().unwrap(),
-        "--input",
-        input_s,
-        "--out",
-        streamed.to_str().unwrap(),
-        "--stream",
-    ]);
-    assert!(run.status.success(), "{}", stderr(&run));
+    ];
+    encode(&tokenizer_files, &streamed, &["--stream"]);
     assert_eq!(
         std::fs::read(&streamed).unwrap(),
         std::fs::read(&out).unwrap()

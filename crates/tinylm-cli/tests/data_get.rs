@@ -235,6 +235,13 @@ fn text(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
 }
 
+/// [`tinylm`], asserted to exit 0; all the process said.
+fn succeeded(hub: &Hub, dir: &Path, args: &[&str]) -> String {
+    let out = tinylm(hub, dir, args);
+    assert!(out.status.success(), "{}", text(&out));
+    text(&out)
+}
+
 /// Requests for file bytes (not the one-byte metadata probes).
 fn body_requests(hub: &Hub) -> Vec<String> {
     hub.requests()
@@ -255,8 +262,7 @@ fn tinystories_arrive_tokenize_and_train_then_come_from_the_cache() {
         "--vocab-size",
         "300",
     ];
-    let out = tinylm(&hub, dir.path(), &get);
-    assert!(out.status.success(), "{}", text(&out));
+    let said = succeeded(&hub, dir.path(), &get);
     let data = dir.path().join("data/tinystories");
     let train_txt = std::fs::read_to_string(data.join("TinyStoriesV2-GPT4-train.txt")).unwrap();
     assert_eq!(train_txt, stories(3000, 1));
@@ -266,7 +272,7 @@ fn tinystories_arrive_tokenize_and_train_then_come_from_the_cache() {
         "train.npy",
         "valid.npy",
     ] {
-        assert!(data.join(file).is_file(), "{file}: {}", text(&out));
+        assert!(data.join(file).is_file(), "{file}: {said}");
     }
     let fetched = hub.requests().len();
     assert!(fetched >= 4, "{:?}", hub.requests());
@@ -304,17 +310,14 @@ fn tinystories_arrive_tokenize_and_train_then_come_from_the_cache() {
         "--threads",
         "2",
     ];
-    let out = tinylm(&hub, dir.path(), &train);
-    assert!(out.status.success(), "{}", text(&out));
+    succeeded(&hub, dir.path(), &train);
     assert!(dir.path().join("run/checkpoint.safetensors").is_file());
 
     // The second run asks the Hub for nothing.
-    let out = tinylm(&hub, dir.path(), &get);
-    assert!(out.status.success(), "{}", text(&out));
+    let said = succeeded(&hub, dir.path(), &get);
     assert!(
-        text(&out).contains("TinyStoriesV2-GPT4-train.txt: in the cache"),
-        "{}",
-        text(&out)
+        said.contains("TinyStoriesV2-GPT4-train.txt: in the cache"),
+        "{said}"
     );
     assert_eq!(hub.requests().len(), fetched, "{:?}", hub.requests());
 }
@@ -324,8 +327,7 @@ fn a_compressed_dataset_is_decompressed_and_a_dropped_download_resumed() {
     // The training file's first transfer stops halfway; the client resumes it.
     let hub = Hub::start(files(), "owt_train.txt.gz", 1);
     let dir = tempfile::tempdir().unwrap();
-    let out = tinylm(&hub, dir.path(), &["data", "get", "owt", "--out", "owt"]);
-    assert!(out.status.success(), "{}", text(&out));
+    succeeded(&hub, dir.path(), &["data", "get", "owt", "--out", "owt"]);
     let train = std::fs::read_to_string(dir.path().join("owt/owt_train.txt")).unwrap();
     assert_eq!(train, stories(2000, 3));
     let size = files()["stanford-cs336/owt-sample/owt_train.txt.gz"].len();
@@ -372,8 +374,7 @@ fn a_download_that_keeps_breaking_is_an_error_and_the_next_run_resumes_it() {
     // Once the server behaves, the next run continues from the bytes received.
     hub.stop_dropping();
     let before = body_requests(&hub).len();
-    let out = tinylm(&hub, dir.path(), &get);
-    assert!(out.status.success(), "{}", text(&out));
+    succeeded(&hub, dir.path(), &get);
     let resumed = &body_requests(&hub)[before];
     let from: usize = resumed
         .rsplit_once("bytes=")

@@ -2,7 +2,7 @@
 //! budget, then `tinylm generate` on its checkpoint; on the embedded sample from an
 //! empty directory; bad input exits with code 2.
 
-use cli::{failed, succeeded, tinylm};
+use cli::{eval, failed, number_after, succeeded, tinylm};
 use std::process::Command;
 
 mod cli;
@@ -257,25 +257,12 @@ fn bf16_and_q8_0_weights_keep_the_f32_perplexity() {
     ]));
     let (ckpt, val) = (run.join("checkpoint.safetensors"), run.join("val.npy"));
     let perplexity = |precision: &str| -> f64 {
-        let out = tinylm(&[
-            "eval",
-            "--checkpoint",
-            ckpt.to_str().unwrap(),
-            "--data",
-            val.to_str().unwrap(),
-            "--max-batches",
-            "4",
-            "--precision",
-            precision,
-        ]);
-        let stdout = succeeded(&out);
-        let at = stdout.find("perplexity ").expect("a perplexity") + "perplexity ".len();
-        stdout[at..]
-            .split_whitespace()
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap()
+        let out = eval(
+            &ckpt,
+            &val,
+            &["--max-batches", "4", "--precision", precision],
+        );
+        number_after(&succeeded(&out), "perplexity ")
     };
     let f32_ppl = perplexity("fp32");
     assert!(f32_ppl > 5.0, "a model still learning: {f32_ppl}");

@@ -686,21 +686,11 @@ fn tokenize_and_detokenize_are_the_tokenizer_s() {
     let server = Server::start(&[], &[]);
     let text = "Once upon a time, Lily saw a big dog. \u{1F415}";
     let ids = f.tokenizer.encode(text);
-    let r = server.request(
-        "POST",
-        "/tokenize",
-        &[],
-        json!({"content": text}).to_string().as_bytes(),
-    );
+    let post =
+        |path: &str, body: Value| server.request("POST", path, &[], body.to_string().as_bytes());
+    let r = post("/tokenize", json!({"content": text}));
     assert_eq!(r.json(), json!({ "tokens": ids }));
-    let r = server.request(
-        "POST",
-        "/tokenize",
-        &[],
-        json!({"content": text, "with_pieces": true})
-            .to_string()
-            .as_bytes(),
-    );
+    let r = post("/tokenize", json!({"content": text, "with_pieces": true}));
     let mut bytes = Vec::new();
     for (token, &id) in r.json()["tokens"].as_array().unwrap().iter().zip(&ids) {
         assert_eq!(token["id"], id);
@@ -711,12 +701,7 @@ fn tokenize_and_detokenize_are_the_tokenizer_s() {
         }
     }
     assert_eq!(bytes, text.as_bytes());
-    let r = server.request(
-        "POST",
-        "/detokenize",
-        &[],
-        json!({ "tokens": ids }).to_string().as_bytes(),
-    );
+    let r = post("/detokenize", json!({ "tokens": ids }));
     assert_eq!(r.json(), json!({ "content": text }));
     let r = server.request("POST", "/detokenize", &[], br#"{"tokens": [1, 512]}"#);
     assert_eq!(r.status, 400);

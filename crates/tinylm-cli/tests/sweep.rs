@@ -3,17 +3,28 @@
 //! naming the key or value, exit code 2).
 
 use cli::{text, tinylm};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
+use tempfile::TempDir;
 
 mod cli;
 
-/// Byte-level token files of a repetitive little text, and a TOML base configuration
-/// of `steps` steps for them.
-fn setup(dir: &Path, steps: u64) -> String {
-    let settings = format!(
-        "batch_size = 4
+/// A base configuration in a temporary folder, and the folder a sweep of it writes.
+struct Sweep {
+    config: String,
+    out: PathBuf,
+    /// Holds the folder until the test ends.
+    _dir: TempDir,
+}
+
+impl Sweep {
+    /// Byte-level token files of a repetitive little text, and a TOML base
+    /// configuration of `steps` steps for them.
+    fn new(steps: u64) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let settings = format!(
+            "batch_size = 4
 steps = {steps}
 warmup_steps = 2
 grad_clip = 0.0
@@ -23,17 +34,28 @@ log_interval = 5
 checkpoint_interval = 20
 threads = 1
 "
-    );
-    let config = dir.join("base.toml");
-    std::fs::write(&config, cli::byte_run(dir, &settings)).unwrap();
-    config.to_string_lossy().into_owned()
-}
+        );
+        let config = dir.path().join("base.toml");
+        std::fs::write(&config, cli::byte_run(dir.path(), &settings)).unwrap();
+        Sweep {
+            config: config.to_string_lossy().into_owned(),
+            out: dir.path().join("sweep"),
+            _dir: dir,
+        }
+    }
 
-/// `tinylm sweep --config CONFIG --out OUT` and the flags `extra`.
-fn sweep_args<'a>(config: &'a str, out: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
-    let mut args = vec!["sweep", "--config", config, "--out", out.to_str().unwrap()];
-    args.extend(extra);
-    args
+    /// `tinylm sweep --config CONFIG --out OUT` and the flags `extra`.
+    fn args<'a>(&'a self, extra: &[&'a str]) -> Vec<&'a str> {
+        let mut args = vec![
+            "sweep",
+            "--config",
+            &self.config,
+            "--out",
+            self.out.to_str().unwrap(),
+        ];
+        args.extend(extra);
+        args
+    }
 }
 
 fn summary(run: &Path) -> serde_json::Value {
@@ -43,21 +65,16 @@ fn summary(run: &Path) -> serde_json::Value {
 
 #[test]
 fn a_grid_with_a_diverging_point_gives_every_run_a_summary_and_a_plot() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = setup(dir.path(), 40);
-    let out = dir.path().join("sweep");
-    let args = sweep_args(
-        &config,
-        &out,
-        &[
-            "--grid",
-            "lr_max=1e-2,30",
-            "--grid",
-            "d_model=16,32",
-            "--parallel",
-            "2",
-        ],
-    );
+    let sweep = Sweep::new(40);
+    let out = &sweep.out;
+    let args = sweep.args(&[
+        "--grid",
+        "lr_max=1e-2,30",
+        "--grid",
+        "d_model=16,32",
+        "--parallel",
+        "2",
+    ]);
     let run = tinylm(&args);
     assert!(run.status.success(), "{}", text(&run));
     for (lr, status) in [("1e-2", "finished"), ("30", "diverged")] {
@@ -107,14 +124,9 @@ fn a_grid_with_a_diverging_point_gives_every_run_a_summary_and_a_plot() {
 
 #[test]
 fn a_killed_sweep_started_again_resumes_without_redoing_finished_runs() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = setup(dir.path(), 1500);
-    let out = dir.path().join("sweep");
-    let args = sweep_args(
-        &config,
-        &out,
-        &["--grid", "lr_max=1e-2,3e-3", "--grid", "seed=0,1"],
-    );
+    let sweep = Sweep::new(1500);
+    let out = &sweep.out;
+    let args = sweep.args(&["--grid", "lr_max=1e-2,3e-3", "--grid", "seed=0,1"]);
     let first = out.join("lr_max=1e-2,seed=0");
     let second = out.join("lr_max=1e-2,seed=1");
     let mut child = Command::new(env!("CARGO_BIN_EXE_tinylm"))
@@ -179,21 +191,14 @@ fn a_killed_sweep_started_again_resumes_without_redoing_finished_runs() {
 
 #[test]
 fn the_ablation_presets_change_the_model_as_the_handout_says() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = setup(dir.path(), 10);
-    let out = dir.path().join("sweep");
-    let run = tinylm(&[
-        "sweep",
-        "--config",
-        &config,
-        "--out",
-        out.to_str().unwrap(),
+    let sweep = Sweep::new(10);
+    let run = tinylm(&sweep.args(&[
         "--list",
         "baseline,no-norm,post-norm,nope,silu",
         "--list",
         "wide:d_model=64,num_heads=4",
         "--print-config",
-    ]);
+    ]));
     assert!(run.status.success(), "{}", text(&run));
     let printed = String::from_utf8_lossy(&run.stdout).into_owned();
     let configs: Vec<(String, serde_json::Value)> = printed
@@ -230,15 +235,12 @@ fn the_ablation_presets_change_the_model_as_the_handout_says() {
         ),
         (Some(64), Some(4))
     );
-    assert!(!out.exists(), "--print-config trained");
+    assert!(!sweep.out.exists(), "--print-config trained");
 }
 
 #[test]
 fn bad_axes_and_variants_are_one_line_naming_them() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = setup(dir.path(), 10);
-    let out = dir.path().join("sweep");
-    let out = out.to_str().unwrap();
+    let sweep = Sweep::new(10);
     for (extra, expected) in [
         (vec!["--grid", "lr_mx=1e-3,1e-2"], "unknown key `lr_mx`"),
         (vec!["--grid", "lr_max=1e-3,fast"], "value `fast`"),
@@ -253,11 +255,11 @@ fn bad_axes_and_variants_are_one_line_naming_them() {
         (vec!["--grid", "lr_max=1e-3,1e-3"], "lists 1e-3 twice"),
         (vec![], "nothing to sweep"),
     ] {
-        let run = tinylm(&sweep_args(&config, Path::new(out), &extra));
+        let run = tinylm(&sweep.args(&extra));
         let stderr = String::from_utf8_lossy(&run.stderr).trim().to_string();
         assert_eq!(run.status.code(), Some(2), "{extra:?}: {stderr}");
         assert!(stderr.contains(expected), "{extra:?}: {stderr}");
         assert_eq!(stderr.lines().count(), 1, "{stderr}");
     }
-    assert!(!Path::new(out).exists(), "a bad sweep wrote its directory");
+    assert!(!sweep.out.exists(), "a bad sweep wrote its directory");
 }

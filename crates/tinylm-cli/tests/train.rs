@@ -1,7 +1,7 @@
 //! `tinylm train` and `tinylm eval` end to end: config file plus flags, outputs,
 //! resume with the recorded configuration, Ctrl-C, and errors (exit code 2).
 
-use cli::{text, tinylm};
+use cli::{eval, number_after, text, tinylm};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -44,32 +44,19 @@ fn train_then_eval() {
     assert!(last["val_loss"].as_f64().unwrap() < 5.0);
     assert!(dir.path().join("run/loss.svg").exists());
     let ckpt = dir.path().join("run/checkpoint.safetensors");
-    let ckpt = ckpt.to_str().unwrap();
 
-    let val = dir.path().join("val.npy");
-    let out = tinylm(&[
-        "eval",
-        "--checkpoint",
-        ckpt,
-        "--data",
-        val.to_str().unwrap(),
-    ]);
+    let out = eval(&ckpt, &dir.path().join("val.npy"), &[]);
     assert!(out.status.success(), "{}", text(&out));
     let line = String::from_utf8_lossy(&out.stdout).into_owned();
-    let field = |name: &str| -> f64 {
-        let at = line.find(name).unwrap() + name.len();
-        line[at..]
-            .split_whitespace()
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap()
-    };
-    let (loss, ppl) = (field("val_loss "), field("perplexity "));
+    let (loss, ppl) = (
+        number_after(&line, "val_loss "),
+        number_after(&line, "perplexity "),
+    );
     assert!((ppl - loss.exp()).abs() < 1e-2 * ppl, "{line}");
     // The full validation pass of the last training step matches.
     assert!(loss < 5.0, "{line}");
 
+    let ckpt = ckpt.to_str().unwrap();
     // Resuming with another model shape: exit 2 naming the flag and the key.
     let out = tinylm(&[
         "train",
@@ -256,14 +243,7 @@ fn bad_input_exits_2_with_a_clear_message() {
 
     let corrupt = dir.path().join("corrupt.safetensors");
     std::fs::write(&corrupt, b"not a checkpoint").unwrap();
-    let val = dir.path().join("val.npy");
-    let out = tinylm(&[
-        "eval",
-        "--checkpoint",
-        corrupt.to_str().unwrap(),
-        "--data",
-        val.to_str().unwrap(),
-    ]);
+    let out = eval(&corrupt, &dir.path().join("val.npy"), &[]);
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out).contains("corrupt.safetensors"), "{}", text(&out));
 }

@@ -11,8 +11,6 @@
 //! whose driver allocates exactly the bytes asked for), and on a real GPU (whose
 //! driver rounds allocations up to its pages) within a page per buffer.
 
-// Each test file uses some of the shared helpers.
-#[allow(dead_code)]
 mod common;
 
 use common::ablations;

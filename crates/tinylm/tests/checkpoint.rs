@@ -1,6 +1,7 @@
 //! Checkpoints: round trip, PyTorch names, corrupt files and config mismatches.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use tinylm::checkpoint::{self, check_same_config};
 use tinylm::kernels::AdamWParams;
 use tinylm::optim::AdamW;
@@ -8,8 +9,9 @@ use tinylm::params::ParamLayout;
 use tinylm::safetensors_io::save_safetensors;
 use tinylm::ModelConfig;
 
-fn small() -> ModelConfig {
-    ModelConfig {
+/// A small model: its configuration, parameter layout and initial parameters.
+fn small() -> (ModelConfig, ParamLayout, Vec<f32>) {
+    let config = ModelConfig {
         vocab_size: 50,
         context_length: 16,
         d_model: 16,
@@ -17,16 +19,17 @@ fn small() -> ModelConfig {
         num_heads: 2,
         d_ff: 64,
         ..ModelConfig::tinystories()
-    }
+    };
+    let layout = ParamLayout::new(&config);
+    let params = layout.init(3);
+    (config, layout, params)
 }
 
 #[test]
 fn round_trip_restores_weights_moments_and_metadata() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("c.safetensors");
-    let config = small();
-    let layout = ParamLayout::new(&config);
-    let params = layout.init(3);
+    let (config, layout, params) = small();
     let mut opt = AdamW::new(layout.total, AdamWParams::default());
     opt.m = layout.init(4);
     opt.v = layout.init(5).iter().map(|x| x * x).collect();
@@ -54,39 +57,37 @@ fn round_trip_restores_weights_moments_and_metadata() {
     assert_eq!((ckpt.params, ckpt.optimizer), (params, None));
 }
 
+/// Asserts that loading the checkpoint at `path` fails with a message that holds
+/// each of `needles`.
+fn assert_refused(path: &Path, needles: &[&str]) {
+    let e = checkpoint::load(path).unwrap_err().to_string();
+    for needle in needles {
+        assert!(e.contains(needle), "{needle:?} not in {e}");
+    }
+}
+
 #[test]
 fn corrupt_and_mismatched_files_are_clear_errors() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("c.safetensors");
-    let config = small();
-    let layout = ParamLayout::new(&config);
-    let params = layout.init(3);
+    let (config, layout, params) = small();
     checkpoint::save(&path, &config, &params, None, &BTreeMap::new()).unwrap();
     let bytes = std::fs::read(&path).unwrap();
 
     let truncated = dir.path().join("truncated.safetensors");
     std::fs::write(&truncated, &bytes[..bytes.len() / 2]).unwrap();
-    let e = checkpoint::load(&truncated).unwrap_err().to_string();
-    assert!(e.contains("truncated.safetensors"), "{e}");
+    assert_refused(&truncated, &["truncated.safetensors"]);
 
     let garbage = dir.path().join("garbage.safetensors");
     std::fs::write(&garbage, b"\xff\xff\xff\xff\xff\xff\xff\x7fnot json").unwrap();
-    let e = checkpoint::load(&garbage).unwrap_err().to_string();
-    assert!(e.contains("garbage.safetensors"), "{e}");
+    assert_refused(&garbage, &["garbage.safetensors"]);
 
-    let e = checkpoint::load(&dir.path().join("none.safetensors"))
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("none.safetensors"), "{e}");
+    assert_refused(&dir.path().join("none.safetensors"), &["none.safetensors"]);
 
     // Plain safetensors without tinylm metadata.
     let plain = dir.path().join("plain.safetensors");
     save_safetensors(&plain, &layout.tensors(&params), &BTreeMap::new()).unwrap();
-    let e = checkpoint::load(&plain).unwrap_err().to_string();
-    assert!(
-        e.contains("plain.safetensors") && e.contains("config"),
-        "{e}"
-    );
+    assert_refused(&plain, &["plain.safetensors", "config"]);
 
     // Metadata that promises another shape than the tensors have.
     let mut other = config.clone();
@@ -94,11 +95,7 @@ fn corrupt_and_mismatched_files_are_clear_errors() {
     let meta = BTreeMap::from([("config".to_string(), serde_json::to_string(&other).unwrap())]);
     let wrong = dir.path().join("wrong.safetensors");
     save_safetensors(&wrong, &layout.tensors(&params), &meta).unwrap();
-    let e = checkpoint::load(&wrong).unwrap_err().to_string();
-    assert!(
-        e.contains("wrong.safetensors") && e.contains("ffn.w1.weight"),
-        "{e}"
-    );
+    assert_refused(&wrong, &["wrong.safetensors", "ffn.w1.weight"]);
 
     // Resuming with another model config names the keys that differ.
     let mut run = config.clone();

@@ -35,6 +35,25 @@ fn kernels() -> Vec<Bf16Kernel> {
         .collect()
 }
 
+/// Asserts that `got`, a chain of `f32` additions of the exact `terms` to `start`, is
+/// within the bound above of their sum in `f64`; `what` names the output.
+fn assert_within_bound(
+    got: f32,
+    start: f64,
+    terms: impl Iterator<Item = f64>,
+    what: std::fmt::Arguments,
+) {
+    let (want, magnitude, k) = terms.fold((start, start.abs(), 0), |(s, m, k), x| {
+        (s + x, m + x.abs(), k + 1)
+    });
+    let bound = (k + 1) as f64 * 2f64.powi(-23) * magnitude;
+    let got = f64::from(got);
+    assert!(
+        (got - want).abs() <= bound,
+        "{what}: {got} against {want}, bound {bound:.2e}"
+    );
+}
+
 fn random(rng: &mut ChaCha8Rng, len: usize) -> Vec<f32> {
     (0..len).map(|_| rng.random::<f32>() * 2.0 - 1.0).collect()
 }
@@ -102,17 +121,14 @@ fn check(kernel: Bf16Kernel, s: MatMul, rng: &mut ChaCha8Rng, stride: usize) {
                 } else {
                     0.0
                 };
-                let (mut want, mut magnitude) = (start, start.abs());
-                for p in 0..k {
-                    want += at(i, p) * bt(p, j);
-                    magnitude += (at(i, p) * bt(p, j)).abs();
-                }
-                let bound = (k + 1) as f64 * 2f64.powi(-23) * magnitude;
-                let got = f64::from(out[i * n + j]);
-                assert!(
-                    (got - want).abs() <= bound,
-                    "{} {s:?}, B in bf16: {b_in_bf16}, forward only: {forward}, ({i}, {j}): {got} against {want}, bound {bound:.2e}",
-                    kernel.name()
+                assert_within_bound(
+                    out[i * n + j],
+                    start,
+                    (0..k).map(|p| at(i, p) * bt(p, j)),
+                    format_args!(
+                        "{} {s:?}, B in bf16: {b_in_bf16}, forward only: {forward}, ({i}, {j})",
+                        kernel.name()
+                    ),
                 );
             }
         }
@@ -309,26 +325,20 @@ fn strided_views_of(t: usize, rng: &mut ChaCha8Rng) {
             for j in 0..t {
                 let terms =
                     (0..d).map(|e| round(qkv[i * 3 * c + q + e]) * round(qkv[j * 3 * c + k + e]));
-                let (want, magnitude) =
-                    terms.fold((0.0, 0.0), |(s, m), x| (s + x, m + f64::abs(x)));
-                let bound = (d + 1) as f64 * 2f64.powi(-23) * magnitude;
-                let got = f64::from(scores[i * ldc + j]);
-                assert!(
-                    (got - want).abs() <= bound,
-                    "{} Q·Kᵀ ({i}, {j})",
-                    kernel.name()
+                assert_within_bound(
+                    scores[i * ldc + j],
+                    0.0,
+                    terms,
+                    format_args!("{} Q·Kᵀ ({i}, {j})", kernel.name()),
                 );
             }
             for e in 0..d {
                 let terms = (0..t).map(|j| round(p[i * t + j]) * round(qkv[j * 3 * c + v + e]));
-                let (want, magnitude) =
-                    terms.fold((0.0, 0.0), |(s, m), x| (s + x, m + f64::abs(x)));
-                let bound = (t + 1) as f64 * 2f64.powi(-23) * magnitude;
-                let got = f64::from(out[i * ldc + e]);
-                assert!(
-                    (got - want).abs() <= bound,
-                    "{} P·V ({i}, {e})",
-                    kernel.name()
+                assert_within_bound(
+                    out[i * ldc + e],
+                    0.0,
+                    terms,
+                    format_args!("{} P·V ({i}, {e})", kernel.name()),
                 );
             }
             // Outside the product, the output's rows are untouched.

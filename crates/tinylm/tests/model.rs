@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{ablations, perturbed_params};
+use common::{ablations, max_abs_diff, perturbed_params, softmax};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tinylm::config::{Ffn, ModelConfig, Norm, Positional};
@@ -122,10 +122,7 @@ fn naive_forward(c: &ModelConfig, p: &[f32], ids: &[u32]) -> Vec<f64> {
                                 / (dk as f64).sqrt()
                         })
                         .collect();
-                    let max = scores.iter().cloned().fold(f64::MIN, f64::max);
-                    let z: f64 = scores.iter().map(|s| (s - max).exp()).sum();
-                    for (j, s) in scores.iter().enumerate() {
-                        let pr = (s - max).exp() / z;
+                    for (j, pr) in softmax(&scores).into_iter().enumerate() {
                         for e in 0..dk {
                             out[i * d + head * dk + e] += pr * v[j * d + head * dk + e];
                         }
@@ -180,21 +177,13 @@ fn forward_matches_the_naive_reference_in_every_ablation() {
         let mut model = Model::from_params(c.clone(), p.clone()).unwrap();
         let got = model.forward(&ids, b, t).unwrap();
         assert_eq!(got.len(), b * t * c.vocab_size);
-        let worst = got
-            .iter()
-            .zip(&want)
-            .map(|(&g, &w)| (g as f64 - w).abs())
-            .fold(0.0, f64::max);
+        let worst = max_abs_diff(got, &want);
         assert!(worst < 1e-4, "{c:?}: max |f32 - naive| = {worst}");
         // The same orchestration in f64 agrees to rounding.
         let p64 = p.iter().map(|&v| v as f64).collect();
         let mut model64 = Model::<f64>::with_params(c.clone(), p64).unwrap();
         let got64 = model64.forward(&ids, b, t).unwrap();
-        let worst64 = got64
-            .iter()
-            .zip(&want)
-            .map(|(g, w)| (g - w).abs())
-            .fold(0.0, f64::max);
+        let worst64 = max_abs_diff(got64, &want);
         assert!(worst64 < 1e-10, "{c:?}: max |f64 - naive| = {worst64}");
     }
 }
@@ -502,31 +491,29 @@ fn micro_batches_accumulate_the_whole_batch_step() {
         let p = perturbed_params(&c, 5);
         let ids = random_ids(&mut rng, b * t, c.vocab_size);
         let targets = random_ids(&mut rng, b * t, c.vocab_size);
-        let mut whole = Model::from_params(c.clone(), p.clone()).unwrap();
-        let mut opt = whole.new_adamw(Default::default()).unwrap();
-        let part = BatchPart::whole(b * t);
-        whole
-            .accumulate_gradient(&ids, &targets, b, t, part)
-            .unwrap();
-        whole
-            .optimizer_step(&mut opt, 1e-2, Some(0.5), None)
-            .unwrap();
-        let want = whole.step_stats().unwrap();
-
-        let mut parts = Model::from_params(c.clone(), p).unwrap();
-        let mut opt = parts.new_adamw(Default::default()).unwrap();
-        let micro = t; // one sequence per micro-batch
-        for (i, (ids, targets)) in ids.chunks(micro).zip(targets.chunks(micro)).enumerate() {
-            let part = BatchPart {
-                rows: b * t,
-                accumulate: i > 0,
-            };
-            parts.accumulate_gradient(ids, targets, 1, t, part).unwrap();
-        }
-        parts
-            .optimizer_step(&mut opt, 1e-2, Some(0.5), None)
-            .unwrap();
-        let got = parts.step_stats().unwrap();
+        // The step in micro-batches of `micro` sequences, AdamW clipped to norm 0.5:
+        // the model after it and the step's statistics.
+        let step = |micro: usize| {
+            let mut model = Model::from_params(c.clone(), p.clone()).unwrap();
+            let mut opt = model.new_adamw(Default::default()).unwrap();
+            let rows = micro * t;
+            for (i, (ids, targets)) in ids.chunks(rows).zip(targets.chunks(rows)).enumerate() {
+                let part = BatchPart {
+                    rows: b * t,
+                    accumulate: i > 0,
+                };
+                model
+                    .accumulate_gradient(ids, targets, micro, t, part)
+                    .unwrap();
+            }
+            model
+                .optimizer_step(&mut opt, 1e-2, Some(0.5), None)
+                .unwrap();
+            let stats = model.step_stats().unwrap();
+            (model, stats)
+        };
+        let (whole, want) = step(b);
+        let (parts, got) = step(1);
         assert!((got.loss - want.loss).abs() <= 1e-6 * want.loss, "{c:?}");
         let norm = want.grad_norm();
         assert!((got.grad_norm() - norm).abs() <= 1e-5 * norm, "{c:?}");

@@ -1,5 +1,8 @@
 //! AdamW, SGD, the cosine schedule and clipping against SPEC §3.
 
+mod common;
+
+use common::max_abs_diff;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tinylm::buffers::STATISTICS;
@@ -96,11 +99,7 @@ fn adamw_matches_the_spec_formula_on_random_data() {
     }
     let mut want: Vec<f64> = init.iter().map(|&x| x as f64).collect();
     reference_adamw(&mut want, &grads, &lrs, &hp);
-    let worst = theta
-        .iter()
-        .zip(&want)
-        .map(|(&a, &b)| (a as f64 - b).abs())
-        .fold(0.0, f64::max);
+    let worst = max_abs_diff(&theta, &want);
     assert!(worst < 1e-5, "max deviation {worst}");
 }
 

@@ -33,6 +33,34 @@ pub fn succeeded(out: &Output) -> String {
     stdout(out)
 }
 
+/// `tinylm eval --checkpoint CHECKPOINT --data DATA` and the flags `extra`, run to
+/// its end.
+pub fn eval(checkpoint: &Path, data: &Path, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "eval",
+        "--checkpoint",
+        checkpoint.to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    tinylm(&args)
+}
+
+/// The number printed after `label` in `text`, as in `perplexity 12.3`.
+pub fn number_after(text: &str, label: &str) -> f64 {
+    let at = text
+        .find(label)
+        .unwrap_or_else(|| panic!("no {label:?} in {text}"))
+        + label.len();
+    text[at..]
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
 /// Asserts that `out` is a usage or input error — exit code 2, no panic — whose
 /// message holds each of `needles`; its stderr, trimmed.
 pub fn failed(out: &Output, needles: &[&str]) -> String {

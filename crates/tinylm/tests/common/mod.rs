@@ -1,5 +1,6 @@
-//! Helpers shared by the model test suites: models of every ablation and
-//! perturbed parameters.
+//! Helpers shared by the model test suites: models of every ablation, perturbed
+//! parameters, and pieces of the naive references.
+#![allow(dead_code)] // each suite uses its own part
 
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -30,4 +31,19 @@ pub fn perturbed_params(c: &ModelConfig, seed: u64) -> Vec<f32> {
     p.iter_mut()
         .for_each(|x| *x += 0.2 * (rng.random::<f32>() - 0.5));
     p
+}
+
+/// The softmax of `scores`, computed after subtracting their maximum.
+pub fn softmax(scores: &[f64]) -> Vec<f64> {
+    let max = scores.iter().cloned().fold(f64::MIN, f64::max);
+    let z: f64 = scores.iter().map(|s| (s - max).exp()).sum();
+    scores.iter().map(|s| (s - max).exp() / z).collect()
+}
+
+/// The largest `|got - want|` over the two slices, in `f64`.
+pub fn max_abs_diff<T: Copy + Into<f64>>(got: &[T], want: &[f64]) -> f64 {
+    got.iter()
+        .zip(want)
+        .map(|(&g, &w)| (g.into() - w).abs())
+        .fold(0.0, f64::max)
 }

@@ -3,8 +3,11 @@
 //! bit for bit), the GGUF file (read back by a reader written here), refusals, and
 //! the one weights loader.
 
+#[path = "../common/mod.rs"]
+mod common;
 mod gguf_file;
 
+use common::softmax;
 use gguf_file::read_gguf;
 
 use serde_json::Value;
@@ -34,6 +37,15 @@ fn config(tie_embeddings: bool) -> ModelConfig {
         tie_embeddings,
         ..ModelConfig::tinystories()
     }
+}
+
+/// The untied [`config`]'s model: its configuration, parameter layout and initial
+/// parameters.
+fn untied_model() -> (ModelConfig, ParamLayout, Vec<f32>) {
+    let config = config(false);
+    let layout = ParamLayout::new(&config);
+    let params = layout.init(4);
+    (config, layout, params)
 }
 
 /// A BPE tokenizer trained on a small text: 256 bytes, `<|endoftext|>`, merges.
@@ -215,11 +227,9 @@ fn llama_reference(dir: &Path, ids: &[u32]) -> Vec<f64> {
                             / (d as f64).sqrt()
                     })
                     .collect();
-                let max = scores.iter().cloned().fold(f64::MIN, f64::max);
-                let z: f64 = scores.iter().map(|s| (s - max).exp()).sum();
-                for (s, score) in scores.iter().enumerate() {
+                for (s, p) in softmax(&scores).into_iter().enumerate() {
                     for i in r.clone() {
-                        attn[i] += (score - max).exp() / z * vs[s][i];
+                        attn[i] += p * vs[s][i];
                     }
                 }
             }
@@ -585,9 +595,7 @@ fn save(path: &Path, tensors: &Tensors) {
 fn weights_load_reads_checkpoints_weight_files_and_hf_directories() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let config = config(false);
-    let layout = ParamLayout::new(&config);
-    let params = layout.init(4);
+    let (config, layout, params) = untied_model();
     let tok = tokenizer(d, 290);
     // A training checkpoint, optimizer state and all, recording its tokenizer.
     let mut opt = tinylm::optim::AdamW::new(layout.total, Default::default());
@@ -668,9 +676,7 @@ fn weights_load_reads_checkpoints_weight_files_and_hf_directories() {
 fn a_config_larger_than_its_file_is_refused_before_allocating() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let config = config(false);
-    let layout = ParamLayout::new(&config);
-    let params = layout.init(4);
+    let (config, layout, params) = untied_model();
     let deep = ModelConfig {
         num_layers: 10_000,
         ..config.clone()
