@@ -29,11 +29,17 @@ use http_body::Body as _;
 use http_body_util::BodyExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Instant;
+use tinylm::generate::Sampling;
 
-/// The page at `/`: HTML, CSS and JavaScript in one file, in the binary.
-const PAGE: &str = include_str!("page.html");
+/// The page at `/`: HTML, CSS and JavaScript in one file, in the binary, its
+/// sampling fields starting from [`Sampling::DEFAULT`].
+static PAGE: LazyLock<String> = LazyLock::new(|| {
+    let Sampling { temperature, top_p } = Sampling::DEFAULT;
+    (include_str!("page.html").replace("{{temperature}}", &temperature.to_string()))
+        .replace("{{top_p}}", &top_p.to_string())
+});
 
 /// A body declared longer than this many times the limit is refused unread; a
 /// shorter one is read to its end (and dropped) before the 413, so that the client,
@@ -70,7 +76,10 @@ pub fn router(app: Arc<App>) -> Router {
         None => api,
     };
     Router::new()
-        .route("/", get(|| async { Html(PAGE) }).fallback(not_allowed))
+        .route(
+            "/",
+            get(|| async { Html(PAGE.as_str()) }).fallback(not_allowed),
+        )
         .route("/health", get(health).fallback(not_allowed))
         .merge(api)
         .fallback(not_found)
@@ -292,4 +301,21 @@ async fn whole(
         .collect();
     let usage = response::usage(completion.prompt_tokens(), drawn, cached);
     Json(header.response(choices, usage)).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_page_starts_from_the_default_sampling() {
+        let Sampling { temperature, top_p } = Sampling::DEFAULT;
+        for (id, value) in [("temperature", temperature), ("top_p", top_p)] {
+            let field = format!(r#"id="{id}" type="number""#);
+            let at = PAGE.find(&field).expect(id);
+            let input = &PAGE[at..at + PAGE[at..].find('>').unwrap()];
+            assert!(input.contains(&format!(r#"value="{value}""#)), "{input}");
+        }
+        assert!(!PAGE.contains("{{"), "a placeholder left in the page");
+    }
 }
