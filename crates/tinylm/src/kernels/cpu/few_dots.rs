@@ -28,6 +28,13 @@ pub(crate) struct DotRows<const R: usize> {
     pub next: Option<[usize; FEW_W]>,
 }
 
+impl<const R: usize> DotRows<R> {
+    #[inline(always)]
+    pub fn new(is: [usize; R], js: [usize; FEW_W], next: Option<[usize; FEW_W]>) -> Self {
+        DotRows { is, js, next }
+    }
+}
+
 /// The dot products of a few-rows kernel: rows of `x` with rows of a weight `(n, k)`
 /// stored along `k`.
 pub(crate) trait FewDots {
@@ -92,22 +99,10 @@ pub(crate) unsafe fn for_each_few_dot(
         while i0 < m {
             let next = next_js.filter(|_| i0 == 0 && m > 1);
             let sums = match m - i0 {
-                1 => pad(dots.dots(DotRows { is: [i0], js, next })),
-                2 => pad(dots.dots(DotRows {
-                    is: [i0, i0 + 1],
-                    js,
-                    next,
-                })),
-                3 => pad(dots.dots(DotRows {
-                    is: [i0, i0 + 1, i0 + 2],
-                    js,
-                    next,
-                })),
-                _ => dots.dots(DotRows {
-                    is: [i0, i0 + 1, i0 + 2, i0 + 3],
-                    js,
-                    next,
-                }),
+                1 => pad(dots.dots(DotRows::new([i0], js, next))),
+                2 => pad(dots.dots(DotRows::new([i0, i0 + 1], js, next))),
+                3 => pad(dots.dots(DotRows::new([i0, i0 + 1, i0 + 2], js, next))),
+                _ => dots.dots(DotRows::new([i0, i0 + 1, i0 + 2, i0 + 3], js, next)),
             };
             for (r, row) in sums.iter().enumerate().take(m - i0) {
                 for (t, &sum) in row.iter().enumerate() {
