@@ -221,8 +221,8 @@ impl<Buf: Buffer> Batcher<Buf> {
     /// One decoding pass over every sequence — each decoding one its last token,
     /// each prefilling as much of its prompt as the pass's `context_length` rows
     /// and the prefill bound leave — then a token drawn for each whose feed went
-    /// through whole (in parallel). Ended sequences leave. Returns what each drew, in the order they
-    /// joined.
+    /// through whole (in parallel). Ended sequences leave. Returns what each drew,
+    /// in the order they joined.
     pub fn step<B: Backend<f32, Buf = Buf>>(
         &mut self,
         model: &mut Model<f32, B>,

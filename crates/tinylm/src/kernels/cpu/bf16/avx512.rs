@@ -83,13 +83,14 @@ impl Microkernel for Avx512Bf16 {
 
     unsafe fn pack<E: Bf16Operand>(dst: &mut [u32], layout: Layout, x: Block<E>) {
         assert!(dst.len() >= x.padded_rows * x.kp(), "packed block size");
-        let (src, panels_of) = (x.src, |w: usize| x.padded_rows.is_multiple_of(w));
+        // Whether the padded rows are whole panels of `w`.
+        let (src, whole_panels) = (x.src, |w: usize| x.padded_rows.is_multiple_of(w));
         match layout {
             Layout::Rows if src.cs == 1 => pack_rows(dst.as_mut_ptr(), x),
-            Layout::Panels(w) if src.rs == 1 && w.is_multiple_of(8) && panels_of(w) => {
+            Layout::Panels(w) if src.rs == 1 && w.is_multiple_of(8) && whole_panels(w) => {
                 pack_interleaved(dst.as_mut_ptr(), w, x)
             }
-            Layout::Panels(w) if src.cs == 1 && w.is_multiple_of(16) && panels_of(w) => {
+            Layout::Panels(w) if src.cs == 1 && w.is_multiple_of(16) && whole_panels(w) => {
                 pack_transposed(dst.as_mut_ptr(), w, x)
             }
             _ => pack_pairs(dst, layout, x),

@@ -138,10 +138,10 @@ pub fn matmul_bf16_on<A: Bf16Operand, B: Bf16Operand>(
 /// Rows up to which a forward-only model's linear layer runs as dot products
 /// ([`matmul_bf16_on`] with `forward_only`). The dot products read each block of
 /// the weight from memory once for all the rows, at a fraction of the bf16 peak;
-/// the blocked product packs the weight (reading it twice and writing it once) and runs near
-/// the peak, which pays off from a few hundred rows: on Zen 5 a 62-token prompt of
-/// a 134M-parameter model took 24–29 ms instead of 32–48, 124 tokens 44–55 ms
-/// instead of 60, 248 tokens (blocked either way) 93–100 ms. Attention's
+/// the blocked product packs the weight (reading it twice and writing it once) and
+/// runs near the peak, which pays off from a few hundred rows: on Zen 5 a 62-token
+/// prompt of a 134M-parameter model took 24–29 ms instead of 32–48, 124 tokens
+/// 44–55 ms instead of 60, 248 tokens (blocked either way) 93–100 ms. Attention's
 /// per-head products keep [`FEW_ROWS`]: its query blocks of 64 were slower as dot
 /// products (a training step's attention 10.4 → 12.7 ms).
 const PROMPT_FEW_ROWS: usize = 128;
