@@ -39,7 +39,7 @@ const STEPS: usize = 120;
 /// The environment variable naming a checkpoint of [`trained`]'s model to decode,
 /// written there first when it is missing. Under qemu's emulated CPUs every float
 /// operation is a softfloat call: the 300 training steps take hours (about 100 s a
-/// step under `-cpu Haswell`), the decoding minutes. So CI trains on the real CPU
+/// step under `-cpu Haswell`), the decoding seconds. So CI trains on the real CPU
 /// and decodes the same file on the emulated ones (`.ci/run`); unset, the test
 /// trains its own.
 const SHARED_CHECKPOINT: &str = "TINYLM_DECODE_CHECKPOINT";
